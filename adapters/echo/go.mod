@@ -1,0 +1,3 @@
+module github.com/idemgo/idem/adapters/echo
+
+go 1.26.8

@@ -1,0 +1,121 @@
+package idem
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+)
+
+// ResponseBuffer is an http.ResponseWriter that holds the whole response in
+// memory, so nothing reaches the client before the outcome is committed.
+// Adapters on net/http-based frameworks install it in place of the real
+// writer while the handler runs.
+//
+// Its header map is a copy of the real writer's, so headers set by earlier
+// middleware (CORS, request ids) are kept. Flush does nothing: a handler
+// cannot push bytes past the commit. It keeps at most limit+1 body bytes
+// and counts the rest, so a huge response costs bounded memory and is
+// reported as Overflow.
+type ResponseBuffer struct {
+	header      http.Header
+	status      int
+	body        bytes.Buffer
+	size        int
+	limit       int
+	wroteHeader bool
+}
+
+// NewResponseBuffer returns a buffer whose header map is a clone of header
+// and that keeps at most limit body bytes.
+func NewResponseBuffer(header http.Header, limit int) *ResponseBuffer {
+	return &ResponseBuffer{header: header.Clone(), limit: limit}
+}
+
+// Header returns the buffered header map.
+func (b *ResponseBuffer) Header() http.Header {
+	if b.header == nil {
+		b.header = make(http.Header)
+	}
+	return b.header
+}
+
+// WriteHeader records the status; the first final status wins, and 1xx
+// informational statuses are ignored.
+func (b *ResponseBuffer) WriteHeader(code int) {
+	if b.wroteHeader || code < 200 {
+		return
+	}
+	b.status, b.wroteHeader = code, true
+}
+
+// Write buffers p, implying status 200 if none was written.
+func (b *ResponseBuffer) Write(p []byte) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	b.size += len(p)
+	if room := b.limit + 1 - b.body.Len(); room > 0 {
+		b.body.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+// WriteString buffers s.
+func (b *ResponseBuffer) WriteString(s string) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	b.size += len(s)
+	if room := b.limit + 1 - b.body.Len(); room > 0 {
+		b.body.WriteString(s[:min(room, len(s))])
+	}
+	return len(s), nil
+}
+
+// Flush does nothing: the response is sent only after the commit.
+func (b *ResponseBuffer) Flush() {}
+
+// Status returns the recorded status, or 0 if nothing was written.
+func (b *ResponseBuffer) Status() int { return b.status }
+
+// Written reports whether a status or body was written.
+func (b *ResponseBuffer) Written() bool { return b.wroteHeader }
+
+// Size returns the number of body bytes written, including any past the
+// limit.
+func (b *ResponseBuffer) Size() int { return b.size }
+
+// Reset discards everything written, keeping the header map's pre-set
+// entries untouched. Adapters call it before a framework's error handler
+// renders a returned error, so the error response replaces a partial one.
+func (b *ResponseBuffer) Reset() {
+	b.status, b.wroteHeader, b.size = 0, false, 0
+	b.body.Reset()
+}
+
+// Result returns what was buffered as a Result, with err as the handler's
+// error.
+func (b *ResponseBuffer) Result(err error) Result {
+	status := b.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return Result{
+		Status:   status,
+		Header:   b.header,
+		Body:     b.body.Bytes(),
+		Err:      err,
+		Overflow: b.size > b.limit,
+	}
+}
+
+// WriteResponse writes resp to w: its headers (replacing those of the same
+// name already set), a Content-Length, the status and the body.
+func WriteResponse(w http.ResponseWriter, resp *Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Del("Transfer-Encoding")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body)
+	}
+}

@@ -1,0 +1,203 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultHeader           = "Idempotency-Key"
+	DefaultRequestIDHeader  = "X-Request-Id"
+	DefaultRequestTimeout   = 30 * time.Second
+	DefaultRetention        = 24 * time.Hour
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultStoreTimeout     = 5 * time.Second
+)
+
+// DefaultStoredHeaders is the response header allow-list used when
+// Config.StoredHeaders is nil. Set-Cookie is deliberately absent: a replay
+// must not hand one client's session to another attempt.
+var DefaultStoredHeaders = []string{"Content-Type", "Location", "Content-Language", "Cache-Control"}
+
+// ReplayedHeader is set to "true" on every replayed response.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Disposition is what happens to a handler's outcome.
+type Disposition int
+
+const (
+	// Complete stores the response as StateCompleted and commits.
+	Complete Disposition = iota + 1
+	// Fail stores the response as StateFailed and commits: a deterministic
+	// client error that a retry would only repeat.
+	Fail
+	// Release rolls back and deletes the claim: the retry really retries.
+	Release
+)
+
+// Classifier decides the disposition of a handler's outcome from its status
+// and the error the handler returned (nil when it returned none).
+type Classifier func(status int, err error) Disposition
+
+// DefaultClassifier completes 2xx and 3xx, fails other 4xx, and releases
+// 5xx, 408 Request Timeout, 425 Too Early, 429 Too Many Requests and every
+// outcome with a handler error: those are transient, and a retry must run
+// the handler again.
+func DefaultClassifier(status int, err error) Disposition {
+	switch {
+	case err != nil:
+		return Release
+	case status >= 200 && status < 400:
+		return Complete
+	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return Release
+	case status >= 400 && status < 500:
+		return Fail
+	default:
+		return Release
+	}
+}
+
+// ReplayAuthorizer re-checks, before a stored response is replayed, that
+// the principal may still see it. A non-nil error answers 403 and replays
+// nothing.
+type ReplayAuthorizer func(ctx context.Context, principal string, rec Record) error
+
+// Reconciler is asked, right after the engine has taken over a stale
+// in-progress record (its holder crashed or hung past the lease), what
+// became of the previous attempt's external effects. The caller holds the
+// new lease, so no other attempt runs meanwhile. Returning a non-nil
+// Response stores it as completed and replays it instead of running the
+// handler again; returning nil runs the handler. An error releases the key.
+type Reconciler func(ctx context.Context, stale Record) (*Response, error)
+
+// Config configures an Engine. Zero fields take the documented defaults;
+// New rejects inconsistent values.
+type Config struct {
+	// Store keeps the records. Required.
+	Store Store
+	// Header is the request header carrying the key. Default
+	// "Idempotency-Key".
+	Header string
+	// KeyOptional lets requests without a key through without idempotency.
+	// By default a missing key is a 400.
+	KeyOptional bool
+	// MaxKeyLength bounds the key. Default 255.
+	MaxKeyLength int
+	// MaxBodyBytes bounds the request body read for the fingerprint; a
+	// larger body gets 413. Default 1 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes bounds the stored response body; a larger response
+	// is rolled back and answered with a 500 problem. Default 1 MiB.
+	MaxResponseBytes int
+	// RequestTimeout is the handler's deadline. Default 30s.
+	RequestTimeout time.Duration
+	// Lease is how long a claim is honoured before another attempt may
+	// take it over. It must exceed RequestTimeout plus StoreTimeout, so a
+	// live handler is never taken over. Default RequestTimeout +
+	// StoreTimeout + 5s.
+	Lease time.Duration
+	// StoreTimeout bounds each store call made on the request's behalf
+	// after the handler (settle, commit, release), which run even when the
+	// client has gone away. Default 5s.
+	StoreTimeout time.Duration
+	// Retention is how long settled records are kept and replayed.
+	// Default 24h.
+	Retention time.Duration
+	// StoredHeaders is the allow-list of response headers stored and
+	// replayed. Default DefaultStoredHeaders.
+	StoredHeaders []string
+	// IgnoreFields lists JSON members left out of the fingerprint, such as
+	// a per-attempt timestamp ("sent_at", "meta.sent_at").
+	IgnoreFields []string
+	// RequestIDHeader names the header whose value is stored as the
+	// original request id. Default "X-Request-Id".
+	RequestIDHeader string
+	// Classify decides which outcomes are stored. Default DefaultClassifier.
+	Classify Classifier
+	// AuthorizeReplay, when set, is asked before every replay.
+	AuthorizeReplay ReplayAuthorizer
+	// Reconcile, when set, is asked after a stale claim is taken over.
+	Reconcile Reconciler
+	// Observer receives one Event per request. Optional.
+	Observer Observer
+	// Logger, when set, logs one line per request with its outcome.
+	Logger *slog.Logger
+	// Clock measures latencies. Default time.Now. Expiry and leases always
+	// use the store's clock.
+	Clock func() time.Time
+}
+
+// ErrInvalidConfig is wrapped by every error New returns.
+var ErrInvalidConfig = errors.New("idem: invalid config")
+
+func (c *Config) setDefaults() {
+	if c.Header == "" {
+		c.Header = DefaultHeader
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = DefaultMaxKeyLength
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.Lease == 0 {
+		c.Lease = c.RequestTimeout + c.StoreTimeout + 5*time.Second
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.StoredHeaders == nil {
+		c.StoredHeaders = DefaultStoredHeaders
+	}
+	if c.RequestIDHeader == "" {
+		c.RequestIDHeader = DefaultRequestIDHeader
+	}
+	if c.Classify == nil {
+		c.Classify = DefaultClassifier
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Store != nil, "Store is required")
+	check(c.MaxKeyLength > 0, "MaxKeyLength must be positive, got %d", c.MaxKeyLength)
+	check(c.MaxBodyBytes > 0, "MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)
+	check(c.MaxResponseBytes > 0, "MaxResponseBytes must be positive, got %d", c.MaxResponseBytes)
+	check(c.RequestTimeout > 0, "RequestTimeout must be positive, got %v", c.RequestTimeout)
+	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
+	check(c.Lease > c.RequestTimeout+c.StoreTimeout,
+		"Lease (%v) must exceed RequestTimeout + StoreTimeout (%v), or a live handler could be taken over",
+		c.Lease, c.RequestTimeout+c.StoreTimeout)
+	check(c.Retention >= c.Lease, "Retention (%v) must be at least Lease (%v)", c.Retention, c.Lease)
+	check(http.CanonicalHeaderKey(c.Header) != "", "Header must be a header name")
+	for _, h := range c.StoredHeaders {
+		check(h != "", "StoredHeaders must not contain an empty name")
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}

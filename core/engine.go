@@ -1,0 +1,365 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Engine runs the idempotency state machine for one configuration. Adapters
+// translate their framework's request into a Request, call Begin, run the
+// handler with the Attempt's context while buffering its response, and
+// call Finish. An Engine is safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	stored map[string]bool // canonical header names in the allow-list
+}
+
+// New validates cfg, applies defaults and returns an Engine. It returns an
+// error wrapping ErrInvalidConfig when the configuration is inconsistent.
+func New(cfg Config) (*Engine, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders))}
+	for _, h := range cfg.StoredHeaders {
+		e.stored[http.CanonicalHeaderKey(h)] = true
+	}
+	return e, nil
+}
+
+// Config returns the engine's configuration with defaults applied.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Request is the framework-neutral view of an incoming request.
+type Request struct {
+	Method string
+	// Path is the request target: the escaped path and, if any, "?" and the
+	// raw query. It enters the fingerprint.
+	Path string
+	// Principal is the authenticated caller; empty means not authenticated.
+	Principal string
+	// Key is the raw value of the idempotency key header ("" when absent).
+	Key string
+	// ContentType is the request's Content-Type header.
+	ContentType string
+	// RequestID is the request's id, stored with the record for tracing.
+	RequestID string
+	// Body is the request body; Begin reads it up to MaxBodyBytes.
+	Body io.Reader
+}
+
+// Result is what the handler produced, as the adapter captured it.
+type Result struct {
+	Status int
+	Header http.Header
+	Body   []byte
+	// Err is the error the handler returned, if its framework has such a
+	// thing, even when the framework already rendered it into Status and
+	// Body.
+	Err error
+	// Overflow is true when the handler wrote more than the buffer kept
+	// (see ResponseBuffer); the response is then too large to store.
+	Overflow bool
+}
+
+// Begin authenticates, validates the key, fingerprints the body and claims
+// the key. It returns exactly one of:
+//   - an Attempt: the caller holds the key and must run the handler with
+//     Attempt.Context and Attempt.Body, then call Attempt.Finish (and
+//     defer Attempt.Abort for panics);
+//   - a Response to write as it is: a problem, a 409, a 422 or a replay;
+//   - neither (nil, nil): the key is optional and absent, so the handler
+//     runs without idempotency.
+func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
+	start := e.cfg.Clock()
+	ev := Event{Method: req.Method, Path: req.Path, Principal: req.Principal, RequestID: req.RequestID}
+	reply := func(outcome OutcomeLabel, resp *Response, err error) (*Attempt, *Response) {
+		ev.Outcome, ev.Status, ev.Err, ev.Duration = outcome, resp.Status, err, e.cfg.Clock().Sub(start)
+		e.emit(ctx, ev)
+		return nil, resp
+	}
+
+	key, keyErr := ParseKey(req.Key, e.cfg.MaxKeyLength)
+	if errors.Is(keyErr, ErrKeyMissing) && e.cfg.KeyOptional {
+		ev.Outcome, ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(start)
+		e.emit(ctx, ev)
+		return nil, nil
+	}
+	if req.Principal == "" {
+		return reply(OutcomeUnauthenticated, NewProblem(ProblemUnauthenticated).Response(0), nil)
+	}
+	switch {
+	case errors.Is(keyErr, ErrKeyMissing):
+		return reply(OutcomeKeyMissing, NewProblem(ProblemKeyMissing).Response(0), nil)
+	case keyErr != nil:
+		return reply(OutcomeKeyInvalid, NewProblem(ProblemKeyInvalid).Response(0), keyErr)
+	}
+	ev.Key = key
+
+	body, err := ReadBody(req.Body, e.cfg.MaxBodyBytes)
+	if err != nil {
+		if errors.Is(err, ErrBodyTooLarge) {
+			return reply(OutcomeBodyTooLarge, NewProblem(ProblemBodyTooLarge).Response(0), err)
+		}
+		// The client sent a body it could not finish: nothing to claim.
+		p := NewProblem(ProblemBodyTooLarge)
+		p.Status, p.Title, p.Detail = http.StatusBadRequest, "Request body unreadable", "The request body could not be read."
+		return reply(OutcomeBodyTooLarge, p.Response(0), err)
+	}
+	fp := Fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.cfg.IgnoreFields)
+
+	creq := ClaimRequest{
+		Principal: req.Principal, Key: key, Fingerprint: fp, Token: newToken(),
+		RequestID: req.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+	}
+	claimStart := e.cfg.Clock()
+	res, err := e.cfg.Store.Claim(ctx, creq)
+	ev.ClaimLatency = e.cfg.Clock().Sub(claimStart)
+	if err != nil {
+		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("claim: %w", err))
+	}
+
+	if !res.Claimed {
+		rec := res.Record
+		switch {
+		case !bytes.Equal(rec.Fingerprint, fp):
+			return reply(OutcomeFingerprintMismatch, NewProblem(ProblemKeyReused).Response(0), nil)
+		case rec.State == StateInProgress || rec.Response == nil:
+			return reply(OutcomeInProgressConflict,
+				NewProblem(ProblemKeyInUse).Response(e.retryAfter(rec.LockedAt, res.Now)), nil)
+		}
+		if e.cfg.AuthorizeReplay != nil {
+			if err := e.cfg.AuthorizeReplay(ctx, req.Principal, rec); err != nil {
+				return reply(OutcomeReplayForbidden, NewProblem(ProblemForbidden).Response(0), err)
+			}
+		}
+		return reply(OutcomeReplayed, replay(rec.Response), nil)
+	}
+
+	lease := Lease{Principal: req.Principal, Key: key, Token: creq.Token}
+	a := &Attempt{e: e, lease: lease, body: body, ev: ev, start: start, reclaimed: res.Reclaimed}
+	txCtx, tx, err := e.cfg.Store.BeginTx(withLease(ctx, lease), lease)
+	if err != nil {
+		a.release(ctx, nil)
+		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("begin: %w", err))
+	}
+	a.tx = tx
+	a.ctx, a.cancel = context.WithTimeout(txCtx, e.cfg.RequestTimeout)
+
+	if res.Reclaimed && e.cfg.Reconcile != nil {
+		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
+		if err != nil {
+			a.finished = true
+			a.release(ctx, err)
+			return reply(OutcomeReleased, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("reconcile: %w", err))
+		}
+		if resp != nil {
+			return nil, a.Finish(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body})
+		}
+	}
+	return a, nil
+}
+
+// retryAfter tells a 409'd client when the key is likely free, in whole
+// seconds, at least 1: when the holder's deadline passes if it may still
+// be running, otherwise when its lease expires and the key can be taken
+// over. Both are measured on the store's clock.
+func (e *Engine) retryAfter(lockedAt, now time.Time) int {
+	elapsed := now.Sub(lockedAt)
+	remaining := e.cfg.RequestTimeout + e.cfg.StoreTimeout - elapsed
+	if remaining <= 0 {
+		remaining = e.cfg.Lease - elapsed
+	}
+	secs := int(math.Ceil(remaining.Seconds()))
+	return max(secs, 1)
+}
+
+func replay(stored *Response) *Response {
+	h := make(http.Header, len(stored.Header)+1)
+	for k, v := range stored.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	h.Set(ReplayedHeader, "true")
+	return &Response{Status: stored.Status, Header: h, Body: stored.Body}
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// Attempt is one claimed execution of a handler. It owns the store's
+// transaction until Finish or Abort.
+type Attempt struct {
+	e         *Engine
+	lease     Lease
+	body      []byte
+	tx        Tx
+	ctx       context.Context
+	cancel    context.CancelFunc
+	ev        Event
+	start     time.Time
+	reclaimed bool
+
+	mu       sync.Mutex
+	finished bool
+}
+
+// Context returns the context the handler must run with: it carries the
+// store's transaction, the lease (for DownstreamKey) and the request
+// deadline.
+func (a *Attempt) Context() context.Context { return a.ctx }
+
+// Body returns the request body Begin read, for the adapter to hand back to
+// the handler.
+func (a *Attempt) Body() []byte { return a.body }
+
+// Lease returns the lease this attempt holds.
+func (a *Attempt) Lease() Lease { return a.lease }
+
+// Abort rolls the transaction back and releases the claim if Finish has not
+// run. Adapters defer it so that a panicking handler releases its key; the
+// panic then goes on to the framework's recovery. It is a no-op after
+// Finish.
+func (a *Attempt) Abort() {
+	if !a.finish() {
+		return
+	}
+	a.release(a.ctx, errors.New("handler panicked or was abandoned"))
+	a.ev.Outcome, a.ev.Status = OutcomeReleased, http.StatusInternalServerError
+	a.ev.Duration = a.e.cfg.Clock().Sub(a.start)
+	a.e.emit(a.ctx, a.ev)
+}
+
+func (a *Attempt) finish() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished {
+		return false
+	}
+	a.finished = true
+	return true
+}
+
+// Finish classifies the handler's result, then either stores it with the
+// handler's writes in one commit or rolls everything back and releases the
+// key. It returns the response to send: the handler's own on success or
+// release, a problem when the commit fails or the lease was lost. Nothing
+// of the handler's response may reach the client before Finish returns.
+func (a *Attempt) Finish(res Result) *Response {
+	if !a.finish() {
+		panic("idem: Attempt finished twice")
+	}
+	defer a.cancel()
+	e := a.e
+	done := func(outcome OutcomeLabel, resp *Response, err error) *Response {
+		a.ev.Outcome, a.ev.Status, a.ev.Err = outcome, resp.Status, err
+		a.ev.Duration = e.cfg.Clock().Sub(a.start)
+		e.emit(a.ctx, a.ev)
+		return resp
+	}
+	if res.Status == 0 {
+		res.Status = http.StatusOK
+	}
+	handlerResp := &Response{Status: res.Status, Header: res.Header, Body: res.Body}
+
+	disp := e.cfg.Classify(res.Status, res.Err)
+	deadlineErr := a.ctx.Err()
+	if deadlineErr != nil {
+		disp = Release
+	}
+	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
+		a.release(a.ctx, nil)
+		return done(OutcomeResponseTooLarge, NewProblem(ProblemResponseTooLarge).Response(0), nil)
+	}
+	switch disp {
+	case Complete, Fail:
+	default:
+		a.release(a.ctx, res.Err)
+		if deadlineErr != nil {
+			p := NewProblem(ProblemStoreUnavailable)
+			p.Status, p.Title = http.StatusServiceUnavailable, "Request timed out"
+			p.Detail = "The request did not finish within its deadline and was rolled back. Retrying is safe."
+			return done(OutcomeReleased, p.Response(1), deadlineErr)
+		}
+		if res.Status < 400 {
+			// Rolled back: a 2xx here would claim an effect that did not
+			// happen.
+			p := NewProblem(ProblemCommitFailed)
+			p.Title, p.Detail = "Request failed", "The request failed and was rolled back. Retrying is safe."
+			return done(OutcomeReleased, p.Response(0), res.Err)
+		}
+		return done(OutcomeReleased, handlerResp, res.Err)
+	}
+
+	state := StateCompleted
+	if disp == Fail {
+		state = StateFailed
+	}
+	out := Outcome{State: state, Response: Response{Status: res.Status, Header: e.storedHeader(res.Header), Body: res.Body}}
+	sctx, cancel := e.storeContext(a.ctx)
+	defer cancel()
+	if err := a.tx.Settle(sctx, out); err != nil {
+		_ = a.tx.Rollback(sctx)
+		if errors.Is(err, ErrLeaseLost) {
+			return done(OutcomeLeaseLost, NewProblem(ProblemLeaseLost).Response(1), err)
+		}
+		// The commit failed: nothing of the handler's work stands, so the
+		// key is released for the retry.
+		if rerr := e.cfg.Store.Release(sctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("release after failed settle: %w", rerr))
+		}
+		return done(OutcomeStoreError, NewProblem(ProblemCommitFailed).Response(1), fmt.Errorf("settle: %w", err))
+	}
+	outcome := OutcomeClaimed
+	if a.reclaimed {
+		outcome = OutcomeStaleReclaimed
+	}
+	return done(outcome, handlerResp, nil)
+}
+
+// release rolls back and deletes the claim, fenced by the lease.
+func (a *Attempt) release(ctx context.Context, cause error) {
+	sctx, cancel := a.e.storeContext(ctx)
+	defer cancel()
+	if a.tx != nil {
+		_ = a.tx.Rollback(sctx)
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+		a.ev.Err = errors.Join(cause, fmt.Errorf("release: %w", err))
+	}
+}
+
+// storeContext returns a context for store calls made after the handler:
+// not cancelled with the request (a client hanging up must not strand a
+// transaction), but bounded by StoreTimeout.
+func (e *Engine) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+}
+
+func (e *Engine) storedHeader(h http.Header) http.Header {
+	out := make(http.Header, len(e.stored))
+	for k, v := range h {
+		if e.stored[http.CanonicalHeaderKey(k)] {
+			out[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,104 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Outcome labels one request's fate. The values are stable and are meant as
+// metric labels.
+type OutcomeLabel string
+
+// The outcomes of DESIGN.md, one per request.
+const (
+	OutcomeClaimed             OutcomeLabel = "claimed"              // ran and settled
+	OutcomeReplayed            OutcomeLabel = "replayed"             // a stored response was replayed
+	OutcomeInProgressConflict  OutcomeLabel = "in_progress_conflict" // 409: another attempt holds the key
+	OutcomeFingerprintMismatch OutcomeLabel = "fingerprint_mismatch" // 422: key reused with another request
+	OutcomeStaleReclaimed      OutcomeLabel = "stale_reclaimed"      // took over an expired lease, ran and settled
+	OutcomeReleased            OutcomeLabel = "released"             // transient outcome: rolled back, claim deleted
+	OutcomeKeyMissing          OutcomeLabel = "key_missing"
+	OutcomeKeyInvalid          OutcomeLabel = "key_invalid"
+	OutcomeLeaseLost           OutcomeLabel = "lease_lost" // settle fenced out by a takeover
+	OutcomeStoreError          OutcomeLabel = "store_error"
+	OutcomeUnauthenticated     OutcomeLabel = "unauthenticated"
+	OutcomeBodyTooLarge        OutcomeLabel = "body_too_large"
+	OutcomeReplayForbidden     OutcomeLabel = "replay_forbidden"
+	OutcomeResponseTooLarge    OutcomeLabel = "response_too_large"
+	OutcomeNoKey               OutcomeLabel = "no_key" // optional key absent: passed through
+)
+
+// Outcomes lists every label, for observers that pre-register metrics.
+var Outcomes = []OutcomeLabel{
+	OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
+	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
+	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge,
+	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey,
+}
+
+// Event describes one request's passage through the engine.
+type Event struct {
+	Outcome   OutcomeLabel
+	Method    string
+	Path      string
+	Principal string
+	Key       string
+	RequestID string
+	// Status is the status sent to the client.
+	Status int
+	// ClaimLatency is the time the store's Claim took; zero when no claim
+	// was made.
+	ClaimLatency time.Duration
+	// Duration is the time from Begin to the response being decided.
+	Duration time.Duration
+	// Err is the error behind a store_error, lease_lost or released
+	// outcome, if any.
+	Err error
+}
+
+// Observer receives one Event per request. Implementations must be safe for
+// concurrent use and should return quickly.
+type Observer interface {
+	Observe(ctx context.Context, ev Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(ctx context.Context, ev Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, ev Event) { f(ctx, ev) }
+
+func (e *Engine) emit(ctx context.Context, ev Event) {
+	if e.cfg.Observer != nil {
+		e.cfg.Observer.Observe(ctx, ev)
+	}
+	if e.cfg.Logger == nil {
+		return
+	}
+	level := slog.LevelInfo
+	switch ev.Outcome {
+	case OutcomeStoreError, OutcomeLeaseLost, OutcomeResponseTooLarge:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("outcome", string(ev.Outcome)),
+		slog.String("method", ev.Method),
+		slog.String("path", ev.Path),
+		slog.Int("status", ev.Status),
+		slog.Duration("duration", ev.Duration),
+	}
+	if ev.Key != "" {
+		attrs = append(attrs, slog.String("key", ev.Key))
+	}
+	if ev.RequestID != "" {
+		attrs = append(attrs, slog.String("request_id", ev.RequestID))
+	}
+	if ev.ClaimLatency > 0 {
+		attrs = append(attrs, slog.Duration("claim_latency", ev.ClaimLatency))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.String("error", ev.Err.Error()))
+	}
+	e.cfg.Logger.LogAttrs(ctx, level, "idempotency", attrs...)
+}

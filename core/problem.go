@@ -1,0 +1,87 @@
+package idem
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// ProblemTypeBase prefixes every problem type URI the library produces.
+const ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
+
+// ProblemType names one kind of error response. The values are stable: clients
+// may branch on them.
+type ProblemType string
+
+// The problem types the library produces, one per case.
+const (
+	ProblemKeyMissing       ProblemType = ProblemTypeBase + "key-missing"
+	ProblemKeyInvalid       ProblemType = ProblemTypeBase + "key-invalid"
+	ProblemKeyInUse         ProblemType = ProblemTypeBase + "key-in-use"
+	ProblemKeyReused        ProblemType = ProblemTypeBase + "key-reused"
+	ProblemBodyTooLarge     ProblemType = ProblemTypeBase + "body-too-large"
+	ProblemUnauthenticated  ProblemType = ProblemTypeBase + "unauthenticated"
+	ProblemForbidden        ProblemType = ProblemTypeBase + "replay-forbidden"
+	ProblemResponseTooLarge ProblemType = ProblemTypeBase + "response-too-large"
+	ProblemLeaseLost        ProblemType = ProblemTypeBase + "lease-lost"
+	ProblemStoreUnavailable ProblemType = ProblemTypeBase + "store-unavailable"
+	ProblemCommitFailed     ProblemType = ProblemTypeBase + "commit-failed"
+)
+
+// Problem is an RFC 9457 problem details object.
+type Problem struct {
+	Type   ProblemType `json:"type"`
+	Title  string      `json:"title"`
+	Status int         `json:"status"`
+	Detail string      `json:"detail,omitempty"`
+}
+
+// ProblemContentType is the media type of problem responses.
+const ProblemContentType = "application/problem+json"
+
+// Response renders p as an HTTP response. retryAfter > 0 adds a Retry-After
+// header in whole seconds.
+func (p Problem) Response(retryAfter int) *Response {
+	body, _ := json.Marshal(p) // only strings and ints: cannot fail
+	h := http.Header{"Content-Type": {ProblemContentType}, "Cache-Control": {"no-store"}}
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	return &Response{Status: p.Status, Header: h, Body: body}
+}
+
+var problems = map[ProblemType]Problem{
+	ProblemKeyMissing: {Status: http.StatusBadRequest, Title: "Idempotency key missing",
+		Detail: "This operation requires an Idempotency-Key header."},
+	ProblemKeyInvalid: {Status: http.StatusBadRequest, Title: "Idempotency key invalid",
+		Detail: "The Idempotency-Key header must be 1 to 255 visible ASCII characters, bare or as a quoted string."},
+	ProblemKeyInUse: {Status: http.StatusConflict, Title: "Idempotency key in use",
+		Detail: "A request with this idempotency key is still being processed. Retry after the time in Retry-After."},
+	ProblemKeyReused: {Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused",
+		Detail: "This idempotency key was used with a different request. Use a new key for a new request."},
+	ProblemBodyTooLarge: {Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
+		Detail: "The request body is larger than this endpoint accepts."},
+	ProblemUnauthenticated: {Status: http.StatusUnauthorized, Title: "Not authenticated",
+		Detail: "Idempotent requests must be authenticated."},
+	ProblemForbidden: {Status: http.StatusForbidden, Title: "Replay not authorised",
+		Detail: "You are no longer authorised to see the result of this request."},
+	ProblemResponseTooLarge: {Status: http.StatusInternalServerError, Title: "Response too large",
+		Detail: "The response was too large to store, so the request was rolled back. Retrying is safe."},
+	ProblemLeaseLost: {Status: http.StatusConflict, Title: "Idempotency key taken over",
+		Detail: "This request ran longer than its lease and another attempt took the key over. Nothing was stored; retry to get that attempt's result."},
+	ProblemStoreUnavailable: {Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable",
+		Detail: "The idempotency store could not be reached. Nothing was stored; retrying is safe."},
+	ProblemCommitFailed: {Status: http.StatusInternalServerError, Title: "Commit failed",
+		Detail: "The request could not be committed, so it was rolled back. Retrying is safe."},
+}
+
+// NewProblem returns the standard problem for t. It panics on an unknown type,
+// which only a programming error can produce.
+func NewProblem(t ProblemType) Problem {
+	p, ok := problems[t]
+	if !ok {
+		panic("idem: unknown problem type " + string(t))
+	}
+	p.Type = t
+	return p
+}

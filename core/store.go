@@ -1,0 +1,163 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// State is the state of an idempotency record.
+type State string
+
+// The states a stored record can be in. A released attempt has no state: its
+// row is deleted and the key is absent again.
+const (
+	// StateInProgress means a request holds the key's lease and its handler is
+	// running (or its holder crashed and the lease has not yet expired).
+	StateInProgress State = "in_progress"
+	// StateCompleted means the handler settled with a 2xx or 3xx response,
+	// committed together with the handler's own writes.
+	StateCompleted State = "completed"
+	// StateFailed means the handler settled with a deterministic 4xx
+	// response, which is replayed like a completed one.
+	StateFailed State = "failed"
+)
+
+// Valid reports whether s is one of the defined states.
+func (s State) Valid() bool {
+	return s == StateInProgress || s == StateCompleted || s == StateFailed
+}
+
+// Sentinel errors that stores return and callers branch on.
+var (
+	// ErrLeaseLost is returned by Tx.Settle and Store.Release when the lease
+	// token no longer matches an in-progress record: another request took
+	// the key over after the lease expired. Nothing was stored.
+	ErrLeaseLost = errors.New("idem: lease lost to a takeover")
+	// ErrNotFound is returned by Store.Get when no record exists.
+	ErrNotFound = errors.New("idem: record not found")
+	// ErrTransient marks errors that are worth retrying: serialization
+	// failures, deadlocks, lock timeouts, a busy database, a full memory
+	// store. Stores wrap such errors so that errors.Is(err, ErrTransient)
+	// holds; the engine releases the key instead of storing anything.
+	ErrTransient = errors.New("idem: transient store error")
+)
+
+// Lease identifies one holder's claim on a key. Settle and Release are
+// fenced by it: they only act while the record is in progress and still
+// carries Token.
+type Lease struct {
+	Principal string
+	Key       string
+	Token     string
+}
+
+// Response is an HTTP response as the library stores and replays it, and as
+// adapters write it to the client.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is one stored idempotency record.
+type Record struct {
+	Principal   string
+	Key         string
+	Fingerprint []byte // SHA-256 of the request, 32 bytes
+	State       State
+	LeaseToken  string
+	RequestID   string // the request id of the attempt that created the record
+	CreatedAt   time.Time
+	LockedAt    time.Time // when the current lease was taken (store clock)
+	ExpiresAt   time.Time // retention: past it the record counts as absent
+	// Response is the stored outcome; nil while the record is in progress.
+	Response *Response
+}
+
+// ClaimRequest is what the engine asks a store to claim.
+type ClaimRequest struct {
+	Principal   string
+	Key         string
+	Fingerprint []byte
+	Token       string        // the new lease token, unique per attempt
+	RequestID   string        // stored for tracing a replay to its original
+	Lease       time.Duration // an in-progress record older than this may be taken over
+	Retention   time.Duration // expires_at = now + Retention
+}
+
+// ClaimResult is a store's answer to a claim.
+type ClaimResult struct {
+	// Claimed is true when the caller now holds the key: a new record was
+	// inserted, an expired record replaced, or a stale lease taken over.
+	Claimed bool
+	// Reclaimed is true when the claim took over an in-progress record
+	// whose lease had expired (its holder crashed or hung). Implies Claimed.
+	Reclaimed bool
+	// Record is the record as stored after the claim: the caller's own when
+	// Claimed, otherwise the existing record to dispatch on.
+	Record Record
+	// Now is the store's clock at the claim. Lease ages and Retry-After are
+	// computed from it, never from the application's clock.
+	Now time.Time
+}
+
+// Outcome is what Tx.Settle stores: the terminal state and the response.
+type Outcome struct {
+	State    State // StateCompleted or StateFailed
+	Response Response
+}
+
+// Store keeps idempotency records. Every method must be safe for concurrent
+// use by many goroutines and, for shared databases, many processes.
+//
+// The conformance suite in package storetest states the contract as tests;
+// every implementation must pass it.
+type Store interface {
+	// Claim atomically claims (principal, key). It inserts an in-progress
+	// record carrying req.Token, or, when a record exists:
+	//   - past its ExpiresAt: replaces it (Claimed);
+	//   - in progress, lease older than req.Lease, same fingerprint: takes it
+	//     over with req.Token (Claimed and Reclaimed);
+	//   - otherwise: returns it unchanged and writes nothing.
+	// Each branch is decided by one atomic statement's own answer, never by
+	// a read followed by a write, and all times are the store's clock.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+
+	// BeginTx begins a transaction for the handler holding lease and
+	// returns a context carrying it, for the store's own accessor (such as
+	// idempgx.Tx) to hand to the handler. The transaction must outlive a
+	// cancelled ctx long enough to commit or roll back.
+	BeginTx(ctx context.Context, lease Lease) (context.Context, Tx, error)
+
+	// Release deletes the in-progress record held by lease, so the next
+	// attempt really retries. It returns ErrLeaseLost when the record is
+	// no longer held by lease.
+	Release(ctx context.Context, lease Lease) error
+
+	// Get returns the record for (principal, key), or ErrNotFound. An
+	// expired record may still be returned; callers check ExpiresAt.
+	Get(ctx context.Context, principal, key string) (Record, error)
+
+	// PurgeExpired deletes at most limit records whose ExpiresAt has passed
+	// and reports how many it deleted. Several purgers may run at once.
+	PurgeExpired(ctx context.Context, limit int) (int, error)
+
+	// ListStale returns at most limit in-progress records whose lease
+	// (olderThan) has expired, oldest first.
+	ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
+}
+
+// Tx is the transaction a store begins for one handler. The handler's own
+// writes go into it, and Settle commits them together with the outcome.
+type Tx interface {
+	// Settle stores outcome for the tx's lease, fenced by the lease token,
+	// and commits. If the fence misses it rolls back and returns
+	// ErrLeaseLost; if the commit fails it returns that error and nothing
+	// is stored. After Settle the Tx is finished.
+	Settle(ctx context.Context, outcome Outcome) error
+	// Rollback abandons the transaction. It is safe to call after Settle
+	// and more than once.
+	Rollback(ctx context.Context) error
+}

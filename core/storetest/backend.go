@@ -1,0 +1,33 @@
+// Package storetest is the conformance suite every idem.Store must pass.
+// A store's own tests call Run with a function that makes a fresh Backend
+// on a real server; the suite states the Store contract as tests.
+package storetest
+
+import (
+	"context"
+	"testing"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+// Backend is a Store plus what the suite needs to observe a store's
+// transactions from outside: a business write made inside the store's
+// transaction, and a count of committed business writes.
+type Backend struct {
+	// Store is the store under test. Each Backend must start empty, or use
+	// principals and keys no other Backend sees (a fresh table or schema).
+	Store idem.Store
+	// WriteEffect records one business write for id inside the transaction
+	// that ctx carries (as BeginTx returned it). It must fail when ctx
+	// carries no transaction.
+	WriteEffect func(ctx context.Context, id string) error
+	// CountEffects returns the number of committed business writes for id.
+	CountEffects func(ctx context.Context, id string) (int, error)
+	// PoisonTx makes the transaction that ctx carries fail at commit, the
+	// way a failed statement aborts a PostgreSQL transaction.
+	PoisonTx func(ctx context.Context) error
+}
+
+// NewBackend makes a fresh Backend for one test; it registers its own
+// cleanup with t.
+type NewBackend func(t testing.TB) Backend

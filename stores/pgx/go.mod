@@ -1,0 +1,3 @@
+module github.com/idemgo/idem/stores/pgx
+
+go 1.26.8
