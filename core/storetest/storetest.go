@@ -1,0 +1,737 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+// Lease is the lease the suite uses where it waits for expiry. Stores whose
+// clock is coarse may need it longer; it is kept short so the suite is fast.
+const Lease = 400 * time.Millisecond
+
+// Run runs the conformance suite against the Backends newBackend makes.
+// The number of rounds of the contention test can be raised with
+// IDEM_STORETEST_ROUNDS (default 200).
+func Run(t *testing.T, newBackend NewBackend) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Backend)
+	}{
+		{"ClaimNewKey", testClaimNewKey},
+		{"ClaimExistingWritesNothing", testClaimExisting},
+		{"ConcurrentClaimsExactlyOnce", testConcurrentClaims},
+		{"TakeoverOnlyAfterLease", testTakeoverOnlyAfterLease},
+		{"TakeoverNeedsSameFingerprint", testTakeoverNeedsSameFingerprint},
+		{"ConcurrentTakeoverExactlyOnce", testConcurrentTakeover},
+		{"StaleHolderSettleIsFenced", testStaleHolderFenced},
+		{"ReleaseIsFenced", testReleaseFenced},
+		{"ExpiredRecordIsAbsent", testExpiredRecordAbsent},
+		{"FailedCommitStoresNothing", testFailedCommit},
+		{"RollbackLeavesClaimInProgress", testRollback},
+		{"SettleFailedOutcome", testSettleFailed},
+		{"PrincipalsAreIsolated", testPrincipalsIsolated},
+		{"GetMissing", testGetMissing},
+		{"PurgeExpired", testPurgeExpired},
+		{"ConcurrentPurgersDeleteOnce", testConcurrentPurge},
+		{"ListStale", testListStale},
+		{"ResponseRoundTrip", testResponseRoundTrip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t)
+			if b.Store == nil || b.WriteEffect == nil || b.CountEffects == nil || b.PoisonTx == nil {
+				t.Fatal("storetest: Backend must set Store, WriteEffect, CountEffects and PoisonTx")
+			}
+			tc.fn(t, b)
+		})
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func uniq(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+func fingerprint(s string) []byte {
+	h := sha256.Sum256([]byte(s))
+	return h[:]
+}
+
+func token() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func claimReq(principal, key, fp string) idem.ClaimRequest {
+	return idem.ClaimRequest{
+		Principal: principal, Key: key, Fingerprint: fingerprint(fp), Token: token(),
+		RequestID: uniq("req"), Lease: Lease, Retention: time.Hour,
+	}
+}
+
+func leaseOf(r idem.ClaimRequest) idem.Lease {
+	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+}
+
+func mustClaim(t testing.TB, s idem.Store, req idem.ClaimRequest) idem.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("Claim(%s/%s): %v", req.Principal, req.Key, err)
+	}
+	return res
+}
+
+func okResponse(body string) idem.Response {
+	return idem.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/" + body}},
+		Body:   []byte(`{"id":"` + body + `"}`),
+	}
+}
+
+// settleWithEffect begins a transaction for lease, writes a business effect
+// named id in it and settles with resp.
+func settleWithEffect(ctx context.Context, b Backend, lease idem.Lease, id string, resp idem.Response) error {
+	txCtx, tx, err := b.Store.BeginTx(ctx, lease)
+	if err != nil {
+		return fmt.Errorf("BeginTx: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := b.WriteEffect(txCtx, id); err != nil {
+		return fmt.Errorf("WriteEffect: %w", err)
+	}
+	return tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp})
+}
+
+func effects(t testing.TB, b Backend, id string) int {
+	t.Helper()
+	n, err := b.CountEffects(ctxT(t), id)
+	if err != nil {
+		t.Fatalf("CountEffects(%s): %v", id, err)
+	}
+	return n
+}
+
+func get(t testing.TB, b Backend, principal, key string) idem.Record {
+	t.Helper()
+	rec, err := b.Store.Get(ctxT(t), principal, key)
+	if err != nil {
+		t.Fatalf("Get(%s/%s): %v", principal, key, err)
+	}
+	return rec
+}
+
+func testClaimNewKey(t *testing.T, b Backend) {
+	req := claimReq("alice", uniq("k"), "body")
+	res := mustClaim(t, b.Store, req)
+	if !res.Claimed || res.Reclaimed {
+		t.Fatalf("first claim: Claimed=%v Reclaimed=%v, want true false", res.Claimed, res.Reclaimed)
+	}
+	rec := res.Record
+	if rec.State != idem.StateInProgress || rec.LeaseToken != req.Token || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+		t.Fatalf("claimed record = %+v, want in_progress with the request's token and fingerprint", rec)
+	}
+	if res.Now.IsZero() || rec.LockedAt.After(res.Now) || rec.ExpiresAt.Before(res.Now.Add(59*time.Minute)) {
+		t.Fatalf("times: now=%v locked_at=%v expires_at=%v; want locked_at <= now, expires_at ≈ now+1h",
+			res.Now, rec.LockedAt, rec.ExpiresAt)
+	}
+	if d := time.Since(res.Now); d > time.Minute || d < -time.Minute {
+		t.Fatalf("store clock %v is %v away from this machine's", res.Now, d)
+	}
+	stored := get(t, b, "alice", req.Key)
+	if stored.State != idem.StateInProgress || stored.LeaseToken != req.Token || stored.RequestID != req.RequestID {
+		t.Fatalf("Get after claim = %+v", stored)
+	}
+}
+
+func testClaimExisting(t *testing.T, b Backend) {
+	first := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, first)
+	second := claimReq("alice", first.Key, "body")
+	res := mustClaim(t, b.Store, second)
+	if res.Claimed {
+		t.Fatal("second claim of a live key claimed it")
+	}
+	if res.Record.LeaseToken != first.Token || res.Record.State != idem.StateInProgress {
+		t.Fatalf("second claim returned %+v, want the first holder's in-progress record", res.Record)
+	}
+	// The first holder still holds the key: its settle goes through.
+	if err := settleWithEffect(ctxT(t), b, leaseOf(first), first.Key, okResponse("p1")); err != nil {
+		t.Fatalf("first holder's settle after a concurrent claim: %v", err)
+	}
+	res = mustClaim(t, b.Store, claimReq("alice", first.Key, "body"))
+	if res.Claimed || res.Record.State != idem.StateCompleted || res.Record.Response == nil {
+		t.Fatalf("claim after settle = %+v, want the completed record", res)
+	}
+}
+
+func rounds() int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_STORETEST_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 200
+}
+
+func testConcurrentClaims(t *testing.T, b Backend) {
+	const goroutines = 16
+	ctx := ctxT(t)
+	n := rounds()
+	var lost atomic.Int64
+	for round := range n {
+		key := uniq(fmt.Sprintf("race%d", round))
+		var (
+			wg      sync.WaitGroup
+			winners atomic.Int64
+			start   = make(chan struct{})
+			errs    = make(chan error, goroutines)
+		)
+		for range goroutines {
+			wg.Go(func() {
+				req := claimReq("alice", key, "same body")
+				<-start
+				res, err := b.Store.Claim(ctx, req)
+				if err != nil {
+					if errors.Is(err, idem.ErrTransient) {
+						lost.Add(1) // allowed: the client retries
+						return
+					}
+					errs <- err
+					return
+				}
+				if !res.Claimed {
+					return
+				}
+				winners.Add(1)
+				errs <- settleWithEffect(ctx, b, leaseOf(req), key, okResponse(key))
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if w := winners.Load(); w != 1 && !(w == 0 && lost.Load() > 0) {
+			t.Fatalf("round %d: %d goroutines claimed the same key, want exactly 1", round, w)
+		}
+		if winners.Load() == 1 {
+			if got := effects(t, b, key); got != 1 {
+				t.Fatalf("round %d: %d committed effects, want 1", round, got)
+			}
+			if rec := get(t, b, "alice", key); rec.State != idem.StateCompleted {
+				t.Fatalf("round %d: record left %s", round, rec.State)
+			}
+		}
+	}
+	t.Logf("%d rounds × %d goroutines: exactly one winner each; %d transient claim errors", n, goroutines, lost.Load())
+}
+
+func testTakeoverOnlyAfterLease(t *testing.T, b Backend) {
+	first := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, first)
+	early := claimReq("alice", first.Key, "body")
+	if res := mustClaim(t, b.Store, early); res.Claimed {
+		t.Fatal("a live lease was taken over before it expired")
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	late := claimReq("alice", first.Key, "body")
+	res := mustClaim(t, b.Store, late)
+	if !res.Claimed || !res.Reclaimed {
+		t.Fatalf("claim after the lease expired: Claimed=%v Reclaimed=%v, want both", res.Claimed, res.Reclaimed)
+	}
+	if res.Record.LeaseToken != late.Token || res.Record.State != idem.StateInProgress {
+		t.Fatalf("taken-over record = %+v, want in_progress with the new token", res.Record)
+	}
+	if !res.Record.LockedAt.After(res.Now.Add(-time.Second)) {
+		t.Fatalf("takeover kept the old locked_at %v (now %v): the new lease would be stale at once", res.Record.LockedAt, res.Now)
+	}
+	// The new lease is fresh: an immediate claim does not take it over again.
+	if again := mustClaim(t, b.Store, claimReq("alice", first.Key, "body")); again.Claimed {
+		t.Fatal("a just-taken-over lease was taken over again")
+	}
+}
+
+func testTakeoverNeedsSameFingerprint(t *testing.T, b Backend) {
+	first := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, first)
+	time.Sleep(Lease + 150*time.Millisecond)
+	other := claimReq("alice", first.Key, "another body")
+	res := mustClaim(t, b.Store, other)
+	if res.Claimed {
+		t.Fatal("a stale claim was taken over by a request with another fingerprint")
+	}
+	if !bytes.Equal(res.Record.Fingerprint, first.Fingerprint) || res.Record.LeaseToken != first.Token {
+		t.Fatalf("record changed by a mismatching request: %+v", res.Record)
+	}
+}
+
+func testConcurrentTakeover(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	const goroutines = 16
+	for round := range 5 {
+		first := claimReq("alice", uniq(fmt.Sprintf("takeover%d", round)), "body")
+		mustClaim(t, b.Store, first)
+		time.Sleep(Lease + 100*time.Millisecond)
+		var (
+			wg      sync.WaitGroup
+			winners atomic.Int64
+			start   = make(chan struct{})
+		)
+		for range goroutines {
+			wg.Go(func() {
+				req := claimReq("alice", first.Key, "body")
+				<-start
+				res, err := b.Store.Claim(ctx, req)
+				if err == nil && res.Claimed {
+					winners.Add(1)
+					if err := settleWithEffect(ctx, b, leaseOf(req), first.Key, okResponse("x")); err != nil {
+						t.Errorf("winner's settle: %v", err)
+					}
+				} else if err != nil && !errors.Is(err, idem.ErrTransient) {
+					t.Errorf("claim: %v", err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if w := winners.Load(); w != 1 {
+			t.Fatalf("round %d: %d goroutines took over the same stale claim, want 1", round, w)
+		}
+		if n := effects(t, b, first.Key); n != 1 {
+			t.Fatalf("round %d: %d effects, want 1", round, n)
+		}
+	}
+}
+
+func testStaleHolderFenced(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	old := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, old)
+	oldCtx, oldTx, err := b.Store.BeginTx(ctx, leaseOf(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = oldTx.Rollback(ctx) }()
+	if err := b.WriteEffect(oldCtx, "old-"+old.Key); err != nil {
+		t.Fatal(err)
+	}
+
+	time.Sleep(Lease + 150*time.Millisecond)
+	fresh := claimReq("alice", old.Key, "body")
+	if res := mustClaim(t, b.Store, fresh); !res.Reclaimed {
+		t.Fatalf("takeover of the expired lease failed: %+v", res)
+	}
+
+	err = oldTx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("old")})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("stale holder's settle = %v, want ErrLeaseLost", err)
+	}
+	if n := effects(t, b, "old-"+old.Key); n != 0 {
+		t.Fatalf("stale holder's business write committed (%d rows) despite the lost lease", n)
+	}
+	if err := b.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("stale holder's release = %v, want ErrLeaseLost", err)
+	}
+	if rec := get(t, b, "alice", old.Key); rec.State != idem.StateInProgress || rec.LeaseToken != fresh.Token {
+		t.Fatalf("after the stale settle the record is %+v, want the new holder's", rec)
+	}
+	if err := settleWithEffect(ctx, b, leaseOf(fresh), "new-"+old.Key, okResponse("new")); err != nil {
+		t.Fatalf("new holder's settle: %v", err)
+	}
+	if n := effects(t, b, "new-"+old.Key); n != 1 {
+		t.Fatalf("new holder's effect count = %d, want 1", n)
+	}
+	rec := get(t, b, "alice", old.Key)
+	if rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
+		t.Fatalf("final record = %+v, want the new holder's completed response", rec)
+	}
+}
+
+func testReleaseFenced(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	wrong := leaseOf(req)
+	wrong.Token = token()
+	if err := b.Store.Release(ctx, wrong); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("release with a foreign token = %v, want ErrLeaseLost", err)
+	}
+	if rec := get(t, b, "alice", req.Key); rec.LeaseToken != req.Token {
+		t.Fatal("a foreign release touched the record")
+	}
+	if err := b.Store.Release(ctx, leaseOf(req)); err != nil {
+		t.Fatalf("holder's release: %v", err)
+	}
+	if _, err := b.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after release = %v, want ErrNotFound", err)
+	}
+	// Released means absent: the retry claims it afresh, with any body.
+	res := mustClaim(t, b.Store, claimReq("alice", req.Key, "another body"))
+	if !res.Claimed || res.Reclaimed {
+		t.Fatalf("claim after release: %+v, want a fresh claim", res)
+	}
+	// A settled record cannot be released.
+	settled := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, settled)
+	if err := settleWithEffect(ctx, b, leaseOf(settled), settled.Key, okResponse("s")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store.Release(ctx, leaseOf(settled)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("release of a settled record = %v, want ErrLeaseLost", err)
+	}
+	if rec := get(t, b, "alice", settled.Key); rec.State != idem.StateCompleted {
+		t.Fatalf("settled record became %s after a release attempt", rec.State)
+	}
+}
+
+func testExpiredRecordAbsent(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("k"), "body")
+	req.Retention = Lease
+	mustClaim(t, b.Store, req)
+	if err := settleWithEffect(ctx, b, leaseOf(req), req.Key, okResponse("old")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	next := claimReq("alice", req.Key, "a different body")
+	res := mustClaim(t, b.Store, next)
+	if !res.Claimed || res.Reclaimed {
+		t.Fatalf("claim of an expired record: Claimed=%v Reclaimed=%v, want a fresh claim", res.Claimed, res.Reclaimed)
+	}
+	rec := res.Record
+	if rec.State != idem.StateInProgress || rec.Response != nil || !bytes.Equal(rec.Fingerprint, next.Fingerprint) ||
+		rec.LeaseToken != next.Token || rec.RequestID != next.RequestID {
+		t.Fatalf("replaced record = %+v, want a fresh in-progress record for the new request", rec)
+	}
+	if !rec.ExpiresAt.After(res.Now.Add(59 * time.Minute)) {
+		t.Fatalf("replaced record expires at %v, want about an hour after %v", rec.ExpiresAt, res.Now)
+	}
+	// An expired in-progress record is absent too, whatever its fingerprint.
+	ip := claimReq("alice", uniq("k"), "body")
+	ip.Retention, ip.Lease = Lease, time.Hour
+	mustClaim(t, b.Store, ip)
+	time.Sleep(Lease + 150*time.Millisecond)
+	res = mustClaim(t, b.Store, claimReq("alice", ip.Key, "other"))
+	if !res.Claimed {
+		t.Fatal("an in-progress record past its expiry was not claimable")
+	}
+}
+
+func testFailedCommit(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := b.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PoisonTx(txCtx); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("x")})
+	if err == nil {
+		t.Fatal("Settle reported success for a transaction that cannot commit")
+	}
+	if errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("a failed commit was reported as a lost lease: %v", err)
+	}
+	if n := effects(t, b, req.Key); n != 0 {
+		t.Fatalf("%d effects committed by a failed transaction", n)
+	}
+	rec := get(t, b, "alice", req.Key)
+	if rec.State != idem.StateInProgress || rec.Response != nil {
+		t.Fatalf("after a failed commit the record is %+v, want still in progress with no response", rec)
+	}
+	if err := b.Store.Release(ctx, leaseOf(req)); err != nil {
+		t.Fatalf("release after a failed commit: %v", err)
+	}
+}
+
+func testRollback(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("second Rollback: %v", err)
+	}
+	if n := effects(t, b, req.Key); n != 0 {
+		t.Fatalf("%d effects survived a rollback", n)
+	}
+	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateInProgress || rec.LeaseToken != req.Token {
+		t.Fatalf("after rollback the record is %+v, want the claim in progress", rec)
+	}
+	// The holder can still begin again and settle.
+	if err := settleWithEffect(ctx, b, leaseOf(req), req.Key, okResponse("x")); err != nil {
+		t.Fatalf("settle after an earlier rollback: %v", err)
+	}
+	// Rollback after Settle is harmless and undoes nothing.
+	_, tx2, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tx2.Rollback(ctx)
+	if n := effects(t, b, req.Key); n != 1 {
+		t.Fatalf("effects = %d after settle, want 1", n)
+	}
+}
+
+func testSettleFailed(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	_, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := idem.Response{Status: 400, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"bad amount"}`)}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateFailed, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	res := mustClaim(t, b.Store, claimReq("alice", req.Key, "body"))
+	if res.Claimed || res.Record.State != idem.StateFailed || res.Record.Response == nil || res.Record.Response.Status != 400 {
+		t.Fatalf("claim after a failed outcome = %+v, want the stored 400", res)
+	}
+}
+
+func testPrincipalsIsolated(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	key := uniq("shared")
+	alice := claimReq("alice", key, "body")
+	bob := claimReq("bob", key, "body")
+	if res := mustClaim(t, b.Store, alice); !res.Claimed {
+		t.Fatal("alice could not claim")
+	}
+	if res := mustClaim(t, b.Store, bob); !res.Claimed {
+		t.Fatal("bob could not claim the key alice holds: keys crossed principals")
+	}
+	if err := settleWithEffect(ctx, b, leaseOf(alice), "alice-"+key, okResponse("alice")); err != nil {
+		t.Fatal(err)
+	}
+	if rec := get(t, b, "bob", key); rec.State != idem.StateInProgress || rec.LeaseToken != bob.Token {
+		t.Fatalf("bob's record = %+v after alice settled", rec)
+	}
+	// A lease is per principal: alice's token cannot release bob's claim.
+	cross := idem.Lease{Principal: "bob", Key: key, Token: alice.Token}
+	if err := b.Store.Release(ctx, cross); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("release of bob's claim with alice's token = %v, want ErrLeaseLost", err)
+	}
+	if _, err := b.Store.Get(ctx, "carol", key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("carol sees a record for a key only alice and bob used: %v", err)
+	}
+}
+
+func testGetMissing(t *testing.T, b Backend) {
+	if _, err := b.Store.Get(ctxT(t), "alice", uniq("never")); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get of a missing key = %v, want ErrNotFound", err)
+	}
+}
+
+func testPurgeExpired(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	var expired, live []string
+	for i := range 7 {
+		req := claimReq("alice", uniq(fmt.Sprintf("exp%d", i)), "body")
+		req.Retention = Lease
+		mustClaim(t, b.Store, req)
+		expired = append(expired, req.Key)
+	}
+	for i := range 3 {
+		req := claimReq("alice", uniq(fmt.Sprintf("live%d", i)), "body")
+		mustClaim(t, b.Store, req)
+		live = append(live, req.Key)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	total := 0
+	for pass := 0; ; pass++ {
+		n, err := b.Store.PurgeExpired(ctx, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 3 {
+			t.Fatalf("PurgeExpired(limit 3) deleted %d", n)
+		}
+		total += n
+		if n == 0 || pass > 10 {
+			break
+		}
+	}
+	if total != len(expired) {
+		t.Fatalf("purged %d records, want %d", total, len(expired))
+	}
+	for _, k := range expired {
+		if _, err := b.Store.Get(ctx, "alice", k); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("expired %s survived the purge: %v", k, err)
+		}
+	}
+	for _, k := range live {
+		get(t, b, "alice", k)
+	}
+}
+
+func testConcurrentPurge(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	const n = 40
+	for i := range n {
+		req := claimReq("alice", uniq(fmt.Sprintf("exp%d", i)), "body")
+		req.Retention = Lease
+		mustClaim(t, b.Store, req)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+	)
+	for range 3 {
+		wg.Go(func() {
+			for {
+				got, err := b.Store.PurgeExpired(ctx, 5)
+				if err != nil && !errors.Is(err, idem.ErrTransient) {
+					t.Errorf("PurgeExpired: %v", err)
+					return
+				}
+				total.Add(int64(got))
+				if err == nil && got == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := total.Load(); got != n {
+		t.Fatalf("three purgers together report %d deletions of %d expired records", got, n)
+	}
+}
+
+func testListStale(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	principal := uniq("stale-owner")
+	older := claimReq(principal, uniq("a"), "body")
+	mustClaim(t, b.Store, older)
+	time.Sleep(20 * time.Millisecond)
+	newer := claimReq(principal, uniq("b"), "body")
+	mustClaim(t, b.Store, newer)
+	settled := claimReq(principal, uniq("c"), "body")
+	mustClaim(t, b.Store, settled)
+	if err := settleWithEffect(ctx, b, leaseOf(settled), settled.Key, okResponse("c")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	fresh := claimReq(principal, uniq("d"), "body")
+	mustClaim(t, b.Store, fresh)
+
+	stale, err := b.Store.ListStale(ctx, Lease, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []idem.Record
+	for _, r := range stale {
+		if r.Principal == principal {
+			mine = append(mine, r)
+		}
+		if r.State != idem.StateInProgress {
+			t.Fatalf("ListStale returned a %s record", r.State)
+		}
+	}
+	if len(mine) != 2 || mine[0].Key != older.Key || mine[1].Key != newer.Key {
+		t.Fatalf("ListStale = %+v, want [%s %s] oldest first", mine, older.Key, newer.Key)
+	}
+	if one, err := b.Store.ListStale(ctx, Lease, 1); err != nil || len(one) != 1 {
+		t.Fatalf("ListStale(limit 1) = %d records, %v", len(one), err)
+	}
+}
+
+func testResponseRoundTrip(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	body := make([]byte, 512<<10)
+	_, _ = rand.Read(body)
+	body[0], body[1], body[len(body)-1] = 0, 0xff, 0
+	resp := idem.Response{
+		Status: http.StatusAccepted,
+		Header: http.Header{
+			"Content-Type":     {"application/octet-stream"},
+			"Location":         {"/payments/ä/\"quoted\""},
+			"Cache-Control":    {"no-store", "private"},
+			"Content-Language": {"de-CH"},
+			"X-Empty":          {""},
+		},
+		Body: body,
+	}
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	_, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range []idem.Record{get(t, b, "alice", req.Key), mustClaim(t, b.Store, claimReq("alice", req.Key, "body")).Record} {
+		got := rec.Response
+		if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
+			t.Fatalf("stored response differs: status %v, body equal %v", got != nil && got.Status == resp.Status, got != nil && bytes.Equal(got.Body, body))
+		}
+		if len(got.Header) != len(resp.Header) {
+			t.Fatalf("stored header = %v, want %v", got.Header, resp.Header)
+		}
+		for k, v := range resp.Header {
+			if fmt.Sprint(got.Header[k]) != fmt.Sprint(v) || len(got.Header[k]) != len(v) {
+				t.Fatalf("header %s = %q, want %q", k, got.Header[k], v)
+			}
+		}
+		if rec.RequestID != req.RequestID || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+			t.Fatalf("request id or fingerprint not kept: %+v", rec)
+		}
+	}
+	// An empty body and no headers round-trip too.
+	empty := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, empty)
+	_, tx, err = b.Store.BeginTx(ctx, leaseOf(empty))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 204}}); err != nil {
+		t.Fatal(err)
+	}
+	if rec := get(t, b, "alice", empty.Key); rec.Response == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
+		t.Fatalf("empty response = %+v", rec.Response)
+	}
+}
