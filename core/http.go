@@ -1,0 +1,56 @@
+package idem
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// HTTPRequest returns the engine's view of r for principal. Adapters for
+// frameworks built on net/http (net/http itself, Gin, Echo) use it so that
+// every one of them reads the same headers the same way.
+func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
+	return Request{
+		Method:      r.Method,
+		Path:        r.URL.RequestURI(),
+		Principal:   principal,
+		Key:         r.Header.Get(e.cfg.Header),
+		ContentType: r.Header.Get("Content-Type"),
+		RequestID:   r.Header.Get(e.cfg.RequestIDHeader),
+		Body:        r.Body,
+	}
+}
+
+// ServeHTTP runs one request through the engine for adapters built on
+// net/http, and writes the final response to w.
+//
+// next must run the framework's handler chain with r2 as the request and
+// buf installed as the response writer, and return the handler's error if
+// the framework has one (already rendered into buf, see ResponseBuffer.Reset).
+// r2 carries the attempt's context (with the store's transaction and the
+// deadline) and the request body restored after the fingerprint read it.
+// When the key is optional and absent, next is called with the original r
+// and a nil buf: run the handler unbuffered. A panic in next releases the
+// key and goes on unchanged to the framework's recovery.
+func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, principal string,
+	next func(r2 *http.Request, buf *ResponseBuffer) error) {
+	att, resp := e.Begin(r.Context(), e.HTTPRequest(r, principal))
+	if att == nil {
+		if resp == nil {
+			_ = next(r, nil)
+			return
+		}
+		WriteResponse(w, resp)
+		return
+	}
+	defer att.Abort()
+	r2 := r.WithContext(att.Context())
+	r2.Body = io.NopCloser(bytes.NewReader(att.Body()))
+	r2.ContentLength = int64(len(att.Body()))
+	r2.Header.Set("Content-Length", strconv.Itoa(len(att.Body())))
+	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(att.Body())), nil }
+	buf := NewResponseBuffer(w.Header(), e.cfg.MaxResponseBytes)
+	err := next(r2, buf)
+	WriteResponse(w, att.Finish(buf.Result(err)))
+}
