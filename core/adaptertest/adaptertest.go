@@ -1,0 +1,614 @@
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
+)
+
+// Run runs the suite against the adapter that h mounts, with stores from
+// newBackend (storetest.MemBackend, or a real database's Backend).
+func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, *suite)
+	}{
+		{"FirstRequestThenReplay", testFirstThenReplay},
+		{"ConcurrentIdenticalRequestsRunOnce", testConcurrentRunOnce},
+		{"ChangedBodyIs422", testChangedBody},
+		{"CanonicalJSONReplays", testCanonicalJSON},
+		{"MissingAndInvalidKeysAre400", testBadKeys},
+		{"NoPrincipalIs401AndClaimsNothing", testNoPrincipal},
+		{"ClientErrorIsStoredAndReplayed", testClientErrorStored},
+		{"ServerErrorIsReleased", testServerErrorReleased},
+		{"HandlerErrorIsReleased", testHandlerErrorReleased},
+		{"PanicIsReleased", testPanicReleased},
+		{"NothingReachesClientBeforeCommit", testNothingBeforeCommit},
+		{"FailedCommitSendsProblemNotHandlerBody", testFailedCommit},
+		{"HandlerSeesTransactionAndDeadline", testTransactionAndDeadline},
+		{"DeadlineReleases", testDeadlineReleases},
+		{"PrincipalsNeverShareKeys", testPrincipalsIsolated},
+		{"BodyRestoredForHandler", testBodyRestored},
+		{"BodyTooLargeIs413", testBodyTooLarge},
+		{"OptionalKeyPassesThrough", testOptionalKey},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, &suite{h: h, b: newBackend(t)})
+		})
+	}
+}
+
+type suite struct {
+	h Harness
+	b storetest.Backend
+}
+
+// config returns the Config the suite serves with, for backend b.
+func (s *suite) config() idem.Config {
+	return idem.Config{Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
+}
+
+func (s *suite) serve(t *testing.T, cfg idem.Config, h Handler) string {
+	t.Helper()
+	return s.h.Serve(t, cfg, h)
+}
+
+// payments is a payments-style handler: it writes one business effect per
+// execution in the store's transaction and answers 201 with a body unique
+// to the execution, a Location, a Set-Cookie and a header outside the
+// allow-list.
+type payments struct {
+	b     storetest.Backend
+	runs  atomic.Int64
+	delay time.Duration
+}
+
+func (p *payments) handle(ctx context.Context, r Request) Reply {
+	n := p.runs.Add(1)
+	id := fmt.Sprintf("pay_%d", n)
+	if err := p.b.WriteEffect(ctx, effectID(r)); err != nil {
+		return Reply{Status: 599, Body: []byte("no transaction in the handler's context: " + err.Error())}
+	}
+	if p.delay > 0 {
+		time.Sleep(p.delay)
+	}
+	body, _ := json.Marshal(map[string]any{"id": id, "run": n, "nanos": time.Now().UnixNano()})
+	return Reply{
+		Status: http.StatusCreated,
+		Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Location":     {"/payments/" + id},
+			"Set-Cookie":   {"session=" + id + "; HttpOnly"},
+			"X-Not-Stored": {id},
+		},
+		Body: body,
+	}
+}
+
+// effectID names the business effect of a request: the principal and key,
+// so counts are per idempotent request.
+func effectID(r Request) string {
+	return r.Header.Get("Authorization") + "|" + r.Header.Get(idem.DefaultHeader)
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) problemType() string {
+	var p struct{ Type string }
+	_ = json.Unmarshal(r.body, &p)
+	return p.Type
+}
+
+var client = &http.Client{Timeout: 20 * time.Second}
+
+func send(t testing.TB, base, principal, key, body string, extra ...string) reply {
+	t.Helper()
+	r, err := sendErr(context.Background(), base, principal, key, body, extra...)
+	if err != nil {
+		t.Fatalf("POST %s: %v", base, err)
+	}
+	return r
+}
+
+func sendErr(ctx context.Context, base, principal, key, body string, extra ...string) (reply, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if principal != "" {
+		req.Header.Set("Authorization", "Bearer "+principal)
+	}
+	if key != "" {
+		req.Header.Set(idem.DefaultHeader, key)
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		req.Header.Set(extra[i], extra[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+func wantStatus(t testing.TB, what string, r reply, status int) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("%s: status %d, want %d; body %s", what, r.status, status, r.body)
+	}
+}
+
+func wantProblem(t testing.TB, what string, r reply, status int, typ idem.ProblemType) {
+	t.Helper()
+	wantStatus(t, what, r, status)
+	if ct := r.header.Get("Content-Type"); ct != idem.ProblemContentType {
+		t.Fatalf("%s: Content-Type %q, want %s", what, ct, idem.ProblemContentType)
+	}
+	if got := r.problemType(); got != string(typ) {
+		t.Fatalf("%s: problem type %q, want %q", what, got, typ)
+	}
+}
+
+func effects(t testing.TB, b storetest.Backend, principal, key string) int {
+	t.Helper()
+	n, err := b.CountEffects(context.Background(), "Bearer "+principal+"|"+key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+const paymentBody = `{"amount":1000,"currency":"EUR","description":"coffee"}`
+
+func testFirstThenReplay(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	first := send(t, base, "alice", "k-first", paymentBody)
+	wantStatus(t, "first request", first, http.StatusCreated)
+	if first.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatal("the first response is marked as replayed")
+	}
+	if first.header.Get("Set-Cookie") == "" || first.header.Get("X-Not-Stored") == "" {
+		t.Fatal("the first response lost headers the handler set")
+	}
+	for i := range 3 {
+		again := send(t, base, "alice", "k-first", paymentBody)
+		wantStatus(t, "replay", again, http.StatusCreated)
+		if !bytes.Equal(again.body, first.body) {
+			t.Fatalf("replay %d body %s, want byte-identical %s", i, again.body, first.body)
+		}
+		for _, h := range []string{"Content-Type", "Location"} {
+			if again.header.Get(h) != first.header.Get(h) {
+				t.Fatalf("replayed %s = %q, want %q", h, again.header.Get(h), first.header.Get(h))
+			}
+		}
+		if again.header.Get(idem.ReplayedHeader) != "true" {
+			t.Fatalf("replay lacks %s: true", idem.ReplayedHeader)
+		}
+		if again.header.Get("Set-Cookie") != "" || again.header.Get("X-Not-Stored") != "" {
+			t.Fatalf("replay carries headers outside the allow-list: %v", again.header)
+		}
+	}
+	if n := p.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times for one key", n)
+	}
+	if n := effects(t, s.b, "alice", "k-first"); n != 1 {
+		t.Fatalf("%d committed effects, want 1", n)
+	}
+	// The quoted Structured Field form names the same key.
+	sf := send(t, base, "alice", `"k-first"`, paymentBody)
+	if !bytes.Equal(sf.body, first.body) || sf.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("quoted key form did not replay the bare key: %d %s", sf.status, sf.body)
+	}
+}
+
+func testConcurrentRunOnce(t *testing.T, s *suite) {
+	p := &payments{b: s.b, delay: 300 * time.Millisecond}
+	base := s.serve(t, s.config(), p.handle)
+	const clients = 16
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		replies []reply
+		start   = make(chan struct{})
+	)
+	for range clients {
+		wg.Go(func() {
+			<-start
+			r, err := sendErr(context.Background(), base, "alice", "k-race", paymentBody)
+			if err != nil {
+				t.Errorf("concurrent request: %v", err)
+				return
+			}
+			mu.Lock()
+			replies = append(replies, r)
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	var created, conflicts int
+	var createdBody []byte
+	for _, r := range replies {
+		switch r.status {
+		case http.StatusCreated:
+			if createdBody != nil && !bytes.Equal(createdBody, r.body) {
+				t.Fatalf("two different 201 bodies for one key: %s and %s", createdBody, r.body)
+			}
+			createdBody = r.body
+			created++
+		case http.StatusConflict:
+			wantProblem(t, "concurrent duplicate", r, http.StatusConflict, idem.ProblemKeyInUse)
+			if ra := r.header.Get("Retry-After"); ra == "" || ra == "0" {
+				t.Fatalf("409 without a positive Retry-After: %q", ra)
+			}
+			conflicts++
+		default:
+			t.Fatalf("concurrent duplicate got %d %s", r.status, r.body)
+		}
+	}
+	if n := p.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times for %d concurrent identical requests", n, clients)
+	}
+	if created < 1 || conflicts < 1 {
+		t.Fatalf("%d created, %d conflicts: want one execution and the rest 409 while it ran", created, conflicts)
+	}
+	if n := effects(t, s.b, "alice", "k-race"); n != 1 {
+		t.Fatalf("%d committed effects, want 1", n)
+	}
+	after := send(t, base, "alice", "k-race", paymentBody)
+	if after.status != http.StatusCreated || !bytes.Equal(after.body, createdBody) {
+		t.Fatalf("retry after the race: %d %s, want the stored 201", after.status, after.body)
+	}
+}
+
+func testChangedBody(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	wantStatus(t, "first", send(t, base, "alice", "k-422", paymentBody), http.StatusCreated)
+	changed := send(t, base, "alice", "k-422", `{"amount":9999,"currency":"EUR","description":"coffee"}`)
+	wantProblem(t, "same key, other body", changed, http.StatusUnprocessableEntity, idem.ProblemKeyReused)
+	if n := p.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func testCanonicalJSON(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	first := send(t, base, "alice", "k-canon", paymentBody)
+	wantStatus(t, "first", first, http.StatusCreated)
+	same := "{\n  \"description\": \"coffee\",\n  \"currency\" : \"EUR\",\n  \"amount\": 1000.0\n}"
+	again := send(t, base, "alice", "k-canon", same)
+	if again.status != http.StatusCreated || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("reordered, re-spaced JSON was not replayed: %d %s", again.status, again.body)
+	}
+}
+
+func testBadKeys(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	wantProblem(t, "no key", send(t, base, "alice", "", paymentBody), http.StatusBadRequest, idem.ProblemKeyMissing)
+	for _, key := range []string{strings.Repeat("k", 256), "has space", `"unterminated`, "tab\there", "ümlaut", `"a"b"`} {
+		wantProblem(t, fmt.Sprintf("key %.20q", key), send(t, base, "alice", key, paymentBody), http.StatusBadRequest, idem.ProblemKeyInvalid)
+	}
+	if n := p.runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times for requests without a valid key", n)
+	}
+	if _, err := s.b.Store.Get(context.Background(), "alice", "has space"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("an invalid key was stored: %v", err)
+	}
+}
+
+func testNoPrincipal(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	wantProblem(t, "anonymous", send(t, base, "", "k-anon", paymentBody), http.StatusUnauthorized, idem.ProblemUnauthenticated)
+	if n := p.runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times for an anonymous request", n)
+	}
+	if _, err := s.b.Store.Get(context.Background(), "", "k-anon"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("an anonymous request claimed its key: %v", err)
+	}
+	// Nothing was claimed: an authenticated request with the same key and
+	// another body runs, instead of getting 422.
+	wantStatus(t, "authenticated after anonymous", send(t, base, "alice", "k-anon", `{"amount":1}`), http.StatusCreated)
+}
+
+func testClientErrorStored(t *testing.T, s *suite) {
+	var runs atomic.Int64
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		runs.Add(1)
+		return Reply{Status: http.StatusBadRequest, Header: http.Header{"Content-Type": {"application/problem+json"}},
+			Body: fmt.Appendf(nil, `{"title":"amount must be positive","run":%d}`, runs.Load())}
+	})
+	first := send(t, base, "alice", "k-400", `{"amount":-1}`)
+	wantStatus(t, "invalid payment", first, http.StatusBadRequest)
+	again := send(t, base, "alice", "k-400", `{"amount":-1}`)
+	wantStatus(t, "replayed 400", again, http.StatusBadRequest)
+	if !bytes.Equal(again.body, first.body) || again.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("400 not replayed: %s vs %s", again.body, first.body)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want a stored 400", runs.Load())
+	}
+}
+
+// flaky fails its first execution in the way fail says, after writing its
+// business effect, then behaves like payments.
+func (s *suite) flaky(fail func(ctx context.Context, r Request) Reply) (*payments, Handler) {
+	p := &payments{b: s.b}
+	var calls atomic.Int64
+	return p, func(ctx context.Context, r Request) Reply {
+		if calls.Add(1) == 1 {
+			if err := s.b.WriteEffect(ctx, effectID(r)); err != nil {
+				return Reply{Status: 599, Body: []byte(err.Error())}
+			}
+			return fail(ctx, r)
+		}
+		return p.handle(ctx, r)
+	}
+}
+
+func (s *suite) wantReleasedThenRetried(t *testing.T, base string, p *payments, key string, first reply) {
+	t.Helper()
+	if first.status < 400 {
+		t.Fatalf("failed attempt answered %d", first.status)
+	}
+	if n := effects(t, s.b, "alice", key); n != 0 {
+		t.Fatalf("failed attempt left %d committed effects", n)
+	}
+	retry := send(t, base, "alice", key, paymentBody)
+	wantStatus(t, "retry after a transient failure", retry, http.StatusCreated)
+	if retry.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatal("the retry was a replay, not a fresh execution")
+	}
+	if p.runs.Load() != 1 {
+		t.Fatalf("retry did not run the handler (runs %d)", p.runs.Load())
+	}
+	if n := effects(t, s.b, "alice", key); n != 1 {
+		t.Fatalf("%d committed effects after the retry, want 1", n)
+	}
+}
+
+func testServerErrorReleased(t *testing.T, s *suite) {
+	p, h := s.flaky(func(context.Context, Request) Reply {
+		return Reply{Status: http.StatusServiceUnavailable, Body: []byte("provider down")}
+	})
+	base := s.serve(t, s.config(), h)
+	first := send(t, base, "alice", "k-503", paymentBody)
+	wantStatus(t, "503", first, http.StatusServiceUnavailable)
+	s.wantReleasedThenRetried(t, base, p, "k-503", first)
+}
+
+func testHandlerErrorReleased(t *testing.T, s *suite) {
+	p, h := s.flaky(func(context.Context, Request) Reply {
+		return Reply{Status: http.StatusInternalServerError, Err: errors.New("database exploded")}
+	})
+	base := s.serve(t, s.config(), h)
+	first := send(t, base, "alice", "k-err", paymentBody)
+	s.wantReleasedThenRetried(t, base, p, "k-err", first)
+}
+
+func testPanicReleased(t *testing.T, s *suite) {
+	p, h := s.flaky(func(context.Context, Request) Reply { return Reply{Panic: "boom"} })
+	base := s.serve(t, s.config(), h)
+	first, err := sendErr(context.Background(), base, "alice", "k-panic", paymentBody)
+	if err != nil {
+		first = reply{status: 599} // the framework dropped the connection
+	}
+	if first.status == http.StatusOK || first.status == http.StatusCreated {
+		t.Fatalf("a panicking handler answered %d %q: the recovery's error was lost", first.status, first.body)
+	}
+	s.wantReleasedThenRetried(t, base, p, "k-panic", first)
+}
+
+func testNothingBeforeCommit(t *testing.T, s *suite) {
+	flushed, release := make(chan struct{}), make(chan struct{})
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		r.WriteEarly([]byte("partial"))
+		close(flushed)
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		// Status 200: the early write already implied it on net/http.
+		return Reply{Status: http.StatusOK, Body: []byte("partial and the rest")}
+	})
+	var firstByte atomic.Bool
+	trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { firstByte.Store(true) }}
+	done := make(chan reply, 1)
+	go func() {
+		r, err := sendErr(httptrace.WithClientTrace(context.Background(), trace), base, "alice", "k-flush", paymentBody)
+		if err != nil {
+			t.Errorf("request: %v", err)
+		}
+		done <- r
+	}()
+	select {
+	case <-flushed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler never ran")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if firstByte.Load() {
+		close(release)
+		t.Fatal("the client received bytes the handler flushed before the outcome was committed")
+	}
+	close(release)
+	r := <-done
+	wantStatus(t, "after release", r, http.StatusOK)
+	if string(r.body) != "partial and the rest" && string(r.body) != "partialpartial and the rest" {
+		t.Fatalf("body %q", r.body)
+	}
+}
+
+func testFailedCommit(t *testing.T, s *suite) {
+	var runs atomic.Int64
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		runs.Add(1)
+		r.WriteEarly([]byte("secret-early"))
+		if err := s.b.WriteEffect(ctx, effectID(r)); err != nil {
+			return Reply{Status: 599}
+		}
+		if err := s.b.PoisonTx(ctx); err != nil {
+			return Reply{Status: 599}
+		}
+		return Reply{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"secret":"handler body"}`)}
+	})
+	r := send(t, base, "alice", "k-commit", paymentBody)
+	wantProblem(t, "failed commit", r, http.StatusInternalServerError, idem.ProblemCommitFailed)
+	if bytes.Contains(r.body, []byte("secret")) {
+		t.Fatalf("the handler's body reached the client although its commit failed: %s", r.body)
+	}
+	if n := effects(t, s.b, "alice", "k-commit"); n != 0 {
+		t.Fatalf("%d effects committed", n)
+	}
+	// The key was released: the retry runs the handler again.
+	_ = send(t, base, "alice", "k-commit", paymentBody)
+	if runs.Load() != 2 {
+		t.Fatalf("retry after a failed commit ran the handler %d times in all, want 2", runs.Load())
+	}
+}
+
+func testTransactionAndDeadline(t *testing.T, s *suite) {
+	cfg := s.config()
+	var problem atomic.Value
+	base := s.serve(t, cfg, func(ctx context.Context, r Request) Reply {
+		deadline, ok := ctx.Deadline()
+		switch {
+		case !ok:
+			problem.Store("handler context has no deadline")
+		case time.Until(deadline) > cfg.RequestTimeout:
+			problem.Store(fmt.Sprintf("deadline %v away, RequestTimeout is %v", time.Until(deadline), cfg.RequestTimeout))
+		}
+		if _, ok := idem.LeaseFrom(ctx); !ok {
+			problem.Store("handler context carries no lease")
+		}
+		if err := s.b.WriteEffect(ctx, effectID(r)); err != nil {
+			problem.Store("handler context carries no transaction: " + err.Error())
+		}
+		return Reply{Status: http.StatusCreated, Body: []byte("ok")}
+	})
+	wantStatus(t, "request", send(t, base, "alice", "k-ctx", paymentBody), http.StatusCreated)
+	if p := problem.Load(); p != nil {
+		t.Fatal(p)
+	}
+	if n := effects(t, s.b, "alice", "k-ctx"); n != 1 {
+		t.Fatalf("the write made through the handler's context did not commit with the record (%d)", n)
+	}
+}
+
+func testDeadlineReleases(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.RequestTimeout, cfg.StoreTimeout, cfg.Lease = 300*time.Millisecond, time.Second, 2*time.Second
+	p, h := s.flaky(func(ctx context.Context, r Request) Reply {
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+		return Reply{Status: http.StatusCreated, Body: []byte("too late")}
+	})
+	base := s.serve(t, cfg, h)
+	start := time.Now()
+	first := send(t, base, "alice", "k-slow", paymentBody)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("request took %v with a 300ms deadline", took)
+	}
+	if first.status < 500 || bytes.Contains(first.body, []byte("too late")) {
+		t.Fatalf("a handler past its deadline answered %d %s", first.status, first.body)
+	}
+	s.wantReleasedThenRetried(t, base, p, "k-slow", first)
+}
+
+func testPrincipalsIsolated(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	alice := send(t, base, "alice", "k-shared", paymentBody)
+	bob := send(t, base, "bob", "k-shared", `{"amount":5,"currency":"USD"}`)
+	wantStatus(t, "alice", alice, http.StatusCreated)
+	wantStatus(t, "bob with alice's key", bob, http.StatusCreated)
+	if bob.header.Get(idem.ReplayedHeader) != "" || bytes.Equal(alice.body, bob.body) {
+		t.Fatal("bob received alice's stored response")
+	}
+	if again := send(t, base, "alice", "k-shared", paymentBody); !bytes.Equal(again.body, alice.body) {
+		t.Fatal("alice's replay changed after bob used the key")
+	}
+	if p.runs.Load() != 2 {
+		t.Fatalf("runs = %d, want one per principal", p.runs.Load())
+	}
+}
+
+func testBodyRestored(t *testing.T, s *suite) {
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		sum := sha256.Sum256(r.Body)
+		return Reply{Status: http.StatusCreated, Body: []byte(hex.EncodeToString(sum[:]))}
+	})
+	body := `{"amount":1000,"currency":"EUR","description":"` + strings.Repeat("x", 100_000) + `"}`
+	r := send(t, base, "alice", "k-body", body)
+	sum := sha256.Sum256([]byte(body))
+	if string(r.body) != hex.EncodeToString(sum[:]) {
+		t.Fatalf("handler saw another body than the client sent (status %d)", r.status)
+	}
+}
+
+func testBodyTooLarge(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.MaxBodyBytes = 64
+	p := &payments{b: s.b}
+	base := s.serve(t, cfg, p.handle)
+	r := send(t, base, "alice", "k-big", `{"description":"`+strings.Repeat("x", 200)+`"}`)
+	wantProblem(t, "oversized body", r, http.StatusRequestEntityTooLarge, idem.ProblemBodyTooLarge)
+	if p.runs.Load() != 0 {
+		t.Fatal("handler ran for an oversized body")
+	}
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-big"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("an oversized request claimed its key: %v", err)
+	}
+}
+
+func testOptionalKey(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.KeyOptional = true
+	var runs atomic.Int64
+	base := s.serve(t, cfg, func(ctx context.Context, r Request) Reply {
+		runs.Add(1)
+		return Reply{Status: http.StatusCreated, Body: r.Body}
+	})
+	for range 2 {
+		r := send(t, base, "alice", "", paymentBody)
+		if r.status != http.StatusCreated || string(r.body) != paymentBody {
+			t.Fatalf("request without a key on an optional route: %d %s", r.status, r.body)
+		}
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("handler ran %d times for two keyless requests", runs.Load())
+	}
+}
