@@ -61,4 +61,3 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 		})
 	}, nil
 }
-

@@ -7,10 +7,10 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	idemhttp "github.com/idemgo/idem/adapters/nethttp"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/storetest"
-	idemhttp "github.com/idemgo/idem/adapters/nethttp"
 )
 
 type principalKey struct{}
