@@ -1,0 +1,498 @@
+package idempgx_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t testing.TB) storetest.Backend {
+		return newEnv(t, newPool(t, 8, nil)).backend()
+	})
+}
+
+func TestNewValidatesTable(t *testing.T) {
+	pool := newPool(t, 1, nil)
+	for _, bad := range []string{"", "1abc", "a-b", `a"b`, "a.b.c", "a b", "x;drop table y", strings.Repeat("t", 41), ".t", "s."} {
+		if _, err := idempgx.New(pool, idempgx.WithTable(bad)); err == nil {
+			t.Errorf("WithTable(%q) accepted", bad)
+		}
+		if _, err := idempgx.Schema(bad); err == nil {
+			t.Errorf("Schema(%q) accepted", bad)
+		}
+	}
+	for _, good := range []string{"idempotency_keys", "Keys2", "_k", "billing.idem_keys"} {
+		if _, err := idempgx.New(pool, idempgx.WithTable(good)); err != nil {
+			t.Errorf("WithTable(%q): %v", good, err)
+		}
+	}
+	if _, err := idempgx.New(nil); err == nil {
+		t.Error("New(nil) accepted")
+	}
+	s, err := idempgx.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Table() != `"idempotency_keys"` {
+		t.Errorf("default Table() = %s", s.Table())
+	}
+}
+
+func TestSchema(t *testing.T) {
+	raw, err := idempgx.Migrations.(interface{ ReadFile(string) ([]byte, error) }).ReadFile(idempgx.MigrationFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := idempgx.Schema(idempgx.DefaultTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "idempotency_keys"`, `"idempotency_keys_locked_at_idx"`,
+		`"idempotency_keys_expires_at_idx"`, `WHERE state = 'in_progress'`, "PRIMARY KEY (principal, key)"} {
+		if !strings.Contains(def, want) {
+			t.Errorf("Schema(default) lacks %q", want)
+		}
+	}
+	if strings.ReplaceAll(def, `"`, "") != strings.ReplaceAll(string(raw), `"`, "") {
+		t.Error("Schema(default) differs from the embedded file other than by quoting")
+	}
+	other, err := idempgx.Schema("billing.Keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(other, "idempotency_keys") || !strings.Contains(other, `"billing"."Keys"`) ||
+		!strings.Contains(other, `INDEX IF NOT EXISTS "Keys_expires_at_idx"`) {
+		t.Errorf("Schema(billing.Keys) =\n%s", other)
+	}
+
+	// The embedded file runs as it is (what a user's migration tool does),
+	// twice (idempotent), and Migrate runs concurrently without tripping.
+	pool := newPool(t, 6, nil)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := conn.Exec(ctx, "SET search_path TO "+pgx.Identifier{e.schema}.Sanitize()+"; "+string(raw)); err != nil {
+			t.Fatalf("embedded migration: %v", err)
+		}
+	}
+	_, _ = conn.Exec(ctx, "RESET search_path")
+	conn.Release()
+	s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".concurrent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- s.Migrate(ctx) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent Migrate: %v", err)
+		}
+	}
+}
+
+// TestExactlyOnceUnderContention: many rounds of 16 goroutines claiming the
+// same fresh key; each winner writes a business row and settles in the
+// shared transaction.
+func TestExactlyOnceUnderContention(t *testing.T) {
+	t.Parallel()
+	rounds := envInt("IDEM_PGX_ROUNDS", 2000)
+	const goroutines = 16
+	pool := newPool(t, 10, nil)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+	start := time.Now()
+	var transient int
+	for round := range rounds {
+		key := "k" + randHex(6)
+		type result struct {
+			claimed bool
+			err     error
+		}
+		results := make(chan result, goroutines)
+		gate := make(chan struct{})
+		for range goroutines {
+			go func() {
+				req := claimReq("alice", key, "body", 30*time.Second)
+				<-gate
+				res, err := e.store.Claim(ctx, req)
+				if err != nil || !res.Claimed {
+					results <- result{err: err}
+					return
+				}
+				results <- result{claimed: true, err: e.runAttempt(ctx, leaseOf(req), key, key)}
+			}()
+		}
+		close(gate)
+		winners := 0
+		for range goroutines {
+			r := <-results
+			switch {
+			case r.err != nil && errors.Is(r.err, idem.ErrTransient) && !r.claimed:
+				transient++
+			case r.err != nil:
+				t.Fatalf("round %d: %v", round, r.err)
+			case r.claimed:
+				winners++
+			}
+		}
+		if winners != 1 {
+			t.Fatalf("round %d: %d winners, want 1", round, winners)
+		}
+	}
+	elapsed := time.Since(start)
+	var keys, effects, inProgress int
+	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.store.Table()+`),
+		(SELECT count(*) FROM `+e.effectsTable()+`),
+		(SELECT count(*) FROM `+e.store.Table()+` WHERE state <> 'completed')`).Scan(&keys, &effects, &inProgress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys != rounds || effects != rounds || inProgress != 0 {
+		t.Fatalf("keys=%d business rows=%d not completed=%d, want %d %d 0", keys, effects, inProgress, rounds, rounds)
+	}
+	var dup int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM `+e.effectsTable()+` GROUP BY id HAVING count(*) > 1) d`).Scan(&dup); err != nil || dup != 0 {
+		t.Fatalf("%d keys with more than one business row (%v)", dup, err)
+	}
+	t.Logf("%d rounds × %d goroutines in %v: %d keys, %d business rows, 0 in progress; %d transient claim errors",
+		rounds, goroutines, elapsed.Round(time.Millisecond), keys, effects, transient)
+}
+
+// TestFence: a holder whose lease expired and was taken over cannot commit
+// its business write.
+func TestFence(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	e := newEnv(t, newPool(t, 6, nil))
+	ctx := testCtx(t)
+
+	first := claimReq("alice", "pay-"+randHex(4), "body", lease)
+	if res, err := e.store.Claim(ctx, first); err != nil || !res.Claimed {
+		t.Fatalf("first claim: %+v %v", res, err)
+	}
+	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	time.Sleep(lease + 50*time.Millisecond)
+	second := claimReq("alice", first.Key, "body", lease)
+	res, err := e.store.Claim(ctx, second)
+	if err != nil || !res.Claimed || !res.Reclaimed {
+		t.Fatalf("takeover after the lease: %+v %v", res, err)
+	}
+
+	// The first holder, unaware, writes its business row and settles.
+	if err := e.writeEffect(txCtx, "first"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, okResponse("first")); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("stale holder's settle = %v, want ErrLeaseLost", err)
+	}
+	if n := e.mustCount(t, "first"); n != 0 {
+		t.Fatalf("stale holder's business row committed (%d)", n)
+	}
+	// Its handler's view of the transaction is closed.
+	if _, err := idempgx.Tx(txCtx); err == false {
+		t.Fatal("Tx(ctx) lost the transaction")
+	}
+	if h, _ := idempgx.Tx(txCtx); h != nil {
+		if _, err := h.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Fatalf("handler tx after settle: %v, want ErrTxClosed", err)
+		}
+	}
+
+	if err := e.runAttempt(ctx, leaseOf(second), "second", "second"); err != nil {
+		t.Fatalf("new holder: %v", err)
+	}
+	if n := e.mustCount(t, "second"); n != 1 {
+		t.Fatalf("new holder's rows = %d", n)
+	}
+	rec, err := e.store.Get(ctx, "alice", first.Key)
+	if err != nil || rec.State != idem.StateCompleted || string(rec.Response.Body) != "second" {
+		t.Fatalf("final record %+v %v", rec, err)
+	}
+}
+
+// TestTakeoverRacingCompletion: a takeover that comes too early (the taker's
+// lease is 1µs, so the holder is "stale" at once) racing the holder's
+// settle, in both orders and interleaved at random, never commits two
+// effects, and the stored response is always from the one effect that
+// committed.
+func TestTakeoverRacingCompletion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 8, nil))
+	ctx := testCtx(t)
+	iterations := envInt("IDEM_PGX_RACE_ITERATIONS", 300)
+	var holderWins, takerWins int
+	for i := range iterations {
+		key := "race-" + randHex(6)
+		holder := claimReq("alice", key, "body", time.Hour)
+		if res, err := e.store.Claim(ctx, holder); err != nil || !res.Claimed {
+			t.Fatalf("holder claim: %+v %v", res, err)
+		}
+		txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(holder))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.writeEffect(txCtx, key+"/holder"); err != nil {
+			t.Fatal(err)
+		}
+
+		holderDone := make(chan error, 1)
+		settle := func() { holderDone <- tx.Settle(ctx, okResponse("holder")) }
+		taker := claimReq("alice", key, "body", time.Microsecond)
+		take := func() error {
+			res, err := e.store.Claim(ctx, taker)
+			if err != nil {
+				return err
+			}
+			if !res.Claimed {
+				if res.Record.State != idem.StateCompleted || string(res.Record.Response.Body) != "holder" {
+					t.Errorf("iteration %d: taker not claimed but record is %+v", i, res.Record)
+				}
+				return nil
+			}
+			if !res.Reclaimed {
+				t.Errorf("iteration %d: takeover not marked Reclaimed", i)
+			}
+			return e.runAttempt(ctx, leaseOf(taker), key+"/taker", "taker")
+		}
+		var takeErr, settleErr error
+		switch i % 3 {
+		case 0: // completion commits first
+			settle()
+			settleErr = <-holderDone
+			takeErr = take()
+		case 1: // takeover first
+			takeErr = take()
+			settle()
+			settleErr = <-holderDone
+		default: // at the same time
+			go settle()
+			takeErr = take()
+			settleErr = <-holderDone
+		}
+		_ = tx.Rollback(ctx)
+		if takeErr != nil {
+			t.Fatalf("iteration %d: taker: %v", i, takeErr)
+		}
+		if settleErr != nil && !errors.Is(settleErr, idem.ErrLeaseLost) {
+			t.Fatalf("iteration %d: holder settle: %v", i, settleErr)
+		}
+		h, tk := e.mustCount(t, key+"/holder"), e.mustCount(t, key+"/taker")
+		if h+tk != 1 {
+			t.Fatalf("iteration %d (order %d): holder effects %d, taker effects %d: want exactly one", i, i%3, h, tk)
+		}
+		rec, err := e.store.Get(ctx, "alice", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "holder"
+		if tk == 1 {
+			want = "taker"
+			takerWins++
+		} else {
+			holderWins++
+		}
+		if rec.State != idem.StateCompleted || string(rec.Response.Body) != want {
+			t.Fatalf("iteration %d: record %s %q, want completed %q", i, rec.State, rec.Response.Body, want)
+		}
+		if (settleErr == nil) != (want == "holder") {
+			t.Fatalf("iteration %d: holder settle err %v but %s's effect stands", i, settleErr, want)
+		}
+	}
+	t.Logf("%d iterations: holder committed %d, taker committed %d, never both", iterations, holderWins, takerWins)
+}
+
+// TestHandlerTx: the handler's view of the transaction refuses Commit,
+// turns Rollback into "store nothing", and is closed once settled.
+func TestHandlerTx(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 4, nil))
+	ctx := testCtx(t)
+	if _, ok := idempgx.Tx(ctx); ok {
+		t.Fatal("Tx(ctx) found a transaction in a plain context")
+	}
+
+	req := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	htx, ok := idempgx.Tx(txCtx)
+	if !ok {
+		t.Fatal("no transaction in BeginTx's context")
+	}
+	if err := e.writeEffect(txCtx, "committed-early"); err != nil {
+		t.Fatal(err)
+	}
+	if err := htx.Commit(ctx); !errors.Is(err, idempgx.ErrTxOwned) {
+		t.Fatalf("handler Commit = %v, want ErrTxOwned", err)
+	}
+	var iso string
+	if err := htx.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil || iso != "read committed" {
+		t.Fatalf("isolation %q %v, want read committed", iso, err)
+	}
+	// A savepoint works as in pgx.
+	sp, err := htx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sp.Exec(ctx, "INSERT INTO "+e.effectsTable()+" VALUES ('undone')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.mustCount(t, "committed-early"); n != 0 {
+		t.Fatal("handler's write visible before settle")
+	}
+	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if e.mustCount(t, "committed-early") != 1 || e.mustCount(t, "undone") != 0 {
+		t.Fatal("settle did not commit exactly the handler's surviving writes")
+	}
+	if _, err := htx.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Exec after settle = %v, want ErrTxClosed", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("Rollback after Settle: %v", err)
+	}
+
+	// A handler that rolls back stores nothing and commits nothing.
+	req2 := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req2); err != nil {
+		t.Fatal(err)
+	}
+	txCtx2, tx2, err := e.store.BeginTx(ctx, leaseOf(req2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeEffect(txCtx2, "rolled-back"); err != nil {
+		t.Fatal(err)
+	}
+	h2, _ := idempgx.Tx(txCtx2)
+	if err := h2.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx2.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrHandlerRolledBack) {
+		t.Fatalf("settle after handler rollback = %v", err)
+	}
+	if n := e.mustCount(t, "rolled-back"); n != 0 {
+		t.Fatal("rolled-back write committed")
+	}
+	if rec, _ := e.store.Get(ctx, "alice", req2.Key); rec.State != idem.StateInProgress {
+		t.Fatalf("record after handler rollback: %s", rec.State)
+	}
+
+	// A cancelled request context does not strand the transaction: settle
+	// and rollback run on the engine's own context.
+	req3 := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req3); err != nil {
+		t.Fatal(err)
+	}
+	reqCtx, cancel := context.WithCancel(ctx)
+	txCtx3, tx3, err := e.store.BeginTx(reqCtx, leaseOf(req3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeEffect(txCtx3, "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := tx3.Settle(context.WithoutCancel(reqCtx), okResponse("c")); err != nil {
+		t.Fatalf("settle after the request was cancelled: %v", err)
+	}
+	if e.mustCount(t, "cancelled") != 1 {
+		t.Fatal("write lost")
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+
+	// Unreachable server: transient.
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	ds, _ := idempgx.New(dead)
+	_, err = ds.Claim(ctx, claimReq("a", "k", "b", time.Second))
+	if !errors.Is(err, idem.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
+		t.Fatalf("claim on an unreachable server = %v, want idempgx: claim: … ErrTransient", err)
+	}
+
+	pool := newPool(t, 4, nil)
+	e := newEnv(t, pool)
+	// Missing table: not transient, SQLSTATE reachable.
+	missing, _ := idempgx.New(pool, idempgx.WithTable(e.schema+".nope"))
+	_, err = missing.Get(ctx, "a", "k")
+	var pgErr *pgconn.PgError
+	if errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
+		t.Fatalf("missing table = %v", err)
+	}
+
+	// A lock timeout (55P03) is transient.
+	req := claimReq("alice", "locked", "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM "+e.store.Table()+" WHERE key = 'locked' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	lcfg := pool.Config().Copy()
+	lcfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
+	lcfg.MaxConns = 1
+	lpool, err := pgxpool.NewWithConfig(ctx, lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lpool.Close()
+	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.schema+".idempotency_keys"))
+	err = ls.Release(ctx, leaseOf(req))
+	if !errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("release under lock_timeout = %v, want transient 55P03", err)
+	}
+
+	// The caller giving up is not transient.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := e.store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idem.ErrTransient) {
+		t.Fatalf("cancelled Get = %v", err)
+	}
+}
