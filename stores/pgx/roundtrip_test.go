@@ -1,0 +1,262 @@
+package idempgx_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+// TestReplayWritesNothing proves that a replay (a claim of a settled key)
+// neither assigns a transaction id nor writes WAL nor touches the row.
+//
+// It is not parallel, so none of this package's tests write meanwhile; other
+// packages' tests may share the cluster, so the cluster-wide counters are
+// sampled over several attempts and the quietest attempt is judged. The row's
+// own xmin, xmax and ctid are immune to that noise: a statement that locked
+// the row (ON CONFLICT DO UPDATE … WHERE false does) would set its xmax. A
+// control run of that locking statement shows what the counters see when
+// each call writes.
+func TestReplayWritesNothing(t *testing.T) {
+	const replays = 200
+	pool := newPool(t, 2, nil)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+
+	req := claimReq("alice", "replay-"+randHex(4), "body", time.Minute)
+	if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	if err := e.runAttempt(ctx, leaseOf(req), req.Key, "original"); err != nil {
+		t.Fatal(err)
+	}
+	// Warm the statement cache and set hint bits once, outside the
+	// measurement.
+	for range 3 {
+		if _, err := e.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	type sample struct {
+		nextXID uint64
+		lsn     string
+	}
+	read := func() sample {
+		var s sample
+		if err := pool.QueryRow(ctx, "SELECT txid_snapshot_xmax(txid_current_snapshot()), pg_current_wal_insert_lsn()::text").
+			Scan(&s.nextXID, &s.lsn); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	walBytes := func(a, b sample) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint", b.lsn, a.lsn).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rowVersion := func() string {
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT xmin::text || '/' || xmax::text || '/' || ctid::text FROM "+e.store.Table()+
+			" WHERE principal = $1 AND key = $2", req.Principal, req.Key).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// measure runs fn several times and returns the quietest attempt.
+	measure := func(fn func()) (xids uint64, wal int64) {
+		xids, wal = ^uint64(0), 1<<62
+		for range 5 {
+			a := read()
+			fn()
+			b := read()
+			x, w := b.nextXID-a.nextXID, walBytes(a, b)
+			if x < xids || (x == xids && w < wal) {
+				xids, wal = x, w
+			}
+			if xids == 0 && wal == 0 {
+				break
+			}
+		}
+		return xids, wal
+	}
+
+	before := rowVersion()
+	xids, wal := measure(func() {
+		for range replays {
+			res, err := e.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
+			if err != nil || res.Claimed || res.Record.State != idem.StateCompleted || string(res.Record.Response.Body) != "original" {
+				t.Fatalf("replay: %+v %v", res, err)
+			}
+		}
+	})
+	after := rowVersion()
+	if before != after {
+		t.Fatalf("the row changed across replays: xmin/xmax/ctid %s → %s", before, after)
+	}
+
+	// Control: the locking upsert the issue warns about.
+	lockSQL := "INSERT INTO " + e.store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, expires_at)
+		VALUES ($1, $2, $3, 'in_progress', 'x', now() + interval '1 hour')
+		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
+		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
+		RETURNING t.state`
+	cx, cw := measure(func() {
+		for range replays {
+			if _, err := pool.Exec(ctx, lockSQL, req.Principal, req.Key, fp("body")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	t.Logf("%d replays: %d transaction ids, %d bytes of WAL, row %s untouched; control (ON CONFLICT DO UPDATE … WHERE false): %d transaction ids, %d bytes of WAL, row now %s",
+		replays, xids, wal, before, cx, cw, rowVersion())
+	if cx < replays || cw < replays*10 {
+		t.Fatalf("the control did not register (%d xids, %d bytes): the measurement cannot see writes", cx, cw)
+	}
+	// Background activity of other clients can only add; a write per
+	// replay would add at least one xid and ~50-100 bytes each.
+	if xids >= replays/10 || wal >= int64(cw)/10 {
+		t.Fatalf("%d replays consumed %d transaction ids and %d bytes of WAL, want none", replays, xids, wal)
+	}
+	if rowVersion() == after {
+		t.Fatal("the control did not lock the row; xmax check is meaningless")
+	}
+}
+
+// TestRoundTrips counts what each step costs on the wire once the
+// connection's statement cache is warm, both with pgx's tracer and by
+// counting request/response turns on the socket.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	c := &counter{}
+	pool := newPool(t, 1, c)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+	first := func(key string, withWrite bool) {
+		req := claimReq("alice", key, "body", time.Minute)
+		if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if withWrite {
+			if err := e.writeEffect(txCtx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first("warm-"+randHex(4), true)
+	_, _ = e.store.Claim(ctx, claimReq("alice", "warm-x", "body", time.Minute))
+
+	step := func(name string, want int64, fn func()) {
+		t.Helper()
+		c.reset()
+		fn()
+		if c.traced() != want || c.roundTrips.Load() != want {
+			t.Errorf("%s: tracer saw %d statements/batches, socket %d round trips; want %d", name, c.traced(), c.roundTrips.Load(), want)
+		} else {
+			t.Logf("%s: %d round trip(s)", name, want)
+		}
+	}
+	key := "rt-" + randHex(4)
+	req := claimReq("alice", key, "body", time.Minute)
+	var txCtx context.Context
+	var tx idem.Tx
+	step("claim (new key)", 1, func() {
+		if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+	})
+	step("begin", 1, func() {
+		var err error
+		if txCtx, tx, err = e.store.BeginTx(ctx, leaseOf(req)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("handler's insert (the handler's own)", 1, func() {
+		if err := e.writeEffect(txCtx, key); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("settle + commit", 1, func() {
+		if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("rollback after settle", 0, func() { _ = tx.Rollback(ctx) })
+	step("replay", 1, func() {
+		if res, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil || res.Claimed {
+			t.Fatalf("replay: %+v %v", res, err)
+		}
+	})
+	step("first request, store only (claim+begin+settle/commit)", 3, func() { first("rt-"+randHex(4), false) })
+}
+
+func benchEnv(b *testing.B) (*env, *counter) {
+	c := &counter{}
+	pool := newPool(b, 1, c)
+	return newEnv(b, pool), c
+}
+
+// BenchmarkFirstRequest: claim + begin + the handler's insert + settle and
+// commit, one connection, sequential.
+func BenchmarkFirstRequest(b *testing.B) {
+	e, c := benchEnv(b)
+	ctx := context.Background()
+	run := func(key string) {
+		req := claimReq("alice", key, "body", time.Minute)
+		res, err := e.store.Claim(ctx, req)
+		if err != nil || !res.Claimed {
+			b.Fatalf("claim: %+v %v", res, err)
+		}
+		if err := e.runAttempt(ctx, leaseOf(req), key, `{"id":"p_1","status":"succeeded"}`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run("warm-" + randHex(4))
+	prefix := randHex(4)
+	c.reset()
+	n := 0
+	for b.Loop() {
+		run(prefix + "-" + strconv.Itoa(n))
+		n++
+	}
+	b.ReportMetric(float64(c.roundTrips.Load())/float64(n), "roundtrips/op")
+	b.ReportMetric(float64(c.traced())/float64(n), "traced/op")
+}
+
+// BenchmarkReplay: the claim of a settled key.
+func BenchmarkReplay(b *testing.B) {
+	e, c := benchEnv(b)
+	ctx := context.Background()
+	key := "replay-" + randHex(4)
+	req := claimReq("alice", key, "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req); err != nil {
+		b.Fatal(err)
+	}
+	if err := e.runAttempt(ctx, leaseOf(req), key, `{"id":"p_1","status":"succeeded"}`); err != nil {
+		b.Fatal(err)
+	}
+	_, _ = e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
+	c.reset()
+	n := 0
+	for b.Loop() {
+		n++
+		res, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
+		if err != nil || res.Claimed {
+			b.Fatalf("replay: %+v %v", res, err)
+		}
+	}
+	b.ReportMetric(float64(c.roundTrips.Load())/float64(n), "roundtrips/op")
+	b.ReportMetric(float64(c.traced())/float64(n), "traced/op")
+}
+
