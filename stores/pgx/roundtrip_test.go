@@ -259,4 +259,3 @@ func BenchmarkReplay(b *testing.B) {
 	b.ReportMetric(float64(c.roundTrips.Load())/float64(n), "roundtrips/op")
 	b.ReportMetric(float64(c.traced())/float64(n), "traced/op")
 }
-
