@@ -156,7 +156,7 @@ func (c *canonicaliser) value(depth int, tok json.Token, w *bytes.Buffer) error 
 		}
 		return fmt.Errorf("%w: unexpected %q", errNotCanonical, v)
 	case string:
-		writeJSONString(w, v)
+		return c.writeJSONString(w, v)
 	case json.Number:
 		if !exactDouble(string(v)) {
 			return fmt.Errorf("%w: number %.40q is not an exact double", errNotCanonical, string(v))
@@ -202,7 +202,11 @@ func (c *canonicaliser) object(depth int, w *bytes.Buffer) error {
 				w.WriteByte(',')
 			}
 			first = false
-			writeJSONString(w, name)
+		}
+		if err := c.writeJSONString(mw, name); err != nil {
+			return err
+		}
+		if mw != nil {
 			w.WriteByte(':')
 		}
 		err = c.value(depth+1, nil, mw)
@@ -266,12 +270,19 @@ func (c *canonicaliser) ignored() bool {
 	return false
 }
 
-func writeJSONString(w *bytes.Buffer, s string) {
+// writeJSONString writes s as a JSON string. It refuses strings holding
+// U+FFFD: encoding/json decodes a lone surrogate escape ("\ud800") to it,
+// so "\ud800" and "\ud801" would otherwise share a canonical form.
+func (c *canonicaliser) writeJSONString(w *bytes.Buffer, s string) error {
+	if strings.ContainsRune(s, utf8.RuneError) {
+		return fmt.Errorf("%w: U+FFFD or a lone surrogate in a string", errNotCanonical)
+	}
 	if w == nil {
-		return
+		return nil
 	}
 	b, _ := json.Marshal(s) // a valid UTF-8 string always marshals
 	w.Write(b)
+	return nil
 }
 
 // exactDouble reports whether the JSON number literal s denotes exactly the

@@ -1,0 +1,185 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+)
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	store := memstore.New()
+	tests := []struct {
+		name string
+		cfg  idem.Config
+		want string
+	}{
+		{"no store", idem.Config{}, "Store is required"},
+		{"lease not above timeout", idem.Config{Store: store, RequestTimeout: 10 * time.Second, Lease: 10 * time.Second}, "Lease"},
+		{"lease ignores store time", idem.Config{Store: store, RequestTimeout: 10 * time.Second, StoreTimeout: 5 * time.Second, Lease: 12 * time.Second}, "Lease"},
+		{"retention below lease", idem.Config{Store: store, Retention: time.Second}, "Retention"},
+		{"negative body limit", idem.Config{Store: store, MaxBodyBytes: -1}, "MaxBodyBytes"},
+		{"empty stored header", idem.Config{Store: store, StoredHeaders: []string{""}}, "StoredHeaders"},
+	}
+	for _, tc := range tests {
+		_, err := idem.New(tc.cfg)
+		if !errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v, want ErrInvalidConfig mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	e, err := idem.New(idem.Config{Store: store})
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if c := e.Config(); c.Lease <= c.RequestTimeout+c.StoreTimeout || c.Header != "Idempotency-Key" {
+		t.Fatalf("defaults = %+v", c)
+	}
+}
+
+// clock is a settable clock shared by a memstore and the test.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now = c.now.Add(d) }
+func newClock() *clock               { return &clock{now: time.Unix(1_750_000_000, 0)} }
+func request(principal, key string) idem.Request {
+	return idem.Request{Method: "POST", Path: "/payments", Principal: principal, Key: key,
+		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`)}
+}
+
+func TestRetryAfterFollowsTheHolder(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	e, err := idem.New(idem.Config{
+		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: 10 * time.Second,
+		StoreTimeout: time.Second, Lease: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "k"))
+	if att == nil {
+		t.Fatal("first request did not claim")
+	}
+	defer att.Abort()
+	for _, tc := range []struct {
+		advance time.Duration
+		want    string
+	}{
+		{0, "11"},                      // the holder may run for its whole deadline
+		{2500 * time.Millisecond, "9"}, // 8.5s of deadline left, rounded up
+		{9 * time.Second, "9"},         // past the deadline: until the lease expires (20-11.5 = 8.5)
+		{8 * time.Second, "1"},         // never below 1
+	} {
+		clk.Add(tc.advance)
+		_, resp := e.Begin(context.Background(), request("alice", "k"))
+		if resp == nil || resp.Status != http.StatusConflict {
+			t.Fatalf("after %v: %+v, want 409", tc.advance, resp)
+		}
+		if got := resp.Header.Get("Retry-After"); got != tc.want {
+			t.Errorf("after +%v: Retry-After %s, want %s", tc.advance, got, tc.want)
+		}
+	}
+}
+
+func TestDownstreamKeyIsStableAcrossTakeover(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	e, err := idem.New(idem.Config{Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := e.Begin(context.Background(), request("alice", "k"))
+	k1, err := idem.DownstreamKey(first.Context(), "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(4 * time.Second) // the holder "crashed"
+	second, resp := e.Begin(context.Background(), request("alice", "k"))
+	if second == nil {
+		t.Fatalf("stale claim not taken over: %+v", resp)
+	}
+	k2, _ := idem.DownstreamKey(second.Context(), "charge")
+	refund, _ := idem.DownstreamKey(second.Context(), "refund")
+	other, _ := e.Begin(context.Background(), request("bob", "k"))
+	k3, _ := idem.DownstreamKey(other.Context(), "charge")
+	if k1 != k2 || k1 == refund || k1 == k3 || len(k1) != 64 {
+		t.Fatalf("downstream keys: first %s, takeover %s, refund %s, bob %s", k1, k2, refund, k3)
+	}
+	if strings.Contains(k1, "alice") {
+		t.Fatal("the downstream key reveals the principal")
+	}
+	if _, err := idem.DownstreamKey(context.Background(), "charge"); !errors.Is(err, idem.ErrNoAttempt) {
+		t.Fatalf("outside an attempt: %v", err)
+	}
+	first.Abort()
+	second.Abort()
+	other.Abort()
+}
+
+func TestReconcilerSettlesAStaleClaim(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	var asked []idem.Record
+	e, err := idem.New(idem.Config{
+		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
+		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
+			asked = append(asked, stale)
+			return &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"from provider"}`)}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed, _ := e.Begin(context.Background(), request("alice", "k"))
+	_ = crashed // never finishes: its process died
+	clk.Add(4 * time.Second)
+	att, resp := e.Begin(context.Background(), request("alice", "k"))
+	if att != nil || resp == nil || resp.Status != 201 || string(resp.Body) != `{"id":"from provider"}` {
+		t.Fatalf("takeover with a reconciler: attempt %v, response %+v", att, resp)
+	}
+	if len(asked) != 1 || asked[0].Key != "k" {
+		t.Fatalf("reconciler asked %d times", len(asked))
+	}
+	_, replay := e.Begin(context.Background(), request("alice", "k"))
+	if replay.Header.Get(idem.ReplayedHeader) != "true" || string(replay.Body) != `{"id":"from provider"}` {
+		t.Fatalf("reconciled outcome not replayed: %+v", replay)
+	}
+}
+
+func TestSweeperPurgesExpired(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	store := memstore.New(memstore.WithClock(clk.Now))
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: k, Token: k, Lease: time.Second, Retention: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(30 * time.Second)
+	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: "live", Token: "t", Lease: time.Hour, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(31 * time.Second)
+	s := idem.Sweeper{Store: store, BatchSize: 2, Lease: time.Second}
+	res, err := s.Sweep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Purged != 5 || store.Len() != 1 {
+		t.Fatalf("purged %d, %d left; want 5 purged, the live record kept", res.Purged, store.Len())
+	}
+	if len(res.Stale) != 1 || res.Stale[0].Key != "live" {
+		t.Fatalf("stale = %+v", res.Stale)
+	}
+}
