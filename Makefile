@@ -1,0 +1,54 @@
+# One Go module per folder; `go test ./...` does not work at a workspace
+# root, so every target walks the modules.
+MODULES := core adapters/nethttp adapters/gin adapters/echo adapters/fiber stores/pgx stores/gorm examples
+GO      ?= go
+BIN     := $(CURDIR)/bin
+STATICCHECK_VERSION := v0.8.2
+
+# make fuzz runs each fuzz target for FUZZTIME (default 30s: 3 targets, under 2 minutes).
+FUZZTIME ?= 30s
+# make soak runs the long crash and contention soaks for SOAKTIME (default 10m).
+SOAKTIME ?= 10m
+
+.PHONY: test services lint fuzz bench soak tidy
+
+## test: start the services the tests need, then test every module with -race.
+test: services
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
+	done
+
+## services: make sure PostgreSQL, MariaDB and Redis are up (installs them if missing).
+services:
+	@bash scripts/services.sh
+
+$(BIN)/staticcheck:
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## lint: go vet, gofmt and staticcheck on every module.
+lint: $(BIN)/staticcheck
+	@set -e; out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@set -e; for m in $(MODULES); do \
+		echo "== lint $$m"; \
+		(cd $$m && $(GO) vet ./... && $(BIN)/staticcheck ./...); \
+	done
+
+## fuzz: run every fuzz target for FUZZTIME each.
+fuzz:
+	@set -e; for t in FuzzParseKey FuzzCanonicalJSON FuzzFingerprint; do \
+		echo "== $$t ($(FUZZTIME))"; \
+		(cd core && $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s .); \
+	done
+
+## bench: the short benchmark run (see BENCHMARKS.md for the long form).
+bench: services
+	@set -e; for m in $(MODULES); do \
+		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...); \
+	done
+
+## soak: long crash and contention soaks, bounded by SOAKTIME.
+soak: services
+	@set -e; for m in $(MODULES); do \
+		(cd $$m && IDEM_SOAK=$(SOAKTIME) $(GO) test -race -count=1 -timeout 60m -run 'Soak' ./...); \
+	done

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# services.sh makes sure the servers the tests use are up on 127.0.0.1:
+# PostgreSQL :5432 (trust auth, databases test/root/postgres), MariaDB :3306
+# (root, empty password, database test) and Redis :6379. For each one it
+# checks the port, starts the server when it is installed but down, installs
+# it with apt-get when it is missing, and exits non-zero with a clear message
+# when none of that works. Tests never skip a missing service: they fail.
+set -euo pipefail
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() { printf 'services: FATAL: %s\n' "$*" >&2; exit 1; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # port name seconds
+	local i
+	for ((i = 0; i < $3 * 4; i++)); do
+		port_open "$1" && return 0
+		sleep 0.25
+	done
+	return 1
+}
+
+apt_updated=""
+apt_install() {
+	command -v apt-get >/dev/null || die "$* missing and apt-get is not available: install it by hand"
+	[ "$(id -u)" = 0 ] || die "$* missing and not running as root: cannot apt-get install"
+	if [ -z "$apt_updated" ]; then
+		log "apt-get update"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
+		apt_updated=1
+	fi
+	log "apt-get install $*"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
+}
+
+ensure_postgres() {
+	if ! port_open 5432; then
+		if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+			apt_install postgresql postgresql-client
+		fi
+		local ver
+		ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+		local hba="/etc/postgresql/$ver/main/pg_hba.conf"
+		if ! grep -Eq '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' "$hba"; then
+			log "PostgreSQL: trusting local TCP connections (test machine only)"
+			sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+		fi
+		log "starting PostgreSQL $ver"
+		pg_ctlcluster --skip-systemctl-redirect "$ver" main start >&2 || pg_ctlcluster "$ver" main start >&2 || true
+		wait_port 5432 PostgreSQL 30 || die "PostgreSQL did not come up on 127.0.0.1:5432"
+	fi
+	command -v psql >/dev/null || apt_install postgresql-client
+	local db
+	for db in test root postgres; do
+		if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1 from pg_database where datname='$db'" | grep -q 1; then
+			psql -h 127.0.0.1 -U postgres -d postgres -qc "create database \"$db\"" >&2
+		fi
+	done
+	psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1 from pg_roles where rolname='root'" | grep -q 1 ||
+		psql -h 127.0.0.1 -U postgres -d postgres -qc "create role root superuser login" >&2
+	psql -h 127.0.0.1 -U postgres -d test -tAc 'select 1' >/dev/null || die "cannot connect to PostgreSQL database test as postgres"
+	log "PostgreSQL ok"
+}
+
+ensure_mariadb() {
+	if ! port_open 3306; then
+		if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+			apt_install mariadb-server mariadb-client
+		fi
+		log "starting MariaDB"
+		mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+		start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1 >&2
+		wait_port 3306 MariaDB 60 || die "MariaDB did not come up on 127.0.0.1:3306"
+	fi
+	command -v mariadb >/dev/null || apt_install mariadb-client
+	if ! mariadb -h 127.0.0.1 -uroot -e 'select 1' >/dev/null 2>&1; then
+		log "MariaDB: allowing root with an empty password over TCP (test machine only)"
+		mariadb -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+			GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+			ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('');
+			FLUSH PRIVILEGES;" >&2 || die "cannot configure MariaDB root access through the local socket"
+	fi
+	mariadb -h 127.0.0.1 -uroot -e 'CREATE DATABASE IF NOT EXISTS test' || die "cannot connect to MariaDB as root"
+	log "MariaDB ok"
+}
+
+ensure_redis() {
+	if ! port_open 6379; then
+		command -v redis-server >/dev/null || apt_install redis-server
+		log "starting Redis"
+		mkdir -p /var/lib/redis /var/log/redis
+		redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+			--dir /var/lib/redis --logfile /var/log/redis/ci.log >&2
+		wait_port 6379 Redis 20 || die "Redis did not come up on 127.0.0.1:6379"
+	fi
+	log "Redis ok"
+}
+
+ensure_postgres
+ensure_mariadb
+ensure_redis
