@@ -496,3 +496,144 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatalf("cancelled Get = %v", err)
 	}
 }
+
+// TestQueryExecModes runs the claim, settle, replay, fence and poisoned
+// transaction paths under every pgx query execution mode (the simple
+// protocol is what PgBouncer users configure) and with a server default
+// isolation of SERIALIZABLE, where the claim's snapshot race surfaces as
+// 40001 instead of an empty result.
+func TestQueryExecModes(t *testing.T) {
+	t.Parallel()
+	modes := map[string]func(*pgxpool.Config){
+		"CacheStatement": func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement },
+		"CacheDescribe":  func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe },
+		"DescribeExec":   func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec },
+		"Exec":           func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec },
+		"SimpleProtocol": func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
+		"Serializable": func(c *pgxpool.Config) {
+			c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+		},
+	}
+	base := newPool(t, 2, nil)
+	for name, mutate := range modes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			e := newEnv(t, base)
+			cfg := base.Config().Copy()
+			cfg.MaxConns = 6
+			mutate(cfg)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			me := &env{pool: pool, schema: e.schema, store: s}
+
+			// Settle and replay, with binary-unfriendly content.
+			req := claimReq("alice", "k-"+randHex(4), "body\x00\xff", time.Minute)
+			if res, err := s.Claim(ctx, req); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			out := okResponse("\x00\xff'\"; COMMIT; --")
+			out.Response.Header["X-Quote"] = []string{`it's "quoted"`}
+			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := me.writeEffect(txCtx, req.Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Settle(ctx, out); err != nil {
+				t.Fatalf("settle: %v", err)
+			}
+			res, err := s.Claim(ctx, claimReq("alice", req.Key, "body\x00\xff", time.Minute))
+			if err != nil || res.Claimed || string(res.Record.Response.Body) != string(out.Response.Body) ||
+				res.Record.Response.Header.Get("X-Quote") != `it's "quoted"` {
+				t.Fatalf("replay: %+v %v", res, err)
+			}
+
+			// The fence: a lost lease commits nothing.
+			old := claimReq("alice", "f-"+randHex(4), "body", time.Minute)
+			if _, err := s.Claim(ctx, old); err != nil {
+				t.Fatal(err)
+			}
+			oldCtx, oldTx, err := s.BeginTx(ctx, leaseOf(old))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := me.writeEffect(oldCtx, old.Key+"/old"); err != nil {
+				t.Fatal(err)
+			}
+			taker := claimReq("alice", old.Key, "body", time.Microsecond)
+			if res, err := s.Claim(ctx, taker); err != nil || !res.Reclaimed {
+				t.Fatalf("takeover: %+v %v", res, err)
+			}
+			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("stale settle = %v, want ErrLeaseLost", err)
+			}
+			if me.mustCount(t, old.Key+"/old") != 0 {
+				t.Fatal("stale holder's write committed")
+			}
+
+			// A poisoned transaction is a failure, never a success.
+			p := claimReq("alice", "p-"+randHex(4), "body", time.Minute)
+			if _, err := s.Claim(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			pCtx, pTx, err := s.BeginTx(ctx, leaseOf(p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := me.writeEffect(pCtx, p.Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := me.backend().PoisonTx(pCtx); err != nil {
+				t.Fatal(err)
+			}
+			if err := pTx.Settle(ctx, okResponse("p")); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("settle of a poisoned tx = %v", err)
+			}
+			if me.mustCount(t, p.Key) != 0 {
+				t.Fatal("poisoned tx committed")
+			}
+
+			// Contention, briefly.
+			for round := range 30 {
+				key := "c-" + randHex(6)
+				winners := make(chan bool, 8)
+				gate := make(chan struct{})
+				for range 8 {
+					go func() {
+						r := claimReq("alice", key, "body", time.Minute)
+						<-gate
+						res, err := s.Claim(ctx, r)
+						if err != nil {
+							t.Errorf("round %d: claim: %v", round, err)
+						}
+						if err == nil && res.Claimed {
+							if err := me.runAttempt(ctx, leaseOf(r), key, "x"); err != nil {
+								t.Errorf("round %d: %v", round, err)
+							}
+						}
+						winners <- err == nil && res.Claimed
+					}()
+				}
+				close(gate)
+				n := 0
+				for range 8 {
+					if <-winners {
+						n++
+					}
+				}
+				if n != 1 || me.mustCount(t, key) != 1 {
+					t.Fatalf("round %d: %d winners, %d effects", round, n, me.mustCount(t, key))
+				}
+			}
+		})
+	}
+}
