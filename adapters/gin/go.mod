@@ -2,7 +2,10 @@ module github.com/idemgo/idem/adapters/gin
 
 go 1.26.8
 
-require github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+require (
+	github.com/gin-gonic/gin v1.12.0
+	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+)
 
 require (
 	github.com/bytedance/gopkg v0.1.3 // indirect
@@ -11,12 +14,12 @@ require (
 	github.com/cloudwego/base64x v0.1.6 // indirect
 	github.com/gabriel-vasile/mimetype v1.4.12 // indirect
 	github.com/gin-contrib/sse v1.1.0 // indirect
-	github.com/gin-gonic/gin v1.12.0 // indirect
 	github.com/go-playground/locales v0.14.1 // indirect
 	github.com/go-playground/universal-translator v0.18.1 // indirect
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
+	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
 	github.com/leodido/go-urn v1.4.0 // indirect

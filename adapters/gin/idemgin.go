@@ -1,0 +1,205 @@
+// Package idemgin is the idem middleware for Gin.
+//
+// Place it after authentication, on the routes or groups that must be
+// idempotent: it reads the principal through Config.Principal (typically
+// what the auth middleware stored with c.Set), and a request without one is
+// refused with 401 before anything is claimed.
+//
+//	mw, err := idemgin.New(idemgin.Config{
+//		Config:    idem.Config{Store: store},
+//		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
+//	})
+//	api := r.Group("/", authenticate)
+//	api.POST("/payments", mw, createPayment)
+//
+// Handlers reach the store's transaction through c.Request.Context() with
+// the store's accessor (idempgx.Tx, idemgorm.DB). The *gin.Context itself
+// only forwards Value to the request's context when the engine's
+// ContextWithFallback is true, so pass c.Request.Context(), not c.
+//
+// While the handler runs, c.Writer is a buffer: nothing reaches the client
+// before the outcome is committed. Flush does nothing, Hijack is refused
+// with ErrHijack, and Pusher is nil. The real writer is put back before a
+// panic travels on to gin.Recovery, so the recovery's 500 reaches the
+// client.
+package idemgin
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	idem "github.com/idemgo/idem/core"
+)
+
+// Config configures the middleware: the engine's Config plus how to read the
+// authenticated principal.
+type Config struct {
+	idem.Config
+	// Principal returns the authenticated caller of the request, as the
+	// auth middleware before this one left it (c.Get, a JWT claim). An
+	// empty result or an error answers 401 and claims nothing. Required.
+	Principal func(c *gin.Context) (string, error)
+}
+
+// ErrHijack is returned by the buffering writer's Hijack: a hijacked
+// connection would bypass the buffer, so its bytes could reach the client
+// before, or without, the commit.
+var ErrHijack = errors.New("idemgin: hijacking the connection is refused on an idempotent route: the response is buffered until the outcome is committed")
+
+// New validates cfg and returns the middleware.
+//
+// The handlers after it run with c.Writer buffering the whole response and
+// c.Request carrying the attempt's context (the store's transaction and the
+// request deadline) and the request body. The errors handlers attach to
+// c.Errors while it runs are the handler's error: by default such an
+// outcome is released, not stored. When the engine answers by itself (a
+// replay, a 409, a 422, a 400 or 401 problem) the rest of the chain is
+// aborted.
+func New(cfg Config) (gin.HandlerFunc, error) {
+	if cfg.Principal == nil {
+		return nil, fmt.Errorf("idemgin: %w: Principal is required", idem.ErrInvalidConfig)
+	}
+	eng, err := idem.New(cfg.Config)
+	if err != nil {
+		return nil, fmt.Errorf("idemgin: %w", err)
+	}
+	return func(c *gin.Context) {
+		principal, err := cfg.Principal(c)
+		if err != nil {
+			principal = ""
+		}
+		orig, origReq := c.Writer, c.Request
+		ran := false
+		eng.ServeHTTP(orig, origReq, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			ran = true
+			if buf == nil {
+				c.Next()
+				return nil
+			}
+			w := &responseWriter{ResponseBuffer: buf, status: http.StatusOK, size: -1, done: origReq.Context()}
+			errs := len(c.Errors)
+			c.Writer, c.Request = w, r2
+			// Put the real writer back before anything else happens, a
+			// panic included: a recovery middleware further out must write
+			// to the client, not into this buffer.
+			defer func() {
+				w.stop()
+				c.Writer, c.Request = orig, origReq
+			}()
+			c.Next()
+			// Gin sends a status set without a body when the request
+			// ends; do the same to the buffer so it is stored.
+			w.WriteHeaderNow()
+			return handlerError(c.Errors[errs:])
+		})
+		if !ran {
+			// The engine answered (replay, conflict, problem): the
+			// handlers after this middleware must not run.
+			c.Abort()
+		}
+	}, nil
+}
+
+// handlerError joins the errors the handlers attached with c.Error.
+func handlerError(errs []*gin.Error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	all := make([]error, len(errs))
+	for i, e := range errs {
+		all[i] = e
+	}
+	return errors.Join(all...)
+}
+
+// responseWriter is the gin.ResponseWriter installed while the handler runs.
+// It keeps gin's own semantics on top of the buffer: WriteHeader only
+// records the status, which may change until the first write; Size is -1
+// and Written false until the header is written.
+type responseWriter struct {
+	*idem.ResponseBuffer
+	status int
+	size   int
+
+	done      context.Context // the client's request context
+	closeCh   chan bool
+	stopClose func() bool
+}
+
+var _ gin.ResponseWriter = (*responseWriter)(nil)
+
+// WriteHeader records code as the status to send, unless the header was
+// already written.
+func (w *responseWriter) WriteHeader(code int) {
+	if code > 0 && !w.Written() {
+		w.status = code
+	}
+}
+
+// WriteHeaderNow writes the recorded status to the buffer.
+func (w *responseWriter) WriteHeaderNow() {
+	if !w.Written() {
+		w.size = 0
+		w.ResponseBuffer.WriteHeader(w.status)
+	}
+}
+
+// Write buffers p.
+func (w *responseWriter) Write(p []byte) (int, error) {
+	w.WriteHeaderNow()
+	n, err := w.ResponseBuffer.Write(p)
+	w.size += n
+	return n, err
+}
+
+// WriteString buffers s.
+func (w *responseWriter) WriteString(s string) (int, error) {
+	w.WriteHeaderNow()
+	n, err := w.ResponseBuffer.WriteString(s)
+	w.size += n
+	return n, err
+}
+
+// Status returns the recorded status (200 until set).
+func (w *responseWriter) Status() int { return w.status }
+
+// Size returns the number of body bytes written, or -1 before the header
+// was written.
+func (w *responseWriter) Size() int { return w.size }
+
+// Written reports whether the header was written.
+func (w *responseWriter) Written() bool { return w.size != -1 }
+
+// Flush writes the header to the buffer, as gin's writer does, and sends
+// nothing: the response leaves only after the commit.
+func (w *responseWriter) Flush() { w.WriteHeaderNow() }
+
+// Hijack is refused with ErrHijack.
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, ErrHijack
+}
+
+// Pusher returns nil: there is no server push from a buffered response.
+func (w *responseWriter) Pusher() http.Pusher { return nil }
+
+// CloseNotify returns a channel that receives true when the client's
+// request is cancelled (the client went away).
+func (w *responseWriter) CloseNotify() <-chan bool {
+	if w.closeCh == nil {
+		ch := make(chan bool, 1)
+		w.closeCh = ch
+		w.stopClose = context.AfterFunc(w.done, func() { ch <- true })
+	}
+	return w.closeCh
+}
+
+func (w *responseWriter) stop() {
+	if w.stopClose != nil {
+		w.stopClose()
+	}
+}
