@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Outcome labels one request's fate. The values are stable and are meant as
+// OutcomeLabel names one request's fate. The values are stable and are meant as
 // metric labels.
 type OutcomeLabel string
 
