@@ -46,6 +46,9 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"BodyRestoredForHandler", testBodyRestored},
 		{"BodyTooLargeIs413", testBodyTooLarge},
 		{"OptionalKeyPassesThrough", testOptionalKey},
+		{"ReplayReauthorized", testReplayReauthorized},
+		{"StoredRecordHoldsOnlyAllowedData", testStoredRecord},
+		{"ProblemsLeakNothing", testProblemsLeakNothing},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -610,5 +613,108 @@ func testOptionalKey(t *testing.T, s *suite) {
 	}
 	if runs.Load() != 2 {
 		t.Fatalf("handler ran %d times for two keyless requests", runs.Load())
+	}
+}
+
+func testReplayReauthorized(t *testing.T, s *suite) {
+	cfg := s.config()
+	var revoked atomic.Bool
+	cfg.AuthorizeReplay = func(ctx context.Context, principal string, rec idem.Record) error {
+		if revoked.Load() {
+			return errors.New("account closed")
+		}
+		return nil
+	}
+	p := &payments{b: s.b}
+	base := s.serve(t, cfg, p.handle)
+	first := send(t, base, "alice", "k-authz", paymentBody)
+	wantStatus(t, "first", first, http.StatusCreated)
+	wantStatus(t, "authorised replay", send(t, base, "alice", "k-authz", paymentBody), http.StatusCreated)
+	revoked.Store(true)
+	denied := send(t, base, "alice", "k-authz", paymentBody)
+	wantProblem(t, "replay after authorisation was withdrawn", denied, http.StatusForbidden, idem.ProblemForbidden)
+	if bytes.Contains(denied.body, []byte("pay_")) || bytes.Contains(denied.body, []byte("account closed")) {
+		t.Fatalf("403 leaks the stored response or the hook's error: %s", denied.body)
+	}
+	if p.runs.Load() != 1 {
+		t.Fatalf("handler ran %d times", p.runs.Load())
+	}
+}
+
+func testStoredRecord(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	secret := `{"amount":1000,"currency":"EUR","description":"card 4242 4242 4242 4242"}`
+	wantStatus(t, "first", send(t, base, "alice", "k-record", secret, "X-Request-Id", "req-original-1"), http.StatusCreated)
+	rec, err := s.b.Store.Get(context.Background(), "alice", "k-record")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateCompleted || rec.Response == nil {
+		t.Fatalf("record = %+v", rec)
+	}
+	if len(rec.Fingerprint) != sha256.Size {
+		t.Fatalf("stored fingerprint is %d bytes, want a SHA-256", len(rec.Fingerprint))
+	}
+	for name := range rec.Response.Header {
+		switch name {
+		case "Content-Type", "Location", "Content-Language", "Cache-Control":
+		default:
+			t.Fatalf("stored header %s is not on the allow-list", name)
+		}
+	}
+	if bytes.Contains(rec.Response.Body, []byte("4242")) || strings.Contains(fmt.Sprint(rec), "4242") {
+		t.Fatal("the request body was stored")
+	}
+	if rec.RequestID != "req-original-1" {
+		t.Fatalf("stored request id %q, want the original request's", rec.RequestID)
+	}
+}
+
+func testProblemsLeakNothing(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.MaxBodyBytes = 256
+	var calls atomic.Int64
+	base := s.serve(t, cfg, func(ctx context.Context, r Request) Reply {
+		if calls.Add(1) == 1 {
+			_ = s.b.PoisonTx(ctx) // the commit fails with the store's own error text
+		} else {
+			time.Sleep(300 * time.Millisecond)
+		}
+		return Reply{Status: http.StatusCreated, Body: []byte(`{"id":"pay_secret"}`)}
+	})
+	var problems []reply
+	problems = append(problems,
+		send(t, base, "alice", "k-leak", paymentBody), // commit failed
+		send(t, base, "", "k-leak", paymentBody),      // 401
+		send(t, base, "alice", "", paymentBody),       // 400 missing
+		send(t, base, "alice", "bad key", paymentBody),
+		send(t, base, "alice", "k-big", `{"d":"`+strings.Repeat("x", 300)+`"}`),
+	)
+	done := make(chan reply, 1)
+	go func() { r, _ := sendErr(context.Background(), base, "bob", "k-leak", paymentBody); done <- r }()
+	time.Sleep(100 * time.Millisecond)
+	problems = append(problems, send(t, base, "bob", "k-leak", paymentBody)) // 409 while bob's runs
+	<-done
+	problems = append(problems, send(t, base, "bob", "k-leak", `{"amount":2}`)) // 422
+	for _, p := range problems {
+		if p.header.Get("Content-Type") != idem.ProblemContentType {
+			t.Fatalf("status %d is not a problem: %s", p.status, p.body)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(p.body, &doc); err != nil {
+			t.Fatalf("problem body is not JSON: %s", p.body)
+		}
+		for _, field := range []string{"type", "title", "status"} {
+			if doc[field] == nil {
+				t.Fatalf("problem lacks %q: %s", field, p.body)
+			}
+		}
+		lower := strings.ToLower(string(p.body))
+		for _, leak := range []string{"select ", "insert ", "update ", "sqlstate", "goroutine", ".go:", "panic", "poison", "pay_secret", "alice", "bob", "k-leak", "memstore", "pgx", "gorm"} {
+			if strings.Contains(lower, leak) {
+				t.Fatalf("problem (status %d) contains %q: %s", p.status, leak, p.body)
+			}
+		}
 	}
 }
