@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     principal   text        NOT NULL,
     key         text        NOT NULL,
     -- SHA-256 of method, path, principal and body (32 bytes): never the body.
-    fingerprint bytea       NOT NULL,
+    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
     state       text        NOT NULL
                 CHECK (state IN ('in_progress', 'completed', 'failed')),
     -- Fences settle and release: they only act while it still matches.
