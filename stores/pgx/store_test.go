@@ -367,6 +367,10 @@ func TestHandlerTx(t *testing.T) {
 	if err := sp.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	leaked, err := htx.Begin(ctx) // a savepoint the handler keeps past settle
+	if err != nil {
+		t.Fatal(err)
+	}
 	if n := e.mustCount(t, "committed-early"); n != 0 {
 		t.Fatal("handler's write visible before settle")
 	}
@@ -378,6 +382,12 @@ func TestHandlerTx(t *testing.T) {
 	}
 	if _, err := htx.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("Exec after settle = %v, want ErrTxClosed", err)
+	}
+	if _, err := leaked.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("savepoint Exec after settle = %v, want ErrTxClosed", err)
+	}
+	if err := htx.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("handler Rollback after settle = %v, want ErrTxClosed", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback after Settle: %v", err)

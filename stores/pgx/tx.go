@@ -217,13 +217,18 @@ func (h *handlerTx) open() (pgx.Tx, error) {
 	return h.tx, nil
 }
 
-// Begin starts a savepoint inside the store's transaction.
+// Begin starts a savepoint inside the store's transaction. The savepoint
+// is closed, like the transaction, once the store has finished it.
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := h.open()
 	if err != nil {
 		return nil, err
 	}
-	return tx.Begin(ctx)
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{sp: sp, root: h}, nil
 }
 
 // Commit refuses: the store commits the transaction with the outcome.
@@ -299,6 +304,101 @@ func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 
 func (h *handlerTx) Conn() *pgx.Conn { return h.tx.Conn() }
 
+// savepointTx is a savepoint inside a handlerTx: Commit releases it and
+// Rollback rolls back to it, as in pgx, while the store's transaction is
+// open; afterwards every method returns pgx.ErrTxClosed.
+type savepointTx struct {
+	sp   pgx.Tx
+	root *handlerTx
+}
+
+func (s *savepointTx) inner() (pgx.Tx, error) {
+	if _, err := s.root.open(); err != nil {
+		return nil, err
+	}
+	return s.sp, nil
+}
+
+func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.inner()
+	if err != nil {
+		return nil, err
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{sp: sp, root: s.root}, nil
+}
+
+func (s *savepointTx) Commit(ctx context.Context) error {
+	tx, err := s.inner()
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (s *savepointTx) Rollback(ctx context.Context) error {
+	tx, err := s.inner()
+	if err != nil {
+		return err
+	}
+	return tx.Rollback(ctx)
+}
+
+func (s *savepointTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	tx, err := s.inner()
+	if err != nil {
+		return 0, err
+	}
+	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+}
+
+func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	tx, err := s.inner()
+	if err != nil {
+		return errBatch{err}
+	}
+	return tx.SendBatch(ctx, b)
+}
+
+func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.sp.LargeObjects() }
+
+func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	tx, err := s.inner()
+	if err != nil {
+		return nil, err
+	}
+	return tx.Prepare(ctx, name, sql)
+}
+
+func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tx, err := s.inner()
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tx.Exec(ctx, sql, args...)
+}
+
+func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, err := s.inner()
+	if err != nil {
+		return nil, err
+	}
+	return tx.Query(ctx, sql, args...)
+}
+
+func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, err := s.inner()
+	if err != nil {
+		return errRow{err}
+	}
+	return tx.QueryRow(ctx, sql, args...)
+}
+
+func (s *savepointTx) Conn() *pgx.Conn { return s.sp.Conn() }
+
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
@@ -311,4 +411,7 @@ func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
 func (b errBatch) Close() error                     { return b.err }
 func (b errBatch) Tx() pgx.Tx                       { return nil }
 
-var _ pgx.Tx = (*handlerTx)(nil)
+var (
+	_ pgx.Tx = (*handlerTx)(nil)
+	_ pgx.Tx = (*savepointTx)(nil)
+)
