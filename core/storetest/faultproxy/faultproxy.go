@@ -1,0 +1,204 @@
+// Package faultproxy is a TCP proxy for tests that cuts the connections
+// between an application and its database at a chosen moment: now, or when
+// a byte pattern (a statement's text) passes from the client to the server,
+// before or after forwarding it. Cutting after forwarding a COMMIT is the
+// ambiguous case: the server may have committed while the client only sees
+// a broken connection.
+//
+// It listens on 127.0.0.1 only.
+package faultproxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// When says whether a triggered cut happens before or after the matching
+// bytes are forwarded to the server.
+type When int
+
+const (
+	// Before cuts without forwarding the matching chunk: the server never
+	// sees the statement.
+	Before When = iota
+	// After forwards the matching chunk, then cuts before the server's
+	// answer reaches the client.
+	After
+)
+
+// Proxy forwards TCP connections from its listener to a target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	conns   map[*link]struct{}
+	trigger *trigger
+
+	cuts atomic.Int64
+	wg   sync.WaitGroup
+}
+
+type trigger struct {
+	pattern []byte
+	when    When
+	fired   chan struct{}
+}
+
+type link struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+func (l *link) close() {
+	l.once.Do(func() {
+		_ = l.client.Close()
+		_ = l.server.Close()
+	})
+}
+
+// New starts a proxy on 127.0.0.1 forwarding to target ("host:port").
+func New(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[*link]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the proxy's "127.0.0.1:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Cuts returns how many connections the proxy has cut.
+func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// Close stops the proxy and closes every connection.
+func (p *Proxy) Close() error {
+	err := p.ln.Close()
+	p.CutAll()
+	p.wg.Wait()
+	return err
+}
+
+// CutAll closes every open connection now.
+func (p *Proxy) CutAll() {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.conns))
+	for l := range p.conns {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		p.cut(l)
+	}
+}
+
+func (p *Proxy) cut(l *link) {
+	p.mu.Lock()
+	_, open := p.conns[l]
+	delete(p.conns, l)
+	p.mu.Unlock()
+	if open {
+		p.cuts.Add(1)
+	}
+	l.close()
+}
+
+// CutOn arms a one-shot trigger: the first connection whose client sends a
+// chunk containing pattern is cut, before or after the chunk is forwarded.
+// The returned channel is closed when the cut happened. A new CutOn
+// replaces an armed trigger.
+func (p *Proxy) CutOn(pattern []byte, when When) <-chan struct{} {
+	t := &trigger{pattern: bytes.Clone(pattern), when: when, fired: make(chan struct{})}
+	p.mu.Lock()
+	p.trigger = t
+	p.mu.Unlock()
+	return t.fired
+}
+
+// Disarm removes an armed trigger that has not fired.
+func (p *Proxy) Disarm() {
+	p.mu.Lock()
+	p.trigger = nil
+	p.mu.Unlock()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l := &link{client: c, server: s}
+		p.mu.Lock()
+		p.conns[l] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.upstream(l)
+		go func() {
+			defer p.wg.Done()
+			_, _ = io.Copy(l.client, l.server)
+			p.cut(l)
+		}()
+	}
+}
+
+// upstream copies client → server chunk by chunk, checking each chunk
+// against the armed trigger. A pattern split across two reads is not
+// seen; the statements tests match on are sent in one write.
+func (p *Proxy) upstream(l *link) {
+	defer p.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := l.client.Read(buf)
+		if n > 0 {
+			chunk := buf[:n]
+			t := p.take(chunk)
+			if t != nil && t.when == Before {
+				p.cut(l)
+				close(t.fired)
+				return
+			}
+			if _, werr := l.server.Write(chunk); werr != nil {
+				p.cut(l)
+				return
+			}
+			if t != nil {
+				p.cut(l)
+				close(t.fired)
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.cut(l)
+			}
+			return
+		}
+	}
+}
+
+// take returns the armed trigger and disarms it if chunk matches it.
+func (p *Proxy) take(chunk []byte) *trigger {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.trigger
+	if t == nil || !bytes.Contains(chunk, t.pattern) {
+		return nil
+	}
+	p.trigger = nil
+	return t
+}
