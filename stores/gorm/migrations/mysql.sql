@@ -1,0 +1,31 @@
+-- idem: idempotency records for MySQL 8 and MariaDB 10.5+ (stores/gorm, dialect "mysql").
+-- Feed this file to your migration tool as it is, or call (*idemgorm.Store).Migrate.
+-- The table name is idempotency_keys; Migrate renames the table and its indexes
+-- when the store is created with WithTable.
+--
+-- principal and key are VARBINARY: compared byte for byte. A case-insensitive
+-- or PAD SPACE collation would make "Key" and "key" (or "a" and "a ") the same
+-- idempotency key, and the second request would be answered with the first's
+-- response. Times are DATETIME(6) in UTC, written with UTC_TIMESTAMP(6) and
+-- read as microseconds, so neither the session time zone nor the driver's
+-- parseTime/loc settings change them. MySQL has no partial index: the stale
+-- index is (state, locked_at).
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    principal   VARBINARY(512) NOT NULL,
+    `key`       VARBINARY(512) NOT NULL,
+    fingerprint VARBINARY(255) NOT NULL,
+    state       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    lease_token VARBINARY(255) NOT NULL,
+    request_id  BLOB           NOT NULL,
+    status      INT            NULL,
+    headers     LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    body        LONGBLOB       NULL,
+    created_at  DATETIME(6)    NOT NULL,
+    locked_at   DATETIME(6)    NOT NULL,
+    expires_at  DATETIME(6)    NOT NULL,
+    PRIMARY KEY (principal, `key`),
+    KEY idempotency_keys_stale_idx (state, locked_at),
+    KEY idempotency_keys_expires_idx (expires_at),
+    CONSTRAINT idempotency_keys_state_chk CHECK (state IN ('in_progress', 'completed', 'failed')),
+    CONSTRAINT idempotency_keys_status_chk CHECK ((state = 'in_progress') = (status IS NULL))
+) ENGINE=InnoDB;

@@ -1,0 +1,32 @@
+-- idem: idempotency records for SQLite 3.37+ (stores/gorm, dialect "sqlite").
+-- Feed this file to your migration tool as it is, or call (*idemgorm.Store).Migrate.
+-- The table name is idempotency_keys; Migrate renames the table and its indexes
+-- when the store is created with WithTable.
+--
+-- SQLite has no timestamp type: times are INTEGER unix microseconds, written
+-- from the database's clock ('now'), exact and cheap to compare. STRICT makes
+-- SQLite refuse a value of the wrong type instead of storing it.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    principal   TEXT    NOT NULL,
+    "key"       TEXT    NOT NULL,
+    fingerprint BLOB    NOT NULL,
+    state       TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
+    lease_token TEXT    NOT NULL,
+    request_id  TEXT    NOT NULL DEFAULT '',
+    status      INTEGER,
+    headers     TEXT,
+    body        BLOB,
+    created_at  INTEGER NOT NULL,
+    locked_at   INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (principal, "key"),
+    CHECK ((state = 'in_progress') = (status IS NULL))
+) STRICT;
+
+-- Stale leases (ListStale): only in-progress rows.
+CREATE INDEX IF NOT EXISTS idempotency_keys_stale_idx
+    ON idempotency_keys (locked_at) WHERE state = 'in_progress';
+
+-- The sweeper (PurgeExpired).
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_idx
+    ON idempotency_keys (expires_at);
