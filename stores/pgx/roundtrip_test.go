@@ -7,6 +7,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
 // TestReplayWritesNothing proves that a replay (a claim of a settled key)
@@ -99,12 +100,44 @@ func TestReplayWritesNothing(t *testing.T) {
 		t.Fatalf("the row changed across replays: xmin/xmax/ctid %s → %s", before, after)
 	}
 
+	// Per statement, free of other clients' noise: run the claim statement
+	// itself 200 times inside one transaction and ask PostgreSQL whether
+	// that transaction has been assigned an id.
+	assigned := func(sql string, args ...any) *int64 {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		for range replays {
+			rows, err := tx.Query(ctx, sql, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var xid *int64
+		if err := tx.QueryRow(ctx, "SELECT txid_current_if_assigned()").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid
+	}
+	if xid := assigned(idempgx.ClaimSQL(e.store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); xid != nil {
+		t.Fatalf("%d replays of the claim statement in one transaction assigned it xid %d", replays, *xid)
+	}
+
 	// Control: the locking upsert the issue warns about.
 	lockSQL := "INSERT INTO " + e.store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, expires_at)
 		VALUES ($1, $2, $3, 'in_progress', 'x', now() + interval '1 hour')
 		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
 		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
 		RETURNING t.state`
+	if xid := assigned(lockSQL, req.Principal, req.Key, fp("body")); xid == nil {
+		t.Fatal("control: the locking upsert assigned no xid; the per-statement check is meaningless")
+	}
 	cx, cw := measure(func() {
 		for range replays {
 			if _, err := pool.Exec(ctx, lockSQL, req.Principal, req.Key, fp("body")); err != nil {
@@ -112,6 +145,7 @@ func TestReplayWritesNothing(t *testing.T) {
 			}
 		}
 	})
+	t.Logf("txid_current_if_assigned() after %d claim statements in one transaction: NULL (control: assigned)", replays)
 	t.Logf("%d replays: %d transaction ids, %d bytes of WAL, row %s untouched; control (ON CONFLICT DO UPDATE … WHERE false): %d transaction ids, %d bytes of WAL, row now %s",
 		replays, xids, wal, before, cx, cw, rowVersion())
 	if cx < replays || cw < replays*10 {

@@ -73,7 +73,8 @@ func (t table) ident() string {
 // Schema returns the SQL that creates the table (and its indexes) under the
 // given name, which may be schema-qualified ("billing.idempotency_keys").
 // It is the embedded migration with the name substituted and quoted; it is
-// idempotent. It returns an error when table is not a valid name.
+// idempotent. It returns an error when tableName is not a valid name (see
+// WithTable).
 func Schema(tableName string) (string, error) {
 	t, err := parseTable(tableName)
 	if err != nil {

@@ -27,7 +27,8 @@ type txKey struct{}
 // makes the settle fail, so nothing is stored and the key is released; to
 // abandon work, return an error (or a 5xx) instead. Savepoints (Begin)
 // work as in pgx. Once the store has finished the transaction, every method
-// returns pgx.ErrTxClosed.
+// returns pgx.ErrTxClosed, except Conn and LargeObjects, which reach the
+// connection directly: do not keep what they return past the handler.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
 	t, ok := ctx.Value(txKey{}).(*handlerTx)
 	if !ok || t == nil {

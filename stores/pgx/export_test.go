@@ -1,0 +1,5 @@
+package idempgx
+
+// ClaimSQL exposes the claim statement to the tests, which run it inside a
+// transaction to ask PostgreSQL whether it assigned a transaction id.
+func ClaimSQL(s *Store) string { return s.sql.claim }
