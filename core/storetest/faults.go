@@ -1,0 +1,172 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest/faultproxy"
+)
+
+// FaultTarget describes a store whose connections RunFaults cuts.
+type FaultTarget struct {
+	// Addr is the database's "host:port"; the proxy forwards to it.
+	Addr string
+	// Connect returns a Backend whose store and effect writes reach the
+	// database through proxyAddr ("127.0.0.1:port") instead of Addr. Its
+	// driver must send statement text with every execution (no cached
+	// prepared statements), or the patterns below are never seen after
+	// the first use.
+	Connect func(t testing.TB, proxyAddr string) Backend
+	// Claim, Commit and Effect are byte patterns unique to the claim
+	// statement, the COMMIT of a settle and the business write, as they
+	// appear on the wire.
+	Claim, Commit, Effect []byte
+}
+
+// FaultLease is the lease RunFaults runs the engine with: a key whose
+// holder lost its connection is blocked at most this long.
+const FaultLease = 2 * time.Second
+
+// faultKeys is the number of keys driven through each moment; override with
+// IDEM_FAULT_KEYS.
+func faultKeys() int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_FAULT_KEYS")); err == nil && n > 0 {
+		return n
+	}
+	return 12
+}
+
+// RunFaults cuts the store's connections at each moment of a request —
+// during the claim, after the business write and before the commit, and
+// during the commit after the server received it (the ambiguous case) —
+// for many keys, retries every key until it gets its 201, and proves by
+// counting that no effect exists without its completed record, no
+// completed record without its effect, every retry saw the same response,
+// and no key stayed blocked longer than the lease.
+func RunFaults(t *testing.T, target FaultTarget) {
+	moments := []struct {
+		name    string
+		pattern func(FaultTarget) []byte
+		when    faultproxy.When
+	}{
+		{"DuringClaim", func(f FaultTarget) []byte { return f.Claim }, faultproxy.Before},
+		{"AfterClaimBeforeCommit", func(f FaultTarget) []byte { return f.Effect }, faultproxy.After},
+		{"CommitNotReceived", func(f FaultTarget) []byte { return f.Commit }, faultproxy.Before},
+		{"CommitReceivedAnswerLost", func(f FaultTarget) []byte { return f.Commit }, faultproxy.After},
+	}
+	for _, m := range moments {
+		t.Run(m.name, func(t *testing.T) {
+			proxy, err := faultproxy.New(target.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = proxy.Close() })
+			b := target.Connect(t, proxy.Addr())
+			eng, err := idem.New(idem.Config{
+				Store: b.Store, RequestTimeout: 500 * time.Millisecond, StoreTimeout: time.Second, Lease: FaultLease,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var longest time.Duration
+			keys, cutsSeen := faultKeys(), 0
+			for i := range keys {
+				key := uniq(fmt.Sprintf("fault%d", i))
+				fired := proxy.CutOn(m.pattern(target), m.when)
+				first := attempt(eng, b, key)
+				select {
+				case <-fired:
+					cutsSeen++
+				default:
+					proxy.Disarm()
+					t.Fatalf("key %d: the %s cut never fired (first attempt answered %d): the pattern %q was not seen",
+						i, m.name, first.Status, m.pattern(target))
+				}
+				final, blocked := retryUntilDone(t, eng, b, key)
+				longest = max(longest, blocked)
+				if blocked > FaultLease+time.Second {
+					t.Fatalf("key %d: blocked %v, lease is %v", i, blocked, FaultLease)
+				}
+				checkFaultOutcome(t, b, key, first, final)
+			}
+			t.Logf("%s: %d keys, %d cuts, %d connections cut, longest block %v (lease %v); every key: 1 effect, 1 completed record, identical responses",
+				m.name, keys, cutsSeen, proxy.Cuts(), longest.Round(time.Millisecond), FaultLease)
+		})
+	}
+}
+
+// attempt runs one request for key through the engine with a handler that
+// writes one business effect and answers 201.
+func attempt(eng *idem.Engine, b Backend, key string) *idem.Response {
+	att, resp := eng.Begin(context.Background(), idem.Request{
+		Method: http.MethodPost, Path: "/payments", Principal: "alice", Key: key,
+		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`),
+	})
+	if att == nil {
+		return resp
+	}
+	defer att.Abort()
+	if err := b.WriteEffect(att.Context(), key); err != nil {
+		return att.Finish(idem.Result{Status: http.StatusServiceUnavailable, Body: []byte(err.Error())})
+	}
+	return att.Finish(idem.Result{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   fmt.Appendf(nil, `{"id":%q,"at":%d}`, key, time.Now().UnixNano()),
+	})
+}
+
+// retryUntilDone retries key until it gets a 201, and reports how long the
+// key answered 409 (blocked).
+func retryUntilDone(t *testing.T, eng *idem.Engine, b Backend, key string) (*idem.Response, time.Duration) {
+	t.Helper()
+	var blockedSince time.Time
+	deadline := time.Now().Add(FaultLease + 10*time.Second)
+	for time.Now().Before(deadline) {
+		resp := attempt(eng, b, key)
+		switch {
+		case resp.Status == http.StatusCreated:
+			if blockedSince.IsZero() {
+				return resp, 0
+			}
+			return resp, time.Since(blockedSince)
+		case resp.Status == http.StatusConflict:
+			if blockedSince.IsZero() {
+				blockedSince = time.Now()
+			}
+		case resp.Status >= 500:
+			// Transient: a store error while the pool reconnects.
+		default:
+			t.Fatalf("retry of %s answered %d %s", key, resp.Status, resp.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("key %s never completed", key)
+	return nil, 0
+}
+
+func checkFaultOutcome(t *testing.T, b Backend, key string, first, final *idem.Response) {
+	t.Helper()
+	n := effects(t, b, key)
+	rec, err := b.Store.Get(context.Background(), "alice", key)
+	if err != nil {
+		t.Fatalf("%s: no record after completion: %v", key, err)
+	}
+	if n != 1 || rec.State != idem.StateCompleted {
+		t.Fatalf("%s: %d effects and a %s record: want exactly one effect with its completed record", key, n, rec.State)
+	}
+	if !bytes.Equal(rec.Response.Body, final.Body) {
+		t.Fatalf("%s: the retry's response %s differs from the stored %s", key, final.Body, rec.Response.Body)
+	}
+	if first.Status == http.StatusCreated && !bytes.Equal(first.Body, final.Body) {
+		t.Fatalf("%s: the first attempt answered 201 %s but the record holds %s", key, first.Body, final.Body)
+	}
+}
