@@ -2,10 +2,13 @@ module github.com/idemgo/idem/adapters/echo
 
 go 1.26.8
 
-require github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+require (
+	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/labstack/echo/v4 v4.16.0
+)
 
 require (
-	github.com/labstack/echo/v4 v4.16.0 // indirect
+	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
@@ -15,6 +18,7 @@ require (
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/sys v0.46.0 // indirect
 	golang.org/x/text v0.40.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
 )
 
 replace github.com/idemgo/idem/core => ../../core
