@@ -3,3 +3,6 @@ package idempgx
 // ClaimSQL exposes the claim statement to the tests, which run it inside a
 // transaction to ask PostgreSQL whether it assigned a transaction id.
 func ClaimSQL(s *Store) string { return s.sql.claim }
+
+// ClaimReruns reports how often Claim ran its statement again.
+func ClaimReruns(s *Store) int64 { return s.reruns.Load() }

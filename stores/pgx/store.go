@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
@@ -38,6 +39,8 @@ type Store struct {
 	txTimeout   time.Duration
 	maxAttempts int
 	sql         statements
+
+	reruns atomic.Int64 // claim statements re-run (snapshot caveat, lost takeover race)
 }
 
 // Option configures a Store.
@@ -244,6 +247,9 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	}
 	lease := req.Lease.Truncate(time.Microsecond)
 	for attempt := 0; attempt < s.maxAttempts; attempt++ {
+		if attempt > 0 {
+			s.reruns.Add(1)
+		}
 		rows, err := s.pool.Query(ctx, s.sql.claim,
 			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention))
 		if err != nil {
