@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+)
+
+// config is the service's configuration: flags, with IDEM_* environment
+// variables as their defaults.
+type config struct {
+	addr             string
+	framework        string
+	store            string
+	dsn              string
+	requestTimeout   time.Duration
+	lease            time.Duration
+	storeTimeout     time.Duration
+	handlerDelay     time.Duration
+	simulateFailures bool
+}
+
+// Default DSNs per store when -dsn is empty.
+const (
+	defaultSQLitePath  = "idem-payments.db"
+	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test"
+)
+
+var (
+	frameworkNames = []string{"gin", "echo", "fiber", "nethttp"}
+	storeNames     = []string{"sqlite", "gorm-postgres", "gorm-mysql", "pgx", "memory"}
+)
+
+// errHelp is returned by parseConfig for -h: usage was printed, exit 0.
+var errHelp = flag.ErrHelp
+
+// parseConfig reads the configuration from args, using getenv for the
+// IDEM_* defaults. Usage goes to usageOut for -h. Every error is one line.
+func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) (config, error) {
+	c := config{addr: "127.0.0.1:8080", framework: "gin", store: "sqlite"}
+	fs := flag.NewFlagSet("payments", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+
+	var envErr error
+	str := func(p *string, name, env, usage string) {
+		if v := getenv(env); v != "" {
+			*p = v
+		}
+		fs.StringVar(p, name, *p, usage+" (env "+env+")")
+	}
+	dur := func(p *time.Duration, name, env, usage string) {
+		if v := getenv(env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil && envErr == nil {
+				envErr = fmt.Errorf("invalid value %q for %s: want a duration such as 500ms or 2s", v, env)
+			}
+			*p = d
+		}
+		fs.DurationVar(p, name, *p, usage+" (env "+env+")")
+	}
+	str(&c.addr, "addr", "IDEM_ADDR", "listen address; port 0 picks a free port, logged at start-up")
+	str(&c.framework, "framework", "IDEM_FRAMEWORK", "web framework: "+strings.Join(frameworkNames, "|"))
+	str(&c.store, "store", "IDEM_STORE", "store: "+strings.Join(storeNames, "|"))
+	str(&c.dsn, "dsn", "IDEM_DSN", "database: a file path for sqlite (default ./"+defaultSQLitePath+
+		"), a URL or DSN for the others (default the local test database); ignored for memory")
+	dur(&c.requestTimeout, "request-timeout", "IDEM_REQUEST_TIMEOUT", "handler deadline (0: the library default, 30s)")
+	dur(&c.lease, "lease", "IDEM_LEASE", "claim lease; must exceed request-timeout + store-timeout (0: derived)")
+	dur(&c.storeTimeout, "store-timeout", "IDEM_STORE_TIMEOUT", "bound on each store call after the handler (0: the library default, 5s)")
+	dur(&c.handlerDelay, "handler-delay", "IDEM_HANDLER_DELAY", "sleep inside POST /payments after the payment row is written")
+	if v := getenv("IDEM_SIMULATE_FAILURES"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil && envErr == nil {
+			envErr = fmt.Errorf("invalid value %q for IDEM_SIMULATE_FAILURES: want true or false", v)
+		}
+		c.simulateFailures = b
+	}
+	fs.BoolVar(&c.simulateFailures, "simulate-failures", c.simulateFailures,
+		"honour the X-Simulate-Failure: transient|panic header on POST /payments (env IDEM_SIMULATE_FAILURES)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(usageOut, "Usage: payments [flags]\n\nThe idem example payments service.\n\nFlags:")
+			fs.SetOutput(usageOut)
+			fs.PrintDefaults()
+			return c, errHelp
+		}
+		return c, err
+	}
+	if envErr != nil {
+		return c, envErr
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	if !slices.Contains(frameworkNames, c.framework) {
+		return fmt.Errorf("invalid -framework %q: want one of %s", c.framework, strings.Join(frameworkNames, ", "))
+	}
+	if !slices.Contains(storeNames, c.store) {
+		return fmt.Errorf("invalid -store %q: want one of %s", c.store, strings.Join(storeNames, ", "))
+	}
+	if _, _, err := net.SplitHostPort(c.addr); err != nil {
+		return fmt.Errorf("invalid -addr %q: %v", c.addr, err)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"request-timeout", c.requestTimeout}, {"lease", c.lease}, {"store-timeout", c.storeTimeout}, {"handler-delay", c.handlerDelay}} {
+		if d.v < 0 {
+			return fmt.Errorf("invalid -%s %v: must not be negative", d.name, d.v)
+		}
+	}
+	// The engine's own validation decides whether the timeouts fit
+	// together (lease > request timeout + store timeout); ask it now,
+	// before any database is opened.
+	if _, err := idem.New(c.idemConfig(memstore.New())); err != nil {
+		return errors.New(oneLine(err))
+	}
+	return nil
+}
+
+// idemConfig is the engine configuration for store; the caller adds the
+// observer and the logger.
+func (c *config) idemConfig(store idem.Store) idem.Config {
+	return idem.Config{
+		Store:          store,
+		RequestTimeout: c.requestTimeout,
+		Lease:          c.lease,
+		StoreTimeout:   c.storeTimeout,
+	}
+}
+
+// oneLine flattens a (possibly joined, multi-line) error into one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}

@@ -1,0 +1,162 @@
+// Command payments is the idem example service: a small payments API whose
+// POST /payments is idempotent, on any of the supported web frameworks and
+// stores. By default it runs Gin on an SQLite file through GORM, so it
+// needs no database server:
+//
+//	go run ./examples/payments
+//
+// See README.md for the flags, the API and a curl session.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// server is what each framework file builds: something that serves on a
+// listener until Shutdown.
+type server interface {
+	Serve(ln net.Listener) error
+	Shutdown(ctx context.Context) error
+}
+
+// app is everything a framework file needs to mount the service.
+type app struct {
+	// idem configures the idempotency middleware; the framework file adds
+	// the Principal function of its adapter.
+	idem    idem.Config
+	svc     *Service
+	metrics http.Handler
+	log     *slog.Logger
+}
+
+// frameworks maps -framework to the function that mounts the service.
+var frameworks = map[string]func(a *app) (server, error){}
+
+// shutdownGrace bounds the graceful shutdown.
+const shutdownGrace = 15 * time.Second
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := parseConfig(args, getenv, stdout)
+	if errors.Is(err, errHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	newServer, ok := frameworks[cfg.framework]
+	if !ok {
+		fmt.Fprintf(stderr, "payments: framework %q is not built into this binary\n", cfg.framework)
+		return 2
+	}
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	be, err := openBackend(openCtx, cfg)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+		return 1
+	}
+	defer be.close()
+
+	m := newMetrics()
+	ic := cfg.idemConfig(be.store)
+	ic.Observer, ic.Logger = m, log
+	a := &app{
+		idem:    ic,
+		svc:     &Service{Repo: be.repo, Delay: cfg.handlerDelay, SimulateFailures: cfg.simulateFailures, Log: log},
+		metrics: m.handler,
+		log:     log,
+	}
+	srv, err := newServer(a)
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+		return 2
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+		return 1
+	}
+	eng, _ := idem.New(ic) // validated in parseConfig; read back the defaults
+	ec := eng.Config()
+	log.Info("payments service listening",
+		slog.String("addr", ln.Addr().String()), slog.String("framework", cfg.framework),
+		slog.String("store", cfg.store), slog.String("database", be.where),
+		slog.Duration("request_timeout", ec.RequestTimeout), slog.Duration("lease", ec.Lease),
+		slog.Duration("handler_delay", cfg.handlerDelay), slog.Bool("simulate_failures", cfg.simulateFailures))
+
+	// The sweeper deletes expired records; correctness never waits for it.
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		sw := &idem.Sweeper{Store: be.store, Interval: time.Minute, Lease: ec.Lease, Logger: log}
+		_ = sw.Run(sweepCtx)
+	}()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	code := 0
+	select {
+	case err := <-serveErr:
+		if err != nil {
+			log.Error("server failed", slog.String("error", err.Error()))
+			code = 1
+		}
+	case <-ctx.Done():
+		log.Info("shutting down: finishing in-flight requests")
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Error("shutdown", slog.String("error", err.Error()))
+			code = 1
+		}
+		cancel()
+		if err := <-serveErr; err != nil {
+			log.Error("server failed", slog.String("error", err.Error()))
+			code = 1
+		}
+	}
+	stopSweep()
+	<-sweepDone
+	log.Info("stopped")
+	return code
+}
+
+// httpServer serves a net/http handler (net/http itself, Gin, Echo).
+type httpServer struct{ s *http.Server }
+
+func newHTTPServer(h http.Handler) *httpServer {
+	return &httpServer{s: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+}
+
+// Serve serves until Shutdown, after which it returns nil.
+func (h *httpServer) Serve(ln net.Listener) error {
+	if err := h.s.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops accepting and waits for in-flight requests.
+func (h *httpServer) Shutdown(ctx context.Context) error { return h.s.Shutdown(ctx) }
