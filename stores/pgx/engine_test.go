@@ -1,0 +1,122 @@
+package idempgx_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+)
+
+// TestEngineFailureDrills drives the store through core's engine the way an
+// adapter does: every failing attempt leaves no business row and no stored
+// response, and the retry really runs again (a fresh 201, not a replay),
+// ending with exactly one business row.
+func TestEngineFailureDrills(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 6, nil))
+	ctx := testCtx(t)
+	engine, err := idem.New(idem.Config{Store: e.store, RequestTimeout: 300 * time.Millisecond,
+		StoreTimeout: 2 * time.Second, Lease: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	type handler func(ctx context.Context, id string) (int, error)
+	write := func(ctx context.Context, id string) error { return e.writeEffect(ctx, id) }
+	ok := func(ctx context.Context, id string) (int, error) { return http.StatusCreated, write(ctx, id) }
+	run := func(key string, h handler) *idem.Response {
+		t.Helper()
+		a, resp := engine.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice", Key: key,
+			ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`)})
+		if a == nil {
+			return resp
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					resp = &idem.Response{Status: 500} // what a framework's recovery would send
+				}
+			}()
+			defer a.Abort()
+			status, herr := h(a.Context(), key)
+			resp = a.Finish(idem.Result{Status: status, Err: herr, Body: []byte("done"),
+				Header: http.Header{"Content-Type": {"text/plain"}}})
+		}()
+		return resp
+	}
+
+	drills := map[string]handler{
+		"dependency outage (503 after the write)": func(ctx context.Context, id string) (int, error) {
+			return http.StatusServiceUnavailable, write(ctx, id)
+		},
+		"panic after the write": func(ctx context.Context, id string) (int, error) {
+			if err := write(ctx, id); err != nil {
+				return 0, err
+			}
+			panic("boom")
+		},
+		"swallowed SQL error, then 201 (commit fails)": func(ctx context.Context, id string) (int, error) {
+			if err := write(ctx, id); err != nil {
+				return 0, err
+			}
+			tx, _ := idempgx.Tx(ctx)
+			_, _ = tx.Exec(ctx, "SELECT 1/0")
+			return http.StatusCreated, nil
+		},
+		"deadline exceeded after the write": func(ctx context.Context, id string) (int, error) {
+			if err := write(ctx, id); err != nil {
+				return 0, err
+			}
+			<-ctx.Done()
+			return http.StatusCreated, nil
+		},
+		"handler commits early (refused), then 201": func(ctx context.Context, id string) (int, error) {
+			if err := write(ctx, id); err != nil {
+				return 0, err
+			}
+			tx, _ := idempgx.Tx(ctx)
+			if err := tx.Commit(ctx); err == nil {
+				t.Error("handler Commit succeeded")
+			}
+			return http.StatusServiceUnavailable, nil
+		},
+	}
+	for name, h := range drills {
+		key := "drill-" + randHex(4)
+		first := run(key, h)
+		if first.Status < 500 {
+			t.Errorf("%s: first attempt answered %d", name, first.Status)
+		}
+		if n := e.mustCount(t, key); n != 0 {
+			t.Errorf("%s: %d business rows after the failed attempt", name, n)
+		}
+		if _, err := e.store.Get(ctx, "alice", key); err == nil {
+			t.Errorf("%s: a record survived the failed attempt", name)
+		}
+		retry := run(key, ok)
+		if retry.Status != http.StatusCreated || retry.Header.Get(idem.ReplayedHeader) != "" {
+			t.Errorf("%s: retry answered %d replayed=%q, want a fresh 201", name, retry.Status, retry.Header.Get(idem.ReplayedHeader))
+		}
+		again := run(key, ok)
+		if again.Status != http.StatusCreated || again.Header.Get(idem.ReplayedHeader) != "true" {
+			t.Errorf("%s: third attempt answered %d replayed=%q, want the replay", name, again.Status, again.Header.Get(idem.ReplayedHeader))
+		}
+		if n := e.mustCount(t, key); n != 1 {
+			t.Errorf("%s: %d business rows in the end, want 1", name, n)
+		}
+	}
+
+	// A deterministic 400 is stored as failed, with the handler's writes.
+	key := "bad-" + randHex(4)
+	bad := func(ctx context.Context, id string) (int, error) { return http.StatusBadRequest, nil }
+	if r := run(key, bad); r.Status != 400 {
+		t.Fatalf("400 handler answered %d", r.Status)
+	}
+	if r := run(key, ok); r.Status != 400 || r.Header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("retry of a 400 answered %d replayed=%q, want the stored 400", r.Status, r.Header.Get(idem.ReplayedHeader))
+	}
+}
