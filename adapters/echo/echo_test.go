@@ -1,0 +1,404 @@
+package idemecho_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idemecho "github.com/idemgo/idem/adapters/echo"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
+	"github.com/labstack/echo/v4"
+)
+
+// fixture is one server: a backend, the middleware and an Echo the test
+// fills in.
+type fixture struct {
+	b  storetest.Backend
+	mw echo.MiddlewareFunc
+	e  *echo.Echo
+}
+
+func newFixture(t *testing.T, mutate ...func(*idemecho.Config)) *fixture {
+	t.Helper()
+	b := storetest.MemBackend(t)
+	cfg := idemecho.Config{
+		Config:    idem.Config{Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
+		Principal: principal,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	mw, err := idemecho.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{b: b, mw: mw, e: newEcho()}
+}
+
+func (f *fixture) start(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(f.e)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
+
+func (f *fixture) effects(t *testing.T, id string) int {
+	t.Helper()
+	n, err := f.b.CountEffects(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (r reply) problemType() string {
+	var p struct{ Type string }
+	_ = json.Unmarshal([]byte(r.body), &p)
+	return p.Type
+}
+
+func send(t *testing.T, method, url, principal, key, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if principal != "" {
+		req.Header.Set("Authorization", "Bearer "+principal)
+	}
+	if key != "" {
+		req.Header.Set(idem.DefaultHeader, key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+func wantStatus(t *testing.T, what string, r reply, status int) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("%s: status %d, want %d; body %q", what, r.status, status, r.body)
+	}
+}
+
+// pay writes one business effect for the request in the transaction the
+// handler's context carries, then answers 201.
+func pay(f *fixture, runs *atomic.Int64) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		n := runs.Add(1)
+		if err := f.b.WriteEffect(c.Request().Context(), c.Request().Header.Get(idem.DefaultHeader)); err != nil {
+			return c.String(599, "no transaction: "+err.Error())
+		}
+		return c.JSON(http.StatusCreated, echo.Map{"run": n})
+	}
+}
+
+func TestBeforeAuthFailsClosed(t *testing.T) {
+	f := newFixture(t)
+	var runs atomic.Int64
+	// Wrong order: the idempotency middleware runs before authentication.
+	f.e.POST("/pay", pay(f, &runs), f.mw, authenticate)
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
+	wantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
+	if r.problemType() != string(idem.ProblemUnauthenticated) {
+		t.Fatalf("problem type %q", r.problemType())
+	}
+	if runs.Load() != 0 || f.records() != 0 {
+		t.Fatalf("handler ran %d times, %d records claimed; want none", runs.Load(), f.records())
+	}
+}
+
+func TestPrincipalErrorIs401(t *testing.T) {
+	f := newFixture(t, func(c *idemecho.Config) {
+		c.Principal = func(echo.Context) (string, error) { return "alice", errors.New("token expired") }
+	})
+	var runs atomic.Int64
+	f.e.POST("/pay", pay(f, &runs), authenticate, f.mw)
+	wantStatus(t, "principal error", send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
+	if runs.Load() != 0 || f.records() != 0 {
+		t.Fatal("a request whose principal could not be read ran or claimed")
+	}
+}
+
+func TestNewRequiresPrincipal(t *testing.T) {
+	_, err := idemecho.New(idemecho.Config{Config: idem.Config{Store: memstore.New()}})
+	if !errors.Is(err, idem.ErrInvalidConfig) {
+		t.Fatalf("New without Principal: %v", err)
+	}
+}
+
+func TestOnRouteGroupAndGlobal(t *testing.T) {
+	f := newFixture(t)
+	var runs, health atomic.Int64
+	f.e.GET("/health", func(c echo.Context) error { health.Add(1); return c.String(200, "ok") })
+	api := f.e.Group("/api", authenticate, f.mw)
+	api.POST("/pay", pay(f, &runs))
+	base := f.start(t)
+
+	if r := send(t, "GET", base+"/health", "", "", ""); r.status != 200 || health.Load() != 1 {
+		t.Fatalf("route outside the group: %d %q", r.status, r.body)
+	}
+	first := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	wantStatus(t, "first", first, http.StatusCreated)
+	again := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	wantStatus(t, "replay", again, http.StatusCreated)
+	if again.header.Get(idem.ReplayedHeader) != "true" || again.body != first.body || runs.Load() != 1 {
+		t.Fatalf("replay %q %v (runs %d), want %q", again.body, again.header, runs.Load(), first.body)
+	}
+
+	// Global: every route of the Echo.
+	g := newFixture(t)
+	g.e.Use(authenticate, g.mw)
+	g.e.POST("/pay", pay(g, &runs))
+	if r := send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
+		t.Fatalf("global middleware without key: %d", r.status)
+	}
+}
+
+// A returned error is rendered by the HTTPErrorHandler inside the
+// middleware: the client gets that rendering, the outcome is released, and
+// the retry runs again.
+func TestHandlerErrorIsReleased(t *testing.T) {
+	f := newFixture(t)
+	var calls atomic.Int64
+	f.e.POST("/pay", func(c echo.Context) error {
+		if err := f.b.WriteEffect(c.Request().Context(), "k-err"); err != nil {
+			return c.String(599, err.Error())
+		}
+		if calls.Add(1) == 1 {
+			return echo.NewHTTPError(http.StatusServiceUnavailable, "provider down")
+		}
+		return c.JSON(http.StatusCreated, echo.Map{"ok": true})
+	}, authenticate, f.mw)
+	base := f.start(t)
+	r := send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	wantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
+	if !strings.Contains(r.body, "provider down") {
+		t.Fatalf("the HTTPErrorHandler's rendering was lost: %q", r.body)
+	}
+	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
+		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
+	}
+	r = send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	wantStatus(t, "retry", r, http.StatusCreated)
+	if r.header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+		t.Fatal("the retry did not run the handler once more")
+	}
+}
+
+// The Echo trap: a handler that wrote before failing leaves the response
+// committed, and the default error handler then writes nothing: 200 with an
+// empty body, or here the core's 500, instead of the error's response.
+func TestWroteThenFailed(t *testing.T) {
+	f := newFixture(t)
+	f.e.POST("/pay", func(c echo.Context) error {
+		c.Response().Header().Set("Content-Type", "text/plain")
+		c.Response().WriteHeader(http.StatusCreated)
+		_, _ = c.Response().Write([]byte("half a payment"))
+		c.Response().Flush()
+		return echo.NewHTTPError(http.StatusBadGateway, "provider down")
+	}, authenticate, f.mw)
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	wantStatus(t, "wrote, then failed", r, http.StatusBadGateway)
+	if strings.Contains(r.body, "half") || !strings.Contains(r.body, "provider down") {
+		t.Fatalf("body %q, want only the error's rendering", r.body)
+	}
+	if f.records() != 0 {
+		t.Fatal("a failed outcome was stored")
+	}
+}
+
+// A custom HTTPErrorHandler's response is what is buffered and sent.
+func TestCustomErrorHandler(t *testing.T) {
+	f := newFixture(t)
+	f.e.HTTPErrorHandler = func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		_ = c.JSON(http.StatusTeapot, echo.Map{"custom": err.Error()})
+	}
+	f.e.POST("/pay", func(c echo.Context) error { return errors.New("boom") }, authenticate, f.mw)
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	wantStatus(t, "custom error handler", r, http.StatusTeapot)
+	if !strings.Contains(r.body, `"custom":"boom"`) {
+		t.Fatalf("body %q", r.body)
+	}
+}
+
+func TestPanicWithEchoRecover(t *testing.T) {
+	for _, wroteFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before writing", true: "after writing"}[wroteFirst], func(t *testing.T) {
+			f := newFixture(t)
+			var calls atomic.Int64
+			f.e.POST("/pay", func(c echo.Context) error {
+				_ = f.b.WriteEffect(c.Request().Context(), "k-panic")
+				if calls.Add(1) == 1 {
+					if wroteFirst {
+						_ = c.String(http.StatusCreated, "half")
+					}
+					panic("boom")
+				}
+				return c.String(http.StatusCreated, "paid")
+			}, authenticate, f.mw)
+			base := f.start(t)
+			r := send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			wantStatus(t, "panicking handler", r, http.StatusInternalServerError)
+			if strings.Contains(r.body, "half") {
+				t.Fatalf("the handler's partial body reached the client: %q", r.body)
+			}
+			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
+				t.Fatal("a panic left effects or a record")
+			}
+			r = send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("retry after a panic: %d %q", r.status, r.body)
+			}
+			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
+				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
+			}
+		})
+	}
+}
+
+// The transaction the handler reaches through c.Request().Context() is the
+// one that commits with the record.
+func TestTransactionCommitsWithRecord(t *testing.T) {
+	f := newFixture(t)
+	f.e.POST("/pay/:status", func(c echo.Context) error {
+		if err := f.b.WriteEffect(c.Request().Context(), c.Param("status")); err != nil {
+			return c.String(599, err.Error())
+		}
+		switch c.Param("status") {
+		case "201":
+			return c.String(http.StatusCreated, "ok")
+		case "422":
+			return c.String(http.StatusUnprocessableEntity, "no")
+		default:
+			return c.String(http.StatusBadGateway, "down")
+		}
+	}, authenticate, f.mw)
+	base := f.start(t)
+	for _, tc := range []struct {
+		status  string
+		effects int
+	}{{"201", 1}, {"422", 1}, {"502", 0}} {
+		r := send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
+		if r.status == 599 {
+			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.body)
+		}
+		if n := f.effects(t, tc.status); n != tc.effects {
+			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
+		}
+	}
+}
+
+// Flush through echo's Response panics when the writer cannot flush; the
+// buffer can, and sends nothing early.
+func TestFlushDoesNotPanic(t *testing.T) {
+	f := newFixture(t)
+	f.e.POST("/pay", func(c echo.Context) error {
+		c.Response().WriteHeader(http.StatusCreated)
+		_, _ = c.Response().Write([]byte("a"))
+		c.Response().Flush()
+		_, _ = c.Response().Write([]byte("b"))
+		return nil
+	}, authenticate, f.mw)
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.status != http.StatusCreated || r.body != "ab" {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
+}
+
+// The middleware further out (a logger) sees the status and size of what
+// was sent, and the original writer and request again.
+func TestOuterMiddlewareSeesFinalResponse(t *testing.T) {
+	f := newFixture(t)
+	var runs atomic.Int64
+	type seen struct {
+		status    int
+		size      int64
+		committed bool
+		restored  bool
+	}
+	var last atomic.Value
+	f.e.POST("/pay", pay(f, &runs), func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			w, req := c.Response().Writer, c.Request()
+			err := next(c)
+			_, hasTx := memstore.TxFrom(c.Request().Context())
+			last.Store(seen{c.Response().Status, c.Response().Size, c.Response().Committed,
+				c.Response().Writer == w && c.Request() == req && !hasTx})
+			return err
+		}
+	}, authenticate, f.mw)
+	base := f.start(t)
+	for _, tc := range []struct {
+		key    string
+		status int
+	}{{"k", http.StatusCreated}, {"k", http.StatusCreated}, {"", http.StatusBadRequest}} {
+		r := send(t, "POST", base+"/pay", "alice", tc.key, `{}`)
+		wantStatus(t, "request", r, tc.status)
+		s := last.Load().(seen)
+		if s.status != tc.status || s.size != int64(len(r.body)) || !s.committed || !s.restored {
+			t.Fatalf("outer middleware saw %+v for %d %q", s, r.status, r.body)
+		}
+	}
+}
+
+// Headers set before the middleware survive on the first response, on a
+// replay and on the engine's own problems.
+func TestEarlierHeadersSurvive(t *testing.T) {
+	f := newFixture(t)
+	var runs atomic.Int64
+	f.e.POST("/pay", pay(f, &runs), func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			c.Response().Header().Set("Access-Control-Allow-Origin", "*")
+			return next(c)
+		}
+	}, authenticate, f.mw)
+	base := f.start(t)
+	for _, key := range []string{"k", "k", ""} {
+		r := send(t, "POST", base+"/pay", "alice", key, `{}`)
+		if r.header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.status, r.header)
+		}
+	}
+}
+
+// With an optional key and none sent, the handler's error goes on to Echo
+// unchanged.
+func TestOptionalKeyPassesErrorOn(t *testing.T) {
+	f := newFixture(t, func(c *idemecho.Config) { c.KeyOptional = true })
+	f.e.POST("/pay", func(c echo.Context) error {
+		return echo.NewHTTPError(http.StatusConflict, "plain conflict")
+	}, authenticate, f.mw)
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "", `{}`)
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "plain conflict") {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
+}
