@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -118,5 +119,54 @@ func TestEngineFailureDrills(t *testing.T) {
 	}
 	if r := run(key, ok); r.Status != 400 || r.Header.Get(idem.ReplayedHeader) != "true" {
 		t.Fatalf("retry of a 400 answered %d replayed=%q, want the stored 400", r.Status, r.Header.Get(idem.ReplayedHeader))
+	}
+}
+
+// TestConnectionLostBeforeSettle: the server drops the transaction's
+// connection while the handler runs. Settle fails with a transient error,
+// nothing commits, the connection is not returned to the pool, and the claim
+// can be released for the retry.
+func TestConnectionLostBeforeSettle(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 4, nil)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+	req := claimReq("alice", "lost-"+randHex(4), "body", time.Minute)
+	if _, err := e.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	htx, _ := idempgx.Tx(txCtx)
+	var pid int32
+	if err := htx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	var killed bool
+	if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&killed); err != nil || !killed {
+		t.Fatalf("terminate: %v %v", killed, err)
+	}
+	err = tx.Settle(ctx, okResponse("x"))
+	if err == nil || errors.Is(err, idem.ErrLeaseLost) || !errors.Is(err, idem.ErrTransient) {
+		t.Fatalf("settle on a dropped connection = %v, want a transient error", err)
+	}
+	t.Logf("settle on a dropped connection: %v", err)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("rollback after a failed settle: %v", err)
+	}
+	if n := e.mustCount(t, req.Key); n != 0 {
+		t.Fatalf("%d rows committed", n)
+	}
+	if err := e.store.Release(ctx, leaseOf(req)); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	// The pool still works.
+	if _, err := e.store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("get after release: %v", err)
 	}
 }
