@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
@@ -138,6 +139,48 @@ func TestReplayWritesNothing(t *testing.T) {
 	if xid := assigned(lockSQL, req.Principal, req.Key, fp("body")); xid == nil {
 		t.Fatal("control: the locking upsert assigned no xid; the per-statement check is meaningless")
 	}
+
+	// Per statement WAL, also free of noise: EXPLAIN (ANALYZE, WAL) runs the
+	// statement and reports the WAL records its plan nodes wrote.
+	walOf := func(sql string, args ...any) (records, bytes int64) {
+		var plan []byte
+		if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		var doc any
+		if err := json.Unmarshal(plan, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(any)
+		walk = func(v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				if n, ok := v["WAL Records"].(float64); ok {
+					records += int64(n)
+				}
+				if n, ok := v["WAL Bytes"].(float64); ok {
+					bytes += int64(n)
+				}
+				for _, c := range v {
+					walk(c)
+				}
+			case []any:
+				for _, c := range v {
+					walk(c)
+				}
+			}
+		}
+		walk(doc)
+		return records, bytes
+	}
+	if r, b := walOf(idempgx.ClaimSQL(e.store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); r != 0 || b != 0 {
+		t.Fatalf("EXPLAIN (ANALYZE, WAL) of a replayed claim: %d WAL records, %d bytes, want none", r, b)
+	}
+	if r, b := walOf(lockSQL, req.Principal, req.Key, fp("body")); r == 0 || b == 0 {
+		t.Fatalf("control: EXPLAIN (ANALYZE, WAL) of the locking upsert shows %d records, %d bytes", r, b)
+	} else {
+		t.Logf("EXPLAIN (ANALYZE, WAL): replayed claim 0 WAL records; control %d records, %d bytes (plus its commit record)", r, b)
+	}
 	cx, cw := measure(func() {
 		for range replays {
 			if _, err := pool.Exec(ctx, lockSQL, req.Principal, req.Key, fp("body")); err != nil {
@@ -151,10 +194,14 @@ func TestReplayWritesNothing(t *testing.T) {
 	if cx < replays || cw < replays*10 {
 		t.Fatalf("the control did not register (%d xids, %d bytes): the measurement cannot see writes", cx, cw)
 	}
-	// Background activity of other clients can only add; a write per
-	// replay would add at least one xid and ~50-100 bytes each.
-	if xids >= replays/10 || wal >= int64(cw)/10 {
-		t.Fatalf("%d replays consumed %d transaction ids and %d bytes of WAL, want none", replays, xids, wal)
+	// Background activity of other clients can only add to the cluster-wide
+	// counters (the exact, per-statement proofs are above), so they fail the
+	// test only when the quietest sample looks like a write per replay.
+	if xids >= replays || wal >= cw {
+		t.Fatalf("%d replays consumed %d transaction ids and %d bytes of WAL, as many as the locking control", replays, xids, wal)
+	}
+	if xids != 0 || wal != 0 {
+		t.Logf("note: cluster-wide counters moved (%d xids, %d bytes) in the quietest sample: other clients were writing", xids, wal)
 	}
 	if rowVersion() == after {
 		t.Fatal("the control did not lock the row; xmax check is meaningless")
