@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
@@ -30,6 +31,8 @@ type Store struct {
 	dialect dialect
 	table   tableName
 	q       queries
+
+	unguarded atomic.Bool // MySQL refused the temporary marker table
 }
 
 // Option configures a Store.
@@ -76,6 +79,13 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 // Dialect returns the dialect the store detected: "postgres", "mysql" or
 // "sqlite".
 func (s *Store) Dialect() string { return s.dialect.String() }
+
+// Guarded reports whether Settle can tell a transaction the database ended
+// by itself from a live one, so that it never commits an outcome without
+// the handler's writes. It is always true on PostgreSQL (an aborted
+// transaction refuses every statement) and SQLite; on MySQL it is true
+// unless creating the per-connection TEMPORARY marker table was refused.
+func (s *Store) Guarded() bool { return !s.unguarded.Load() }
 
 // Table returns the (possibly schema-qualified) table name the store uses.
 func (s *Store) Table() string {

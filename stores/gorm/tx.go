@@ -10,6 +10,8 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"gorm.io/gorm"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // txKey is the context key under which BeginTx puts the transaction. No
@@ -23,6 +25,8 @@ type Tx struct {
 	store *Store
 	lease idem.Lease
 	db    *gorm.DB // the GORM transaction
+
+	marked bool // MySQL: the marker row is in place
 
 	mu   sync.Mutex
 	done bool
@@ -43,13 +47,59 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 		return ctx, nil, wrap("begin", gtx.Error)
 	}
 	t := &Tx{store: s, lease: lease, db: gtx}
-	if s.dialect == dialectSQLite {
-		if err := t.markSQLite(); err != nil {
-			_ = t.rollback()
-			return ctx, nil, wrap("begin", err)
-		}
+	var err error
+	switch s.dialect {
+	case dialectSQLite:
+		err = t.markSQLite()
+	case dialectMySQL:
+		err = t.markMySQL()
+	}
+	if err != nil {
+		_ = t.rollback()
+		return ctx, nil, wrap("begin", err)
 	}
 	return context.WithValue(ctx, txKey{}, t), t, nil
+}
+
+// MySQL's InnoDB rolls the whole transaction back on a deadlock (1213), or
+// on a lock wait timeout with innodb_rollback_on_timeout, and the session
+// carries on in autocommit mode: the same hazard as SQLite's (below). The
+// same remedy: an uncommitted marker row in a TEMPORARY InnoDB table of the
+// connection, which the settle UPDATE requires. Creating a temporary table
+// needs the CREATE TEMPORARY TABLES privilege (and, with GTIDs, MySQL
+// 8.0.13+ or row-based binary logging); where the database refuses, the
+// store goes on without the guard, as Guarded reports.
+const (
+	mysqlMarkerTable = "CREATE TEMPORARY TABLE IF NOT EXISTS idemgorm_tx_marker" +
+		" (id TINYINT NOT NULL PRIMARY KEY, token VARBINARY(255) NOT NULL) ENGINE=InnoDB"
+	mysqlMarkerSet   = "INSERT INTO idemgorm_tx_marker (id, token) VALUES (1, ?) ON DUPLICATE KEY UPDATE token = ?"
+	mysqlMarkerHolds = " AND EXISTS (SELECT 1 FROM idemgorm_tx_marker WHERE id = 1 AND token = ?)"
+	mysqlMarkerGet   = "SELECT token FROM idemgorm_tx_marker WHERE id = 1"
+)
+
+func (t *Tx) markMySQL() error {
+	if t.store.unguarded.Load() {
+		return nil
+	}
+	err := t.db.Exec(mysqlMarkerSet, t.lease.Token, t.lease.Token).Error
+	var my *mysql.MySQLError
+	if err == nil || !errors.As(err, &my) || my.Number != 1146 { // 1146: no such table (on this connection yet)
+		t.marked = err == nil
+		return err
+	}
+	if cerr := t.db.Exec(mysqlMarkerTable).Error; cerr != nil {
+		if !errors.As(cerr, &my) {
+			return fmt.Errorf("marker table: %w", cerr)
+		}
+		// Refused (privilege, GTID consistency): run unguarded.
+		t.store.unguarded.Store(true)
+		return nil
+	}
+	if err := t.db.Exec(mysqlMarkerSet, t.lease.Token, t.lease.Token).Error; err != nil {
+		return fmt.Errorf("marker: %w", err)
+	}
+	t.marked = true
+	return nil
 }
 
 // SQLite ends a transaction by itself when a statement in it is interrupted
@@ -62,17 +112,18 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 // UPDATE only matches while that uncommitted marker is there: if SQLite
 // rolled the transaction back, the marker went with it.
 const (
-	sqliteMarkerTable  = "CREATE TEMP TABLE IF NOT EXISTS idemgorm_tx (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL)"
-	sqliteMarkerSet    = "INSERT INTO temp.idemgorm_tx (id, token) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET token = excluded.token"
-	sqliteMarkerHolds  = " AND EXISTS (SELECT 1 FROM temp.idemgorm_tx WHERE id = 1 AND token = ?)"
-	sqliteMarkerGet    = "SELECT token FROM temp.idemgorm_tx WHERE id = 1"
-	errSQLiteTxEnded   = sqliteError("SQLite ended the transaction early (a statement in it was interrupted or failed); nothing was stored")
-	errSQLiteTxUnknown = sqliteError("cannot tell whether the transaction is still open; nothing was stored")
+	sqliteMarkerTable = "CREATE TEMP TABLE IF NOT EXISTS idemgorm_tx (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL)"
+	sqliteMarkerSet   = "INSERT INTO temp.idemgorm_tx (id, token) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET token = excluded.token"
+	sqliteMarkerHolds = " AND EXISTS (SELECT 1 FROM temp.idemgorm_tx WHERE id = 1 AND token = ?)"
+	sqliteMarkerGet   = "SELECT token FROM temp.idemgorm_tx WHERE id = 1"
 )
 
-type sqliteError string
-
-func (e sqliteError) Error() string { return string(e) }
+// ErrTxEnded is returned (wrapped) by Tx.Settle when the database ended the
+// transaction before the settle — SQLite after an interrupted or failed
+// write, MySQL after a deadlock — and nothing was stored. The handler's
+// writes made before that point were rolled back; any it made after ran in
+// autocommit mode.
+var ErrTxEnded = errors.New("the database ended the transaction early (a statement in it failed or was interrupted); nothing was stored")
 
 func (t *Tx) markSQLite() error {
 	if err := t.db.Exec(sqliteMarkerTable).Error; err != nil {
@@ -152,21 +203,33 @@ func (t *Tx) Settle(ctx context.Context, outcome idem.Outcome) error {
 	args := []any{string(outcome.State), outcome.Response.Status, header, body,
 		t.lease.Principal, t.lease.Key, t.lease.Token}
 	query := t.store.q.settle
-	if t.store.dialect == dialectSQLite {
+	switch {
+	case t.store.dialect == dialectSQLite:
 		query += sqliteMarkerHolds
+		args = append(args, t.lease.Token)
+	case t.marked:
+		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
 	res := t.db.WithContext(ctx).Exec(query, args...)
 	if res.Error != nil {
 		_ = t.rollback()
+		if t.store.dialect == dialectSQLite && strings.Contains(res.Error.Error(), "no such table: temp.idemgorm_tx") {
+			// The marker table was created in this transaction, and
+			// SQLite's rollback took it away.
+			return fmt.Errorf("idemgorm: settle: %w", ErrTxEnded)
+		}
 		return wrap("settle", res.Error)
 	}
 	switch res.RowsAffected {
 	case 1:
 	case 0:
 		err := idem.ErrLeaseLost
-		if t.store.dialect == dialectSQLite {
-			err = t.whyNotSettledSQLite()
+		switch {
+		case t.store.dialect == dialectSQLite:
+			err = t.whyNotSettled(sqliteMarkerGet)
+		case t.marked:
+			err = t.whyNotSettled(mysqlMarkerGet)
 		}
 		_ = t.rollback()
 		return err
@@ -186,18 +249,20 @@ func (t *Tx) Settle(ctx context.Context, outcome idem.Outcome) error {
 	return nil
 }
 
-// whyNotSettledSQLite tells a lost lease from a transaction SQLite ended on
-// its own, when the settle UPDATE matched nothing.
-func (t *Tx) whyNotSettledSQLite() error {
+// whyNotSettled tells a lost lease from a transaction the database ended on
+// its own, when the guarded settle UPDATE matched nothing.
+func (t *Tx) whyNotSettled(markerGet string) error {
 	var token string
-	err := t.db.WithContext(context.Background()).Raw(sqliteMarkerGet).Row().Scan(&token)
+	err := t.db.WithContext(context.Background()).Raw(markerGet).Row().Scan(&token)
+	var my *mysql.MySQLError
 	switch {
 	case err == nil && token == t.lease.Token:
 		return idem.ErrLeaseLost
-	case err == nil || errors.Is(err, sql.ErrNoRows) || strings.Contains(err.Error(), "no such table"):
-		return fmt.Errorf("idemgorm: settle: %w", errSQLiteTxEnded)
+	case err == nil || errors.Is(err, sql.ErrNoRows) || strings.Contains(err.Error(), "no such table") ||
+		(errors.As(err, &my) && my.Number == 1146):
+		return fmt.Errorf("idemgorm: settle: %w", ErrTxEnded)
 	default:
-		return fmt.Errorf("idemgorm: settle: %w: %w", errSQLiteTxUnknown, err)
+		return fmt.Errorf("idemgorm: settle: cannot tell whether the transaction is still open, nothing was stored: %w", err)
 	}
 }
 

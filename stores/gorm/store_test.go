@@ -1,0 +1,540 @@
+package idemgorm_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	idemgorm "github.com/idemgo/idem/stores/gorm"
+)
+
+func fp(s string) []byte {
+	h := sha256.Sum256([]byte(s))
+	return h[:]
+}
+
+func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
+	return idem.ClaimRequest{
+		Principal: principal, Key: key, Fingerprint: fp(body), Token: "tok-" + randSuffix() + randSuffix(),
+		RequestID: "req-" + randSuffix(), Lease: lease, Retention: time.Hour,
+	}
+}
+
+func leaseOf(r idem.ClaimRequest) idem.Lease {
+	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+}
+
+func created(id string) idem.Outcome {
+	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"id":"` + id + `"}`),
+	}}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// contentionRounds is how many rounds TestExactlyOnceUnderContention runs
+// per dialect: IDEM_GORM_ROUNDS, else 1,000 on the servers and 300 on
+// SQLite, whose single writer serialises every claim and whose busy
+// handler waits in sleeps of up to 100 ms (about 60 ms a round here).
+func contentionRounds(dialect string) int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_GORM_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	if dialect == "sqlite" {
+		return 300
+	}
+	return 1000
+}
+
+// TestExactlyOnceUnderContention: rounds of 16 goroutines claim one fresh
+// key at once; each winner writes a business row in the shared transaction
+// and settles. Every key ends with exactly one winner, one business row and
+// a completed record.
+func TestExactlyOnceUnderContention(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d, func(t *testing.T) {
+			f := newFixture(t, d)
+			ctx := testCtx(t)
+			const goroutines = 16
+			rounds := contentionRounds(d)
+			var transient atomic.Int64
+			start := time.Now()
+			keys := make([]string, 0, rounds)
+			for round := range rounds {
+				key := fmt.Sprintf("race-%d-%s", round, randSuffix())
+				keys = append(keys, key)
+				var (
+					wg      sync.WaitGroup
+					winners atomic.Int64
+					gate    = make(chan struct{})
+					errs    = make(chan error, goroutines)
+				)
+				for range goroutines {
+					wg.Go(func() {
+						// A long lease: this test is about the claim, not
+						// about takeovers of slow winners.
+						req := claimReq("alice", key, "same body", time.Minute)
+						<-gate
+						res, err := f.store.Claim(ctx, req)
+						if errors.Is(err, idem.ErrTransient) {
+							transient.Add(1)
+							return
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						if !res.Claimed {
+							if res.Record.Principal != "alice" || res.Record.Key != key {
+								errs <- fmt.Errorf("loser got record %s/%s", res.Record.Principal, res.Record.Key)
+							}
+							return
+						}
+						winners.Add(1)
+						txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+						if err != nil {
+							errs <- err
+							return
+						}
+						defer func() { _ = tx.Rollback(ctx) }()
+						if err := f.writeEffect(txCtx, key); err != nil {
+							errs <- err
+							return
+						}
+						errs <- tx.Settle(ctx, created(key))
+					})
+				}
+				close(gate)
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					if err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+				}
+				if w := winners.Load(); w != 1 {
+					t.Fatalf("round %d: %d winners, want exactly 1 (%d transient errors so far)", round, w, transient.Load())
+				}
+			}
+			elapsed := time.Since(start)
+
+			var rows, distinct int64
+			if err := f.db.Raw("SELECT COUNT(*), COUNT(DISTINCT id) FROM "+f.effects).Row().Scan(&rows, &distinct); err != nil {
+				t.Fatal(err)
+			}
+			if rows != int64(len(keys)) || distinct != int64(len(keys)) {
+				t.Fatalf("%d business rows (%d distinct) for %d keys, want one each", rows, distinct, len(keys))
+			}
+			for _, k := range keys {
+				rec, err := f.store.Get(ctx, "alice", k)
+				if err != nil || rec.State != idem.StateCompleted {
+					t.Fatalf("key %s: %v %v, want completed", k, rec.State, err)
+				}
+			}
+			t.Logf("%s: %d rounds × %d goroutines in %v (%v/round): business rows == keys == %d; %d transient claim errors",
+				d, rounds, goroutines, elapsed.Round(time.Millisecond), (elapsed / time.Duration(rounds)).Round(time.Microsecond),
+				len(keys), transient.Load())
+		})
+	}
+}
+
+// TestFence: a holder's lease expires and another request takes the key
+// over; the old holder's settle is refused with ErrLeaseLost and its
+// business row is rolled back, while the new holder's stands.
+//
+// On PostgreSQL and MySQL the old holder's transaction is open, with its
+// business row written, while the takeover happens. On SQLite that cannot
+// be: the open transaction holds the database's only write lock, and the
+// takeover (a write) waits for it. There the old holder begins and writes
+// after the takeover — a holder that was stuck before its first write.
+func TestFence(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d, func(t *testing.T) {
+			f := newFixture(t, d)
+			ctx := testCtx(t)
+			const lease = 300 * time.Millisecond
+			old := claimReq("alice", "fence-"+randSuffix(), "body", lease)
+			if res, err := f.store.Claim(ctx, old); err != nil || !res.Claimed {
+				t.Fatalf("first claim: %+v %v", res, err)
+			}
+			begin := func() (context.Context, idem.Tx) {
+				txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(old))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = tx.Rollback(ctx) })
+				if err := f.writeEffect(txCtx, "old"); err != nil {
+					t.Fatal(err)
+				}
+				return txCtx, tx
+			}
+			var oldTx idem.Tx
+			if d != "sqlite" {
+				_, oldTx = begin()
+			}
+
+			time.Sleep(lease + 100*time.Millisecond)
+			fresh := claimReq("alice", old.Key, "body", lease)
+			res, err := f.store.Claim(ctx, fresh)
+			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != fresh.Token {
+				t.Fatalf("takeover: %+v %v", res, err)
+			}
+			if oldTx == nil {
+				_, oldTx = begin()
+			}
+
+			if err := oldTx.Settle(ctx, created("old")); !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("old holder's settle = %v, want ErrLeaseLost", err)
+			}
+			if n, err := f.countEffects(ctx, "old"); err != nil || n != 0 {
+				t.Fatalf("old holder's business rows = %d (%v), want 0: rolled back", n, err)
+			}
+			if err := f.store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("old holder's release = %v, want ErrLeaseLost", err)
+			}
+
+			txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(fresh))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.writeEffect(txCtx, "new"); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Settle(ctx, created("new")); err != nil {
+				t.Fatalf("new holder's settle: %v", err)
+			}
+			if n, _ := f.countEffects(ctx, "new"); n != 1 {
+				t.Fatalf("new holder's business rows = %d, want 1", n)
+			}
+			rec, err := f.store.Get(ctx, "alice", old.Key)
+			if err != nil || rec.State != idem.StateCompleted || rec.LeaseToken != fresh.Token ||
+				!bytes.Equal(rec.Response.Body, created("new").Response.Body) {
+				t.Fatalf("final record %+v %v, want the new holder's", rec, err)
+			}
+		})
+	}
+}
+
+// TestReplayReturnsStoredRecord: replays and live conflicts return the
+// stored record and change nothing, on every dialect.
+func TestReplayReturnsStoredRecord(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d, func(t *testing.T) {
+			f := newFixture(t, d)
+			ctx := testCtx(t)
+			req := claimReq("alice", "replay-"+randSuffix(), "body", time.Minute)
+			if _, err := f.store.Claim(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Settle(ctx, created("r")); err != nil {
+				t.Fatal(err)
+			}
+			before, err := f.store.Get(ctx, "alice", req.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 20 {
+				body := "body"
+				if i%2 == 1 {
+					body = "another body" // a 422 to be: must not write either
+				}
+				res, err := f.store.Claim(ctx, claimReq("alice", req.Key, body, time.Nanosecond))
+				if err != nil || res.Claimed {
+					t.Fatalf("replay %d: %+v %v", i, res, err)
+				}
+				if res.Record.State != idem.StateCompleted || res.Record.Response == nil ||
+					res.Record.Response.Status != http.StatusCreated || res.Record.LeaseToken != req.Token {
+					t.Fatalf("replay %d returned %+v", i, res.Record)
+				}
+			}
+			after, err := f.store.Get(ctx, "alice", req.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameRecord(before, after) {
+				t.Fatalf("replays changed the record:\n%+v\n%+v", before, after)
+			}
+		})
+	}
+}
+
+// TestReplayWritesNothingPostgres: the row's system columns prove that no
+// replay locked or rewrote it (ON CONFLICT … DO UPDATE … WHERE false would
+// set xmax to its own transaction id on every replay).
+func TestReplayWritesNothingPostgres(t *testing.T) {
+	f := newFixture(t, "postgres")
+	ctx := testCtx(t)
+	req := claimReq("alice", "pgreplay-"+randSuffix(), "body", time.Minute)
+	if _, err := f.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, created("r")); err != nil {
+		t.Fatal(err)
+	}
+	sys := func() string {
+		var ctid, xmin, xmax string
+		err := f.db.Raw(`SELECT ctid::text, xmin::text, xmax::text FROM `+f.store.Table()+` WHERE principal = ? AND "key" = ?`,
+			"alice", req.Key).Row().Scan(&ctid, &xmin, &xmax)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ctid + " " + xmin + " " + xmax
+	}
+	before := sys()
+	for range 50 {
+		if res, err := f.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
+			t.Fatalf("replay: %+v %v", res, err)
+		}
+	}
+	if after := sys(); after != before {
+		t.Fatalf("replays touched the row: (ctid xmin xmax) %s → %s", before, after)
+	}
+	t.Logf("50 replays: row (ctid xmin xmax) stayed %s", before)
+}
+
+// TestReplayWritesNothingSQLite: PRAGMA data_version, read on a connection
+// of its own, changes whenever another connection commits a write. Replays
+// must leave it alone.
+func TestReplayWritesNothingSQLite(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	ctx := testCtx(t)
+	req := claimReq("alice", "litereplay-"+randSuffix(), "body", time.Minute)
+	if _, err := f.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, created("r")); err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := f.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	observer, err := sqlDB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer observer.Close()
+	version := func() int64 {
+		var v int64
+		if err := observer.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := version()
+	for range 50 {
+		if res, err := f.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
+			t.Fatalf("replay: %+v %v", res, err)
+		}
+	}
+	if after := version(); after != before {
+		t.Fatalf("replays committed writes: data_version %d → %d", before, after)
+	}
+	// The observer does see a real write.
+	if _, err := f.store.Claim(ctx, claimReq("alice", "other-"+randSuffix(), "body", time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if after := version(); after == before {
+		t.Fatal("data_version did not move for a real claim: the check proves nothing")
+	}
+}
+
+// TestSQLiteInterruptedTransaction: SQLite rolls a transaction back by
+// itself when a write in it is interrupted (the driver interrupts on a
+// cancelled context), and then runs later statements in autocommit mode.
+// A handler that swallows that error must not get its outcome committed on
+// its own: Settle fails and nothing is stored. MySQL does the same after a
+// deadlock (1213); TestMySQLDeadlockedTransaction is its twin.
+func TestSQLiteInterruptedTransaction(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	ctx := testCtx(t)
+	req := claimReq("alice", "interrupt-"+randSuffix(), "body", time.Minute)
+	if _, err := f.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := f.writeEffect(txCtx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	db, _ := idemgorm.TxFrom(txCtx)
+	qctx, cancel := context.WithTimeout(txCtx, 50*time.Millisecond)
+	defer cancel()
+	err = db.WithContext(qctx).Exec(`INSERT INTO ` + f.effects + ` (id)
+		WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000)
+		SELECT 'bulk' FROM n`).Error
+	if err == nil {
+		t.Fatal("the long INSERT was not interrupted")
+	}
+	// The handler swallows the error and writes once more.
+	_ = f.writeEffect(txCtx, "after")
+	settleErr := tx.Settle(ctx, created("x"))
+	if !errors.Is(settleErr, idemgorm.ErrTxEnded) {
+		t.Fatalf("Settle after SQLite ended the transaction = %v, want ErrTxEnded", settleErr)
+	}
+	rec, err := f.store.Get(ctx, "alice", req.Key)
+	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
+		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
+	}
+	if n, _ := f.countEffects(ctx, "before"); n != 0 {
+		t.Fatalf("%d rows of the rolled-back transaction exist", n)
+	}
+	// What the handler wrote after swallowing the error ran in autocommit
+	// mode and stands: no store can take that back (README: return on
+	// every database error).
+	n, _ := f.countEffects(ctx, "after")
+	t.Logf("settle refused: %v; the handler's own autocommitted write after the error: %d row(s)", settleErr, n)
+}
+
+// TestTxFromAndDB: the accessors say whether a transaction is there.
+func TestTxFromAndDB(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	ctx := testCtx(t)
+	if db, ok := idemgorm.TxFrom(ctx); ok || db != nil {
+		t.Fatal("TxFrom found a transaction in a bare context")
+	}
+	if idemgorm.DB(ctx, nil) != nil {
+		t.Fatal("DB(ctx, nil) without a transaction is not nil")
+	}
+	if db := idemgorm.DB(ctx, f.db); db == nil || db.Statement.ConnPool != f.db.Statement.ConnPool {
+		t.Fatal("DB without a transaction did not fall back")
+	}
+	if db := f.store.DB(ctx); db == nil || db.Statement.ConnPool != f.db.Statement.ConnPool {
+		t.Fatal("Store.DB without a transaction did not fall back")
+	}
+	req := claimReq("alice", "acc-"+randSuffix(), "body", time.Minute)
+	if _, err := f.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	txDB, ok := idemgorm.TxFrom(txCtx)
+	if !ok || txDB.Statement.ConnPool == f.db.Statement.ConnPool {
+		t.Fatal("TxFrom did not return the transaction")
+	}
+	if db := idemgorm.DB(txCtx, f.db); db.Statement.ConnPool != txDB.Statement.ConnPool {
+		t.Fatal("DB did not prefer the transaction")
+	}
+	if db := f.store.DB(txCtx); db.Statement.ConnPool != txDB.Statement.ConnPool {
+		t.Fatal("Store.DB did not prefer the transaction")
+	}
+}
+
+func sameRecord(a, b idem.Record) bool {
+	ra, rb := a.Response, b.Response
+	a.Response, b.Response = nil, nil
+	if fmt.Sprint(a) != fmt.Sprint(b) || (ra == nil) != (rb == nil) {
+		return false
+	}
+	return ra == nil || (ra.Status == rb.Status && bytes.Equal(ra.Body, rb.Body) && fmt.Sprint(ra.Header) == fmt.Sprint(rb.Header))
+}
+
+// TestMySQLDeadlockedTransaction: InnoDB rolls the whole transaction back
+// when it picks it as a deadlock victim, and the session goes on in
+// autocommit mode. A handler that swallows the 1213 must not get its
+// outcome committed on its own.
+func TestMySQLDeadlockedTransaction(t *testing.T) {
+	f := newFixture(t, "mysql")
+	ctx := testCtx(t)
+	locks := f.effects + "_locks"
+	if err := f.db.Exec("CREATE TABLE " + locks + " (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB").Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.db.Exec("DROP TABLE IF EXISTS " + locks) })
+	if err := f.db.Exec("INSERT INTO " + locks + " VALUES (1, 0), (2, 0)").Error; err != nil {
+		t.Fatal(err)
+	}
+	if !f.store.Guarded() {
+		t.Fatal("store is not guarded: the temporary marker table was refused")
+	}
+
+	req := claimReq("alice", "deadlock-"+randSuffix(), "body", time.Minute)
+	if _, err := f.store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := f.writeEffect(txCtx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	ours, _ := idemgorm.TxFrom(txCtx)
+	if err := ours.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 1").Error; err != nil {
+		t.Fatal(err)
+	}
+
+	// The other transaction is heavier, so InnoDB picks ours as the victim.
+	other := f.db.Begin()
+	defer other.Rollback()
+	for i := range 50 {
+		if err := other.Exec("INSERT INTO "+f.effects+" (id) VALUES (?)", fmt.Sprintf("heavy-%d", i)).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := other.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 2").Error; err != nil {
+		t.Fatal(err)
+	}
+	otherDone := make(chan error, 1)
+	go func() { otherDone <- other.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 1").Error }()
+	time.Sleep(200 * time.Millisecond) // let it wait for our lock on row 1
+	err = ours.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 2").Error
+	if err == nil || !strings.Contains(err.Error(), "1213") {
+		t.Fatalf("our UPDATE = %v, want the deadlock victim's 1213", err)
+	}
+	if oerr := <-otherDone; oerr != nil {
+		t.Fatalf("the other transaction: %v", oerr)
+	}
+	_ = other.Rollback()
+
+	// The handler swallows the deadlock and settles anyway.
+	settleErr := tx.Settle(ctx, created("x"))
+	if !errors.Is(settleErr, idemgorm.ErrTxEnded) {
+		t.Fatalf("Settle after the deadlock rollback = %v, want ErrTxEnded", settleErr)
+	}
+	rec, err := f.store.Get(ctx, "alice", req.Key)
+	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
+		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
+	}
+	if n, _ := f.countEffects(ctx, "before"); n != 0 {
+		t.Fatalf("%d rows of the deadlocked transaction exist", n)
+	}
+	if err := f.store.Release(ctx, leaseOf(req)); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
