@@ -538,3 +538,43 @@ func TestMySQLDeadlockedTransaction(t *testing.T) {
 		t.Fatalf("release: %v", err)
 	}
 }
+
+// TestSchemaQualifiedTable: WithTable("schema.table") on PostgreSQL and
+// MySQL (where a schema is a database) migrates and works.
+func TestSchemaQualifiedTable(t *testing.T) {
+	for _, d := range []string{"postgres", "mysql"} {
+		t.Run(d, func(t *testing.T) {
+			db := openDB(t, d)
+			schema := "idem_schema_" + randSuffix()
+			if err := db.Exec("CREATE SCHEMA " + schema).Error; err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				drop := "DROP SCHEMA " + schema
+				if d == "postgres" {
+					drop += " CASCADE"
+				}
+				if err := db.Exec(drop).Error; err != nil {
+					t.Errorf("%s: %v", drop, err)
+				}
+			})
+			s, err := idemgorm.New(db, idemgorm.WithTable(schema+".keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := testCtx(t)
+			for range 2 { // Migrate is idempotent
+				if err := s.Migrate(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := claimReq("alice", "k", "body", time.Minute)
+			if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			if res, err := s.Claim(ctx, claimReq("alice", "k", "body", time.Minute)); err != nil || res.Claimed {
+				t.Fatalf("second claim: %+v %v", res, err)
+			}
+		})
+	}
+}
