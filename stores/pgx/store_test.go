@@ -3,7 +3,10 @@ package idempgx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -650,4 +653,81 @@ func TestQueryExecModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPurgeRacingReplacement: sweepers delete expired rows while requests
+// claim the same expired keys again. A purge must never delete a row a
+// claim has just replaced (its expires_at is re-checked on the locked row),
+// so every claim settles, and every key ends with exactly one effect.
+func TestPurgeRacingReplacement(t *testing.T) {
+	t.Parallel()
+	const keys = 150
+	e := newEnv(t, newPool(t, 8, nil))
+	ctx := testCtx(t)
+	for i := range keys {
+		req := claimReq("alice", fmt.Sprintf("exp-%03d", i), "old", time.Minute)
+		req.Retention = 300 * time.Millisecond
+		if _, err := e.store.Claim(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		_, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Settle(ctx, okResponse("old")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
+
+	var wg sync.WaitGroup
+	var purged atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for {
+				n, err := e.store.PurgeExpired(ctx, 3)
+				if err != nil {
+					t.Errorf("purge: %v", err)
+					return
+				}
+				purged.Add(int64(n))
+				if n == 0 {
+					return
+				}
+			}
+		})
+	}
+	// The sweepers go oldest first; the claimers start from the other end,
+	// so they meet and race somewhere in the middle.
+	work := make(chan int, keys)
+	for i := keys - 1; i >= 0; i-- {
+		work <- i
+	}
+	close(work)
+	for range 4 {
+		wg.Go(func() {
+			for i := range work {
+				key := fmt.Sprintf("exp-%03d", i)
+				req := claimReq("alice", key, "new", time.Minute)
+				res, err := e.store.Claim(ctx, req)
+				if err != nil || !res.Claimed || res.Reclaimed {
+					t.Errorf("%s: claim of an expired key: %+v %v", key, res, err)
+					continue
+				}
+				if err := e.runAttempt(ctx, leaseOf(req), key, "new"); err != nil {
+					t.Errorf("%s: settle after replacing an expired row: %v", key, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var completed, effects int
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.store.Table()+` WHERE state = 'completed' AND body = 'new'),
+		(SELECT count(DISTINCT id) FROM `+e.effectsTable()+`)`).Scan(&completed, &effects); err != nil {
+		t.Fatal(err)
+	}
+	if completed != keys || effects != keys {
+		t.Fatalf("%d keys completed anew, %d effects; want %d each", completed, effects, keys)
+	}
+	t.Logf("%d expired keys re-claimed while sweepers purged %d of them", keys, purged.Load())
 }
