@@ -6,15 +6,25 @@ require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.8.1
+	github.com/idemgo/idem/adapters/echo v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/adapters/gin v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/stores/gorm v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/stores/pgx v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/labstack/echo/v4 v4.16.4
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
+)
+
+require (
+	github.com/labstack/gommon v0.5.0 // indirect
+	github.com/mattn/go-colorable v0.1.15 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fasttemplate v1.2.2 // indirect
+	golang.org/x/time v0.15.0 // indirect
 )
 
 require (
@@ -61,7 +71,7 @@ require (
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -78,12 +79,12 @@ var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
 const maxDescription = 1000
 
-// createRequest is the body of POST /payments. Amount is a json.Number so
-// that 1.5 or 1e3 can be refused rather than silently converted.
+// createRequest is the body of POST /payments. Amount is kept raw so that
+// "100", 1.5 or 1e3 are refused rather than silently converted.
 type createRequest struct {
-	Amount      *json.Number `json:"amount"`
-	Currency    *string      `json:"currency"`
-	Description *string      `json:"description"`
+	Amount      json.RawMessage `json:"amount"`
+	Currency    *string         `json:"currency"`
+	Description *string         `json:"description"`
 }
 
 // Create handles POST /payments for account. ctx must be the context the
@@ -172,7 +173,6 @@ func (s *Service) Health() Reply {
 func parseCreate(body []byte) (Payment, string) {
 	var req createRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		return Payment{}, "The body must be a JSON object {\"amount\": <int > 0>, \"currency\": \"<ISO 4217 code>\", \"description\": \"<optional>\"}: " + err.Error() + "."
@@ -184,9 +184,9 @@ func parseCreate(body []byte) (Payment, string) {
 	if req.Amount == nil {
 		return p, "amount is required."
 	}
-	amount, err := req.Amount.Int64()
+	amount, err := strconv.ParseInt(string(req.Amount), 10, 64)
 	if err != nil || amount <= 0 {
-		return p, fmt.Sprintf("amount must be a positive integer (minor units), got %s.", req.Amount.String())
+		return p, fmt.Sprintf("amount must be a positive integer (minor units), got %s.", req.Amount)
 	}
 	if req.Currency == nil || !currencyRE.MatchString(*req.Currency) {
 		return p, "currency must be three upper-case letters, such as EUR."

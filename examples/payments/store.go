@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,6 +86,11 @@ func redact(dsn string) string {
 	return u.Redacted()
 }
 
+// maxOpenConns bounds each connection pool. Keep it above one: a request
+// holds a connection for its idempotency transaction while others claim
+// and read with others.
+const maxOpenConns = 10
+
 // --- GORM: SQLite, PostgreSQL, MySQL/MariaDB ---
 
 func openGorm(ctx context.Context, d gorm.Dialector, where string) (*backend, error) {
@@ -96,6 +102,7 @@ func openGorm(ctx context.Context, d gorm.Dialector, where string) (*backend, er
 	if err != nil {
 		return nil, err
 	}
+	sqlDB.SetMaxOpenConns(maxOpenConns)
 	closeDB := func() { _ = sqlDB.Close() }
 	if err := sqlDB.PingContext(ctx); err != nil {
 		closeDB()
@@ -168,9 +175,19 @@ CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account, create
 
 func openPgx(ctx context.Context, dsn string) (*backend, error) {
 	where := redact(dsn)
-	pool, err := pgxpool.New(ctx, dsn)
+	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("invalid -dsn for pgx: %w", err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// Each idempotent request holds a connection for its transaction
+		// while other requests claim with another: more than pgxpool's
+		// default of max(4, CPUs).
+		pc.MaxConns = maxOpenConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", where, err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
@@ -277,4 +294,3 @@ func (r *memRepo) Get(_ context.Context, account, id string) (Payment, error) {
 	}
 	return Payment{}, errNoPayment
 }
-

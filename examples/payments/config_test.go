@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadConfig: every bad value exits non-zero with one line on stderr,
+// before anything is opened.
+func TestBadConfig(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{args: []string{"-framework", "rails"}, want: `invalid -framework "rails"`},
+		{args: []string{"-store", "redis"}, want: `invalid -store "redis"`},
+		{args: []string{"-lease", "3s"}, want: "Lease (3s) must exceed RequestTimeout + StoreTimeout (35s)"},
+		{args: []string{"-request-timeout", "10s", "-lease", "12s"}, want: "Lease (12s) must exceed"},
+		{args: []string{"-request-timeout", "soon"}, want: `invalid value "soon" for flag -request-timeout`},
+		{args: []string{"-handler-delay", "-1s"}, want: "invalid -handler-delay -1s"},
+		{args: []string{"-addr", "nowhere"}, want: `invalid -addr "nowhere"`},
+		{args: []string{"-bogus"}, want: "flag provided but not defined: -bogus"},
+		{args: []string{"extra"}, want: `unexpected argument "extra"`},
+		{env: []string{"IDEM_FRAMEWORK=rails"}, want: `invalid -framework "rails"`},
+		{env: []string{"IDEM_LEASE=long"}, want: `invalid value "long" for IDEM_LEASE`},
+		{env: []string{"IDEM_SIMULATE_FAILURES=maybe"}, want: "IDEM_SIMULATE_FAILURES"},
+		{args: []string{"-store", "pgx", "-dsn", "postgres://127.0.0.1:1/x?connect_timeout=2"}, want: "connect "},
+	} {
+		cmd := exec.Command(binPath, c.args...)
+		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, c.env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		start := time.Now()
+		err := cmd.Run()
+		out := strings.TrimRight(stderr.String(), "\n")
+		if err == nil || cmd.ProcessState.ExitCode() == 0 {
+			t.Errorf("%v %v: exit 0, want non-zero", c.env, c.args)
+		}
+		if strings.Contains(out, "\n") || !strings.Contains(out, c.want) || !strings.HasPrefix(out, "payments: ") {
+			t.Errorf("%v %v: stderr %q, want one line containing %q", c.env, c.args, out, c.want)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("%v %v took %v", c.env, c.args, d)
+		}
+	}
+}
+
+// TestEnvAndFlags: IDEM_* variables are defaults, flags override them.
+func TestEnvAndFlags(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig([]string{"-framework", "nethttp", "-handler-delay", "1s"}, func(k string) string {
+		return map[string]string{
+			"IDEM_FRAMEWORK": "echo", "IDEM_STORE": "memory", "IDEM_LEASE": "50s",
+			"IDEM_SIMULATE_FAILURES": "true", "IDEM_HANDLER_DELAY": "5s",
+		}[k]
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.framework != "nethttp" || cfg.store != "memory" || cfg.lease != 50*time.Second ||
+		!cfg.simulateFailures || cfg.handlerDelay != time.Second || cfg.addr != "127.0.0.1:8080" {
+		t.Fatalf("%+v", cfg)
+	}
+}
+
+func contains(s, substr string) bool { return strings.Contains(s, substr) }
