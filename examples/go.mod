@@ -6,7 +6,9 @@ require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.8.1
+	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/idemgo/idem/adapters/echo v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/adapters/fiber v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/adapters/gin v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
 	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
@@ -20,10 +22,16 @@ require (
 )
 
 require (
+	github.com/andybalholm/brotli v1.1.0 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
+	github.com/mattn/go-runewidth v0.0.16 // indirect
+	github.com/rivo/uniseg v0.2.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fasthttp v1.51.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
+	github.com/valyala/tcplisten v1.0.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 )
 
