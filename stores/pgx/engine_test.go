@@ -20,8 +20,8 @@ func TestEngineFailureDrills(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 6, nil))
 	ctx := testCtx(t)
-	engine, err := idem.New(idem.Config{Store: e.store, RequestTimeout: 300 * time.Millisecond,
-		StoreTimeout: 2 * time.Second, Lease: 3 * time.Second})
+	engine, err := idem.New(idem.Config{Store: e.store, RequestTimeout: 2 * time.Second,
+		StoreTimeout: 5 * time.Second, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
