@@ -93,3 +93,22 @@ func sqlState(err error) string {
 	}
 	return ""
 }
+
+// connLost reports whether err says the connection broke (or could not be
+// made) rather than the statement failing, while ctx is still live: the
+// session is gone, and the same statement may be tried on another
+// connection.
+func connLost(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03": // the server ended the session
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	return isTransient(err)
+}

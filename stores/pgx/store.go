@@ -241,11 +241,29 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // condition against the row's latest version with the database clock. When
 // that UPDATE matches nothing, someone else changed the row and the claim
 // starts over.
+//
+// When the connection breaks under a claim statement (up to
+// maxConnRetries times) the claim runs again on another connection. That is
+// safe whether or not the server executed the lost statement: a row that
+// carries req.Token can only have been written by this call, so finding it
+// means the lost statement did claim the key.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
 	if req.Principal == "" || req.Key == "" || req.Token == "" {
 		return idem.ClaimResult{}, errors.New("idempgx: claim: principal, key and token must not be empty")
 	}
 	lease := req.Lease.Truncate(time.Microsecond)
+	connRetries := 0
+	lostTakeover := false // a stale takeover's answer was lost
+	retryable := func(err error) bool {
+		if retryClaim(err) {
+			return true
+		}
+		if connLost(ctx, err) && connRetries < maxConnRetries {
+			connRetries++
+			return true
+		}
+		return false
+	}
 	for attempt := 0; attempt < s.maxAttempts; attempt++ {
 		if attempt > 0 {
 			s.reruns.Add(1)
@@ -253,7 +271,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		rows, err := s.pool.Query(ctx, s.sql.claim,
 			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention))
 		if err != nil {
-			if retryClaim(err) {
+			if retryable(err) {
 				continue
 			}
 			return idem.ClaimResult{}, wrap("claim", err)
@@ -276,7 +294,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			found = true
 		}
 		if err := rows.Err(); err != nil {
-			if retryClaim(err) {
+			if retryable(err) {
 				continue
 			}
 			return idem.ClaimResult{}, wrap("claim", err)
@@ -288,14 +306,24 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			continue
 		case inserted:
 			return idem.ClaimResult{Claimed: true, Record: rec, Now: now}, nil
+		case rec.LeaseToken == req.Token && rec.State == idem.StateInProgress:
+			// Our own statement claimed it, and its answer was lost.
+			return idem.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
 			res, ok, err := s.takeOver(ctx, s.sql.replace, req, rec.LeaseToken)
+			if err != nil && retryable(err) {
+				continue
+			}
 			if err != nil || ok {
 				return res, err
 			}
 		case rec.State == idem.StateInProgress && !rec.LockedAt.After(now.Add(-lease)) &&
 			string(rec.Fingerprint) == string(req.Fingerprint):
 			res, ok, err := s.takeOver(ctx, s.sql.takeover, req, rec.LeaseToken, micros(lease))
+			if err != nil && retryable(err) {
+				lostTakeover = true
+				continue
+			}
 			if err != nil || ok {
 				res.Reclaimed = ok
 				return res, err
@@ -306,6 +334,10 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	}
 	return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: %w: gave up after %d attempts under contention", idem.ErrTransient, s.maxAttempts)
 }
+
+// maxConnRetries bounds how often one Claim re-runs after losing its
+// connection, so that a database that is down fails the claim quickly.
+const maxConnRetries = 2
 
 // retryClaim reports whether the claim statement failed in a way that
 // re-running it resolves: under a default isolation level above READ

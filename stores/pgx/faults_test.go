@@ -1,0 +1,153 @@
+package idempgx_test
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
+	"github.com/idemgo/idem/core/storetest/faultproxy"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+)
+
+// TestFaults runs core/storetest.RunFaults: the store's connections are cut
+// during the claim, after the business write, before the settle's COMMIT
+// reaches the server and after it did (the ambiguous case). The settle's
+// UPDATE and COMMIT travel in one write, so "COMMIT not received" means the
+// fenced UPDATE was not received either.
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	direct := newPool(t, 4, nil)
+	cfg := direct.Config()
+	addr := cfg.ConnConfig.Host + ":" + itoa(int(cfg.ConnConfig.Port))
+	e := newEnv(t, direct)
+	storetest.RunFaults(t, storetest.FaultTarget{
+		Addr: addr,
+		Connect: func(t testing.TB, proxyAddr string) storetest.Backend {
+			u, err := url.Parse(dsn())
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.Host = proxyAddr
+			pcfg, err := pgxpool.ParseConfig(u.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Statement text on the wire with every execution.
+			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			pcfg.MaxConns = 4
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			through := &env{pool: pool, schema: e.schema, store: s}
+			b := through.backend()
+			b.CountEffects = e.countEffects // counted directly, not through the proxy
+			return b
+		},
+		Claim:  []byte("ON CONFLICT (principal, key) DO NOTHING"),
+		Commit: []byte("COMMIT"),
+		Effect: []byte("INSERT INTO " + e.effectsTable()),
+	})
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+// TestClaimSurvivesConnectionLoss: the connection breaks under the claim
+// statement, before the server got it or after (the server claimed the key
+// and the answer was lost), and under a stale takeover. Claim runs again on
+// another connection and recognises its own token: the caller holds the key
+// instead of being locked out of it by its own orphaned claim until the
+// lease expires.
+func TestClaimSurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
+	direct := newPool(t, 4, nil)
+	cfg := direct.Config()
+	e := newEnv(t, direct)
+	proxy, err := faultproxy.New(cfg.ConnConfig.Host + ":" + itoa(int(cfg.ConnConfig.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	u, err := url.Parse(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = proxy.Addr()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	ctx := testCtx(t)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		pattern string
+		when    faultproxy.When
+		stale   bool
+	}{
+		{"claim not received", "ON CONFLICT (principal, key) DO NOTHING", faultproxy.Before, false},
+		{"claim executed, answer lost", "ON CONFLICT (principal, key) DO NOTHING", faultproxy.After, false},
+		{"takeover not received", "SET lease_token = $4, request_id = $5, locked_at = now()", faultproxy.Before, true},
+		{"takeover executed, answer lost", "SET lease_token = $4, request_id = $5, locked_at = now()", faultproxy.After, true},
+	}
+	for _, c := range cases {
+		for range 5 {
+			key := "cut-" + randHex(4)
+			if c.stale {
+				if _, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			req := claimReq("alice", key, "body", time.Microsecond) // any earlier holder is stale
+			fired := proxy.CutOn([]byte(c.pattern), c.when)
+			res, err := s.Claim(ctx, req)
+			select {
+			case <-fired:
+			case <-time.After(time.Second):
+				proxy.Disarm()
+				t.Fatalf("%s: the cut never fired", c.name)
+			}
+			if err != nil || !res.Claimed || res.Record.LeaseToken != req.Token || res.Reclaimed != c.stale {
+				t.Fatalf("%s: claim = %+v, %v; want Claimed with our token, Reclaimed=%v", c.name, res, err, c.stale)
+			}
+			rec, err := e.store.Get(ctx, "alice", key)
+			if err != nil || rec.LeaseToken != req.Token || rec.State != idem.StateInProgress {
+				t.Fatalf("%s: stored %+v, %v", c.name, rec, err)
+			}
+		}
+	}
+	if proxy.Cuts() < int64(len(cases)*5) {
+		t.Fatalf("only %d cuts", proxy.Cuts())
+	}
+}
