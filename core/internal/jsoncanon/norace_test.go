@@ -1,0 +1,5 @@
+//go:build !race
+
+package jsoncanon
+
+const raceEnabled = false
