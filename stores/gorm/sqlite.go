@@ -1,8 +1,12 @@
 package idemgorm
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"time"
+
+	"gorm.io/gorm"
 )
 
 // SQLiteDSN returns a DSN for github.com/glebarez/sqlite (and the
@@ -34,4 +38,59 @@ func SQLiteDSN(path string, busyTimeout time.Duration) string {
 	}
 	return path + "?_pragma=busy_timeout(" + strconv.FormatInt(busyTimeout.Milliseconds(), 10) + ")" +
 		"&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
+
+// writeGate queues this process's SQLite writers in order. SQLite lets one
+// connection write at a time and makes the others poll: its busy handler
+// sleeps 1, 2, 5, … up to 100 ms between tries, so under contention the
+// lock is often free while everyone sleeps, and an unlucky writer can wait
+// far longer than the rest. The gate hands the turn over directly, first
+// come first served, so the store's own writers (claims, transactions,
+// releases, purges) never poll each other. It changes nothing about
+// atomicity: SQLite's lock still decides, and still serialises writers in
+// other processes and outside the store. A writer that cannot get its turn
+// within the busy timeout fails as transient, as SQLITE_BUSY would.
+type writeGate struct {
+	turn chan struct{}
+	wait time.Duration
+}
+
+func newWriteGate(wait time.Duration) *writeGate {
+	return &writeGate{turn: make(chan struct{}, 1), wait: wait}
+}
+
+// errGateTimeout is returned (as transient) when a writer waited the busy
+// timeout for its turn.
+var errGateTimeout = errors.New("idemgorm: sqlite: waited the busy timeout for the write lock")
+
+func (g *writeGate) acquire(ctx context.Context) error {
+	select {
+	case g.turn <- struct{}{}:
+		return nil
+	default:
+	}
+	timer := time.NewTimer(g.wait)
+	defer timer.Stop()
+	select {
+	case g.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return &transientError{errGateTimeout}
+	}
+}
+
+func (g *writeGate) release() { <-g.turn }
+
+// sqliteBusyTimeout reads the connection's busy timeout, to wait as long for
+// the gate as SQLite would wait for its lock.
+func sqliteBusyTimeout(db *gorm.DB) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ms int64
+	if err := db.WithContext(ctx).Raw("PRAGMA busy_timeout").Row().Scan(&ms); err != nil || ms <= 0 {
+		return 5 * time.Second
+	}
+	return time.Duration(ms) * time.Millisecond
 }

@@ -33,6 +33,7 @@ type Store struct {
 	q       queries
 
 	unguarded atomic.Bool // MySQL refused the temporary marker table
+	gate      *writeGate  // SQLite: this process's writers, in order
 }
 
 // Option configures a Store.
@@ -73,7 +74,11 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, dialect: d, table: t, q: buildQueries(d, t)}, nil
+	s := &Store{db: db, dialect: d, table: t, q: buildQueries(d, t)}
+	if d == dialectSQLite {
+		s.gate = newWriteGate(sqliteBusyTimeout(db))
+	}
+	return s, nil
 }
 
 // Dialect returns the dialect the store detected: "postgres", "mysql" or
@@ -145,7 +150,9 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 }
 
 // Claim implements idem.Store. The first statement inserts the caller's
-// in-progress record or finds the existing one, atomically. A found record
+// in-progress record or finds the existing one, atomically (on SQLite a
+// read comes first, so that replays do not queue for the single writer;
+// the INSERT still decides). A found record
 // that is claimable (past its expiry, or in progress with a lease older than
 // req.Lease and the same fingerprint) is taken over with one UPDATE fenced
 // by the token that was read and re-checked against the database clock.
@@ -185,6 +192,19 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		lastErr = errors.New("the record kept changing")
 	}
 	return idem.ClaimResult{}, wrap("claim", fmt.Errorf("%w: no decision after %d rounds: %w", idem.ErrTransient, maxClaimRounds, lastErr))
+}
+
+// writeTurn runs fn in its turn among this process's SQLite writers (see
+// writeGate); on the other dialects it just runs fn.
+func (s *Store) writeTurn(ctx context.Context, fn func() error) error {
+	if s.gate == nil {
+		return fn()
+	}
+	if err := s.gate.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.gate.release()
+	return fn()
 }
 
 // claimOnce runs one round of Claim. decided is false when the row changed
@@ -267,12 +287,27 @@ func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (rec i
 	return rec, r.now.t, inserted, err == nil, err
 }
 
-// claimSQLite inserts and, when the INSERT returned nothing, reads the
-// existing row. A row that is gone by then (released in between) makes the
-// round start again.
+// claimSQLite reads the row first and inserts only when there is none.
+// SQLite has one writer: a claim that began with its INSERT would queue
+// behind every running handler's transaction just to learn that the key
+// exists, so a replay or a 409 would wait for unrelated work. In WAL mode
+// the read does not wait. The decision is still the statements' own: an
+// existing settled row is terminal, a live one is answered as it is, a
+// claimable one goes to the fenced takeover, and an absent one is claimed
+// only by the INSERT … ON CONFLICT DO NOTHING RETURNING, which returns a
+// row only when it inserted one. When it conflicts (another request
+// inserted in between) the row is read again; when that row is gone too
+// (released meanwhile) the round starts over.
 func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (rec idem.Record, now time.Time, inserted, found bool, err error) {
-	r, ok, err := s.queryRow(ctx, true, s.q.insertLite,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds())
+	r, ok, err := s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
+	if err != nil || ok {
+		return r.rec, r.now, false, ok, err
+	}
+	err = s.writeTurn(ctx, func() error {
+		r, ok, err = s.queryRow(ctx, true, s.q.insertLite,
+			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds())
+		return err
+	})
 	if err != nil {
 		return rec, now, false, false, err
 	}
@@ -329,7 +364,15 @@ func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (rec idem
 // row: the row changed since it was read.
 func (s *Store) takeover(ctx context.Context, query string, args []any, req idem.ClaimRequest) (rowWithNow, bool, error) {
 	if s.dialect != dialectMySQL {
-		r, ok, err := s.queryRow(ctx, true, query, args...)
+		var (
+			r   rowWithNow
+			ok  bool
+			err error
+		)
+		err = s.writeTurn(ctx, func() error {
+			r, ok, err = s.queryRow(ctx, true, query, args...)
+			return err
+		})
 		if err != nil || !ok {
 			return rowWithNow{}, false, err
 		}
@@ -391,9 +434,12 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 // Release implements idem.Store: a DELETE fenced by the lease token and the
 // in-progress state. It returns idem.ErrLeaseLost when it deleted nothing.
 func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
-	res := s.db.WithContext(ctx).Exec(s.q.release, lease.Principal, lease.Key, lease.Token)
-	if res.Error != nil {
-		return wrap("release", res.Error)
+	var res *gorm.DB
+	if err := s.writeTurn(ctx, func() error {
+		res = s.db.WithContext(ctx).Exec(s.q.release, lease.Principal, lease.Key, lease.Token)
+		return res.Error
+	}); err != nil {
+		return wrap("release", err)
 	}
 	if res.RowsAffected != 1 {
 		return idem.ErrLeaseLost
@@ -424,9 +470,12 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	res := s.db.WithContext(ctx).Exec(s.q.purge, limit)
-	if res.Error != nil {
-		return 0, wrap("purge expired", res.Error)
+	var res *gorm.DB
+	if err := s.writeTurn(ctx, func() error {
+		res = s.db.WithContext(ctx).Exec(s.q.purge, limit)
+		return res.Error
+	}); err != nil {
+		return 0, wrap("purge expired", err)
 	}
 	return int(res.RowsAffected), nil
 }

@@ -27,6 +27,7 @@ type Tx struct {
 	db    *gorm.DB // the GORM transaction
 
 	marked bool // MySQL: the marker row is in place
+	gated  bool // SQLite: holds the store's write turn until finished
 
 	mu   sync.Mutex
 	done bool
@@ -42,11 +43,19 @@ type Tx struct {
 // On SQLite opened with SQLiteDSN this takes the database's single write
 // lock until Settle or Rollback.
 func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+	if s.gate != nil {
+		if err := s.gate.acquire(ctx); err != nil {
+			return ctx, nil, wrap("begin", err)
+		}
+	}
 	gtx := s.db.WithContext(context.WithoutCancel(ctx)).Begin()
 	if gtx.Error != nil {
+		if s.gate != nil {
+			s.gate.release()
+		}
 		return ctx, nil, wrap("begin", gtx.Error)
 	}
-	t := &Tx{store: s, lease: lease, db: gtx}
+	t := &Tx{store: s, lease: lease, db: gtx, gated: s.gate != nil}
 	var err error
 	switch s.dialect {
 	case dialectSQLite:
@@ -56,6 +65,7 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 	}
 	if err != nil {
 		_ = t.rollback()
+		t.ungate()
 		return ctx, nil, wrap("begin", err)
 	}
 	return context.WithValue(ctx, txKey{}, t), t, nil
@@ -187,6 +197,7 @@ func (t *Tx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		return errors.New("idemgorm: settle: transaction already finished")
 	}
 	t.done = true
+	defer t.ungate()
 	if outcome.State != idem.StateCompleted && outcome.State != idem.StateFailed {
 		_ = t.rollback()
 		return fmt.Errorf("idemgorm: settle: outcome state %q is not terminal", outcome.State)
@@ -303,7 +314,16 @@ func (t *Tx) Rollback(context.Context) error {
 		return nil
 	}
 	t.done = true
+	defer t.ungate()
 	return t.rollback()
+}
+
+// ungate gives the SQLite write turn to the next writer, once.
+func (t *Tx) ungate() {
+	if t.gated {
+		t.gated = false
+		t.store.gate.release()
+	}
 }
 
 func (t *Tx) rollback() error {
