@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"testing"
 	"time"
@@ -74,13 +75,13 @@ func itoa(n int) string {
 	return string(b)
 }
 
-// TestClaimSurvivesConnectionLoss: the connection breaks under the claim
+// TestBrokenConnectionIsRetried: the connection breaks under the claim
 // statement, before the server got it or after (the server claimed the key
 // and the answer was lost), and under a stale takeover. Claim runs again on
 // another connection and recognises its own token: the caller holds the key
 // instead of being locked out of it by its own orphaned claim until the
 // lease expires.
-func TestClaimSurvivesConnectionLoss(t *testing.T) {
+func TestBrokenConnectionIsRetried(t *testing.T) {
 	t.Parallel()
 	direct := newPool(t, 4, nil)
 	cfg := direct.Config()
@@ -149,5 +150,50 @@ func TestClaimSurvivesConnectionLoss(t *testing.T) {
 	}
 	if proxy.Cuts() < int64(len(cases)*5) {
 		t.Fatalf("only %d cuts", proxy.Cuts())
+	}
+
+	cut := func(pattern string, when faultproxy.When, fn func()) {
+		t.Helper()
+		fired := proxy.CutOn([]byte(pattern), when)
+		fn()
+		select {
+		case <-fired:
+		case <-time.After(time.Second):
+			proxy.Disarm()
+			t.Fatalf("the cut on %q never fired", pattern)
+		}
+	}
+	// Release: not received → deleted on the second connection; executed
+	// with the answer lost → the second finds nothing: ErrLeaseLost, and
+	// the row is gone either way.
+	deleteSQL := "DELETE FROM " + s.Table() + "\nWHERE"
+	for _, when := range []faultproxy.When{faultproxy.Before, faultproxy.After} {
+		req := claimReq("alice", "rel-"+randHex(4), "body", time.Minute)
+		if _, err := s.Claim(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		cut(deleteSQL, when, func() { err = s.Release(ctx, leaseOf(req)) })
+		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("release with the cut %v: %v", when, err)
+		}
+		if _, err := e.store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("row after release with the cut %v: %v", when, err)
+		}
+	}
+	// BEGIN: sent again on another connection.
+	req := claimReq("alice", "begin-"+randHex(4), "body", time.Minute)
+	if _, err := s.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	var tx idem.Tx
+	cut("begin isolation level read committed", faultproxy.Before, func() {
+		var err error
+		if _, tx, err = s.BeginTx(ctx, leaseOf(req)); err != nil {
+			t.Fatalf("BeginTx with a broken connection: %v", err)
+		}
+	})
+	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+		t.Fatal(err)
 	}
 }

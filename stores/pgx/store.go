@@ -427,13 +427,21 @@ func scanRecord(rows pgx.Rows, inserted *bool, now *time.Time) (idem.Record, err
 
 // Release implements idem.Store: a DELETE fenced by the lease token and the
 // in_progress state. It returns idem.ErrLeaseLost when the row is gone,
-// settled or held by another token.
+// settled or held by another token. A DELETE whose connection broke is sent
+// again on another connection; if the lost one did delete the row, the
+// second finds nothing and reports ErrLeaseLost, which is true: the lease
+// holds nothing any more.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
-	tag, err := s.pool.Exec(ctx, s.sql.release, l.Principal, l.Key, l.Token)
+	var affected int64
+	err := s.onConn(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, s.sql.release, l.Principal, l.Key, l.Token)
+		affected = tag.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return wrap("release", err)
 	}
-	if tag.RowsAffected() != 1 {
+	if affected != 1 {
 		return idem.ErrLeaseLost
 	}
 	return nil
@@ -442,23 +450,44 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 // Get implements idem.Store. It returns idem.ErrNotFound when no row
 // exists; an expired row is returned as it is.
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
-	rows, err := s.pool.Query(ctx, s.sql.get, principal, key)
+	var (
+		rec   idem.Record
+		found bool
+	)
+	err := s.onConn(ctx, func() error {
+		rows, err := s.pool.Query(ctx, s.sql.get, principal, key)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		found = rows.Next()
+		if found {
+			if rec, err = scanRecord(rows, nil, nil); err != nil {
+				return err
+			}
+		}
+		rows.Close()
+		return rows.Err()
+	})
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
 	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return idem.Record{}, wrap("get", err)
-		}
+	if !found {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	rec, err := scanRecord(rows, nil, nil)
-	if err != nil {
-		return idem.Record{}, wrap("get", err)
+	return rec, nil
+}
+
+// onConn runs fn, and runs it again (up to maxConnRetries times) when it
+// failed because its connection broke. Only for statements that are safe to
+// repeat.
+func (s *Store) onConn(ctx context.Context, fn func() error) error {
+	for retries := 0; ; retries++ {
+		err := fn()
+		if err == nil || retries >= maxConnRetries || !connLost(ctx, err) {
+			return err
+		}
 	}
-	rows.Close()
-	return rec, wrap("get", rows.Err())
 }
 
 // PurgeExpired implements idem.Store: it deletes at most limit rows past

@@ -45,13 +45,25 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
 	defer cancel()
-	conn, err := s.pool.Acquire(bctx)
+	var (
+		conn *pgxpool.Conn
+		tx   pgx.Tx
+	)
+	// BEGIN is safe to repeat on another connection when one broke.
+	err := s.onConn(bctx, func() error {
+		c, err := s.pool.Acquire(bctx)
+		if err != nil {
+			return err
+		}
+		t, err := c.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			c.Release() // destroyed by the pool unless idle
+			return err
+		}
+		conn, tx = c, t
+		return nil
+	})
 	if err != nil {
-		return ctx, nil, wrap("begin", err)
-	}
-	tx, err := conn.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		conn.Release() // destroyed by the pool unless idle
 		return ctx, nil, wrap("begin", err)
 	}
 	st := &storeTx{store: s, lease: l, conn: conn}
