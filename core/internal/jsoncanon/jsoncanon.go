@@ -85,7 +85,12 @@ func SplitPaths(paths []string) [][]string {
 // When the document cannot be canonicalised without losing information,
 // Append returns dst with its original length and an error wrapping
 // ErrNotCanonical; the bytes of dst beyond that length may have been
-// overwritten. Append does not retain body, dst or ignore.
+// overwritten. dst must not share memory with body. Append does not retain
+// body, dst or ignore.
+//
+// Like idem.CanonicalJSON, Append's output is not always accepted again:
+// the exact double 2^60, written 1152921504606846976, canonicalises to
+// 1152921504606847000, which is not exactly a double.
 func Append(dst, body []byte, ignore [][]string) ([]byte, error) {
 	s := scratchPool.Get().(*scratch)
 	p := parser{in: body, out: dst, base: len(dst), s: s, ignore: ignore}
