@@ -75,6 +75,11 @@ func New(cfg Config) (fiber.Handler, error) {
 			if resp == nil {
 				return c.Next()
 			}
+			if c.Request().IsBodyStream() {
+				// The body may be left unread on the connection, where
+				// fasthttp would parse it as the next request.
+				c.Response().Header.SetConnectionClose()
+			}
 			write(c, resp)
 			return nil
 		}

@@ -1,0 +1,535 @@
+package idemfiber_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/gofiber/fiber/v2/utils"
+	idemfiber "github.com/idemgo/idem/adapters/fiber"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
+)
+
+// fixture is one server: a backend, the middleware and an app the test
+// fills in.
+type fixture struct {
+	b   storetest.Backend
+	mw  fiber.Handler
+	app *fiber.App
+}
+
+func newFixture(t *testing.T, appCfg fiber.Config, mutate ...func(*idemfiber.Config)) *fixture {
+	t.Helper()
+	b := storetest.MemBackend(t)
+	cfg := idemfiber.Config{
+		Config:    idem.Config{Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
+		Principal: principal,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	mw, err := idemfiber.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appCfg.DisableStartupMessage = true
+	app := fiber.New(appCfg)
+	app.Use(recover.New())
+	return &fixture{b: b, mw: mw, app: app}
+}
+
+func (f *fixture) start(t *testing.T) string { t.Helper(); return serve(t, f.app) }
+
+func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
+
+func (f *fixture) effects(t *testing.T, id string) int {
+	t.Helper()
+	n, err := f.b.CountEffects(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+	close  bool // the server closes the connection after this response
+}
+
+func (r reply) problemType() string {
+	var p struct{ Type string }
+	_ = json.Unmarshal([]byte(r.body), &p)
+	return p.Type
+}
+
+func sendErr(method, url, principal, key, body string) (reply, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if principal != "" {
+		req.Header.Set("Authorization", "Bearer "+principal)
+	}
+	if key != "" {
+		req.Header.Set(idem.DefaultHeader, key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{resp.StatusCode, resp.Header, string(b), resp.Close}, nil
+}
+
+func send(t *testing.T, method, url, principal, key, body string) reply {
+	t.Helper()
+	r, err := sendErr(method, url, principal, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func wantStatus(t *testing.T, what string, r reply, status int) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("%s: status %d, want %d; body %q", what, r.status, status, r.body)
+	}
+}
+
+// pay writes one business effect for the request in the transaction the
+// handler's context carries, then answers 201 with the key and principal
+// it saw.
+func pay(f *fixture, runs *atomic.Int64) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		n := runs.Add(1)
+		key := utils.CopyString(c.Get(idem.DefaultHeader)) // kept past the handler by the effect
+		if err := f.b.WriteEffect(c.UserContext(), key); err != nil {
+			return c.Status(599).SendString("no transaction: " + err.Error())
+		}
+		c.Set("Location", "/payments/"+key)
+		return c.Status(http.StatusCreated).JSON(fiber.Map{"run": n, "key": key, "principal": c.Locals("principal")})
+	}
+}
+
+func TestBeforeAuthFailsClosed(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	var runs atomic.Int64
+	// Wrong order: the idempotency middleware runs before authentication.
+	f.app.Post("/pay", f.mw, authenticate, pay(f, &runs))
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
+	wantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
+	if r.problemType() != string(idem.ProblemUnauthenticated) {
+		t.Fatalf("problem type %q", r.problemType())
+	}
+	if runs.Load() != 0 || f.records() != 0 {
+		t.Fatalf("handler ran %d times, %d records claimed; want none", runs.Load(), f.records())
+	}
+}
+
+func TestPrincipalErrorIs401(t *testing.T) {
+	f := newFixture(t, fiber.Config{}, func(c *idemfiber.Config) {
+		c.Principal = func(*fiber.Ctx) (string, error) { return "alice", errors.New("token expired") }
+	})
+	var runs atomic.Int64
+	f.app.Post("/pay", authenticate, f.mw, pay(f, &runs))
+	wantStatus(t, "principal error", send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
+	if runs.Load() != 0 || f.records() != 0 {
+		t.Fatal("a request whose principal could not be read ran or claimed")
+	}
+}
+
+func TestNewRequiresPrincipal(t *testing.T) {
+	_, err := idemfiber.New(idemfiber.Config{Config: idem.Config{Store: memstore.New()}})
+	if !errors.Is(err, idem.ErrInvalidConfig) {
+		t.Fatalf("New without Principal: %v", err)
+	}
+}
+
+func TestOnRouteGroupAndGlobal(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	var runs, health atomic.Int64
+	f.app.Get("/health", func(c *fiber.Ctx) error { health.Add(1); return c.SendString("ok") })
+	api := f.app.Group("/api", authenticate, f.mw)
+	api.Post("/pay", pay(f, &runs))
+	base := f.start(t)
+
+	if r := send(t, "GET", base+"/health", "", "", ""); r.status != 200 || health.Load() != 1 {
+		t.Fatalf("route outside the group: %d %q", r.status, r.body)
+	}
+	first := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	wantStatus(t, "first", first, http.StatusCreated)
+	again := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	wantStatus(t, "replay", again, http.StatusCreated)
+	if again.header.Get(idem.ReplayedHeader) != "true" || again.body != first.body || runs.Load() != 1 {
+		t.Fatalf("replay %q %v (runs %d), want %q", again.body, again.header, runs.Load(), first.body)
+	}
+
+	// Global: every route of the app.
+	g := newFixture(t, fiber.Config{})
+	g.app.Use(authenticate, g.mw)
+	g.app.Post("/pay", pay(g, &runs))
+	if r := send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
+		t.Fatalf("global middleware without key: %d", r.status)
+	}
+}
+
+// A returned error is rendered with the ErrorHandler inside the middleware:
+// the client gets that rendering, the outcome is released, the retry runs.
+func TestHandlerErrorIsReleased(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	var calls atomic.Int64
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		if err := f.b.WriteEffect(c.UserContext(), "k-err"); err != nil {
+			return c.Status(599).SendString(err.Error())
+		}
+		if calls.Add(1) == 1 {
+			c.Set("Location", "/payments/half")
+			_ = c.Status(http.StatusCreated).SendString("half a payment")
+			return fiber.NewError(http.StatusServiceUnavailable, "provider down")
+		}
+		return c.Status(http.StatusCreated).SendString("paid")
+	})
+	base := f.start(t)
+	r := send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	wantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
+	if r.body != "provider down" {
+		t.Fatalf("body %q, want the ErrorHandler's rendering only", r.body)
+	}
+	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
+		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
+	}
+	r = send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+		t.Fatalf("retry: %d %q", r.status, r.body)
+	}
+}
+
+// The ErrorHandler that renders an error is the one of the (sub-)app the
+// route belongs to, as Fiber itself would pick it.
+func TestMountedSubAppErrorHandler(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	sub := fiber.New(fiber.Config{ErrorHandler: func(c *fiber.Ctx, err error) error {
+		c.Status(http.StatusTeapot)
+		_, werr := c.WriteString(`{"sub":"` + err.Error() + `"}`) // appends to the body
+		return werr
+	}})
+	sub.Post("/pay", func(c *fiber.Ctx) error {
+		_ = c.Status(http.StatusCreated).SendString("half")
+		return errors.New("sub failed")
+	})
+	f.app.Use(authenticate, f.mw)
+	f.app.Mount("/v2", sub)
+	r := send(t, "POST", f.start(t)+"/v2/pay", "alice", "k", `{}`)
+	wantStatus(t, "sub-app error", r, http.StatusTeapot)
+	if r.body != `{"sub":"sub failed"}` {
+		t.Fatalf("body %q", r.body)
+	}
+	if f.records() != 0 {
+		t.Fatal("stored")
+	}
+}
+
+// An ErrorHandler that writes nothing must not turn an error into a
+// success.
+func TestSilentErrorHandlerIsNotSuccess(t *testing.T) {
+	f := newFixture(t, fiber.Config{ErrorHandler: func(*fiber.Ctx, error) error { return nil }})
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		_ = c.Status(http.StatusCreated).SendString("looks fine")
+		return errors.New("was not")
+	})
+	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.status < 500 || strings.Contains(r.body, "looks fine") {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
+}
+
+func TestPanicWithFiberRecover(t *testing.T) {
+	for _, wroteFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before writing", true: "after writing"}[wroteFirst], func(t *testing.T) {
+			f := newFixture(t, fiber.Config{})
+			var calls atomic.Int64
+			f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+				_ = f.b.WriteEffect(c.UserContext(), "k-panic")
+				if calls.Add(1) == 1 {
+					if wroteFirst {
+						_ = c.Status(http.StatusCreated).SendString("half")
+					}
+					panic("boom")
+				}
+				return c.Status(http.StatusCreated).SendString("paid")
+			})
+			base := f.start(t)
+			r := send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			wantStatus(t, "panicking handler", r, http.StatusInternalServerError)
+			if strings.Contains(r.body, "half") {
+				t.Fatalf("the handler's partial body reached the client: %q", r.body)
+			}
+			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
+				t.Fatal("a panic left effects or a record")
+			}
+			r = send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("retry after a panic: %d %q", r.status, r.body)
+			}
+			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
+				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
+			}
+		})
+	}
+}
+
+// The transaction the handler reaches through c.UserContext() is the one
+// that commits with the record; the user context set further out is its
+// parent, and is back in place after the middleware.
+func TestTransactionCommitsWithRecord(t *testing.T) {
+	type traceKey struct{}
+	f := newFixture(t, fiber.Config{})
+	var restored atomic.Bool
+	f.app.Post("/pay/:status", func(c *fiber.Ctx) error {
+		ctx := context.WithValue(c.UserContext(), traceKey{}, "trace-1")
+		c.SetUserContext(ctx)
+		err := c.Next()
+		restored.Store(c.UserContext() == ctx)
+		return err
+	}, authenticate, f.mw, func(c *fiber.Ctx) error {
+		if c.UserContext().Value(traceKey{}) != "trace-1" {
+			return c.Status(598).SendString("user context from further out lost")
+		}
+		if err := f.b.WriteEffect(c.UserContext(), c.Params("status")); err != nil {
+			return c.Status(599).SendString(err.Error())
+		}
+		switch c.Params("status") {
+		case "201":
+			return c.Status(http.StatusCreated).SendString("ok")
+		case "422":
+			return c.Status(http.StatusUnprocessableEntity).SendString("no")
+		default:
+			return c.Status(http.StatusBadGateway).SendString("down")
+		}
+	})
+	base := f.start(t)
+	for _, tc := range []struct {
+		status  string
+		effects int
+	}{{"201", 1}, {"422", 1}, {"502", 0}} {
+		r := send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
+		if r.status >= 598 {
+			t.Fatalf("%s: %q", tc.status, r.body)
+		}
+		if n := f.effects(t, tc.status); n != tc.effects {
+			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
+		}
+		if !restored.Load() {
+			t.Fatal("the user context was left pointing at the attempt")
+		}
+	}
+}
+
+// Fiber reuses its request and response buffers (Immutable is false by
+// default, and the harness's auth middleware keeps c.Get's result without
+// copying). Keys, principals and bodies the engine keeps must survive the
+// next requests on the same buffers, sequential and concurrent.
+func TestReusedBuffers(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	var runs atomic.Int64
+	f.app.Post("/pay", authenticate, f.mw, pay(f, &runs))
+	base := f.start(t)
+	const n = 40
+	key := func(i int) string { return fmt.Sprintf("key-%03d", i) }
+	who := func(i int) string { return fmt.Sprintf("acct-%02d", i%7) }
+	first := make([]reply, n)
+	for i := range n { // sequential: one keep-alive connection, one buffer
+		first[i] = send(t, "POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
+		wantStatus(t, key(i), first[i], http.StatusCreated)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 4*n)
+	for range 4 { // concurrent retries of every key
+		for i := range n {
+			wg.Go(func() {
+				r, err := sendErr("POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
+				switch {
+				case err != nil:
+					errs <- err.Error()
+				case r.status != http.StatusCreated || r.body != first[i].body || r.header.Get(idem.ReplayedHeader) != "true":
+					errs <- fmt.Sprintf("%s: %d %q %v, want a replay of %q", key(i), r.status, r.body, r.header, first[i].body)
+				case r.header.Get("Location") != "/payments/"+key(i):
+					errs <- fmt.Sprintf("%s: Location %q", key(i), r.header.Get("Location"))
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if runs.Load() != n {
+		t.Fatalf("handler ran %d times for %d keys", runs.Load(), n)
+	}
+	for i := range n {
+		if !strings.Contains(first[i].body, `"key":"`+key(i)+`"`) || !strings.Contains(first[i].body, `"principal":"`+who(i)+`"`) {
+			t.Fatalf("first response %d: %s", i, first[i].body)
+		}
+		if c := f.effects(t, key(i)); c != 1 {
+			t.Fatalf("%s: %d effects", key(i), c)
+		}
+		rec, err := f.b.Store.Get(context.Background(), who(i), key(i))
+		if err != nil || !strings.Contains(string(rec.Response.Body), key(i)) {
+			t.Fatalf("stored record for %s/%s: %v %+v", who(i), key(i), err, rec.Response)
+		}
+	}
+}
+
+// Set-Cookie goes out with the first response only; headers fasthttp
+// manages are never part of the stored result, even when listed.
+func TestHeadersOfTheResult(t *testing.T) {
+	f := newFixture(t, fiber.Config{ServerHeader: "fiber-test"}, func(c *idemfiber.Config) {
+		c.StoredHeaders = append([]string{"Content-Length", "Server", "Connection", "Date", "Transfer-Encoding"}, idem.DefaultStoredHeaders...)
+	})
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		c.Cookie(&fiber.Cookie{Name: "session", Value: "s1"})
+		c.Set("X-Not-Stored", "1")
+		return c.Status(http.StatusCreated).SendString("paid")
+	})
+	base := f.start(t)
+	first := send(t, "POST", base+"/pay", "alice", "k", `{}`)
+	wantStatus(t, "first", first, http.StatusCreated)
+	if !strings.HasPrefix(first.header.Get("Set-Cookie"), "session=s1") || first.header.Get("X-Not-Stored") != "1" {
+		t.Fatalf("first response lost the handler's headers: %v", first.header)
+	}
+	if len(first.header.Values("Content-Length")) != 1 || first.header.Get("Content-Length") != "4" {
+		t.Fatalf("Content-Length %v", first.header.Values("Content-Length"))
+	}
+	again := send(t, "POST", base+"/pay", "alice", "k", `{}`)
+	if again.body != "paid" || again.header.Get("Set-Cookie") != "" || again.header.Get("X-Not-Stored") != "" {
+		t.Fatalf("replay: %q %v", again.body, again.header)
+	}
+	rec, err := f.b.Store.Get(context.Background(), "alice", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range rec.Response.Header {
+		if name != "Content-Type" {
+			t.Fatalf("stored header %s", name)
+		}
+	}
+}
+
+// Headers set before the middleware survive on the first response, on a
+// replay, on the engine's own problems and on a problem that replaces the
+// handler's response.
+func TestEarlierHeadersSurvive(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	var runs atomic.Int64
+	f.app.Post("/pay", func(c *fiber.Ctx) error {
+		c.Set("Access-Control-Allow-Origin", "*")
+		return c.Next()
+	}, authenticate, f.mw, pay(f, &runs))
+	f.app.Post("/poisoned", func(c *fiber.Ctx) error {
+		c.Set("Access-Control-Allow-Origin", "*")
+		return c.Next()
+	}, authenticate, f.mw, func(c *fiber.Ctx) error {
+		_ = f.b.PoisonTx(c.UserContext())
+		c.Set("X-Handler", "1")
+		return c.Status(http.StatusCreated).SendString("secret")
+	})
+	base := f.start(t)
+	for _, key := range []string{"k", "k", ""} {
+		r := send(t, "POST", base+"/pay", "alice", key, `{}`)
+		if r.header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.status, r.header)
+		}
+	}
+	r := send(t, "POST", base+"/poisoned", "alice", "k2", `{}`)
+	if r.problemType() != string(idem.ProblemCommitFailed) || r.header.Get("Access-Control-Allow-Origin") != "*" ||
+		r.header.Get("X-Handler") != "" || strings.Contains(r.body, "secret") {
+		t.Fatalf("failed commit: %d %v %q", r.status, r.header, r.body)
+	}
+}
+
+// With StreamRequestBody the body arrives as a stream: it is read up to
+// MaxBodyBytes for the fingerprint and handed to the handler whole.
+func TestStreamedRequestBody(t *testing.T) {
+	f := newFixture(t, fiber.Config{StreamRequestBody: true, ReadBufferSize: 4096, BodyLimit: 1 << 20},
+		func(c *idemfiber.Config) { c.MaxBodyBytes = 64 << 10 })
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		return c.Status(http.StatusCreated).SendString(fmt.Sprint(len(c.Body())))
+	})
+	base := f.start(t)
+	body := `{"d":"` + strings.Repeat("x", 50_000) + `"}`
+	r := send(t, "POST", base+"/pay", "alice", "k", body)
+	if r.status != http.StatusCreated || r.body != fmt.Sprint(len(body)) {
+		t.Fatalf("got %d %q, want the whole body of %d bytes", r.status, r.body, len(body))
+	}
+	if again := send(t, "POST", base+"/pay", "alice", "k", body); again.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("replay of a streamed body: %d %q", again.status, again.body)
+	}
+	// The rest of a body the engine did not read stays on the connection,
+	// where fasthttp would parse it as the next request: the connection
+	// must close. (The client may see that as a reset while it still
+	// writes the body; that is a closed connection too.)
+	for _, tc := range []struct{ principal, key, body, problem string }{
+		{"alice", "k-big", `{"d":"` + strings.Repeat("x", 100_000) + `"}`, string(idem.ProblemBodyTooLarge)},
+		{"", "k-anon", body, string(idem.ProblemUnauthenticated)},
+	} {
+		r, err := sendErr("POST", base+"/pay", tc.principal, tc.key, tc.body)
+		if err != nil {
+			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if r.problemType() != tc.problem {
+			t.Fatalf("%s: %d %q", tc.key, r.status, r.body)
+		}
+		if !r.close {
+			t.Fatalf("%d answered without reading the streamed body keeps the connection: %v", r.status, r.header)
+		}
+	}
+}
+
+// A streamed response body is read into the result (bounded), stored and
+// replayed.
+func TestStreamedResponseBody(t *testing.T) {
+	f := newFixture(t, fiber.Config{}, func(c *idemfiber.Config) { c.MaxResponseBytes = 1024 })
+	f.app.Post("/pay/:n", authenticate, f.mw, func(c *fiber.Ctx) error {
+		n, _ := c.ParamsInt("n")
+		c.Status(http.StatusCreated)
+		return c.SendStream(bytes.NewReader(bytes.Repeat([]byte("s"), n)))
+	})
+	base := f.start(t)
+	r := send(t, "POST", base+"/pay/10", "alice", "k", `{}`)
+	if r.status != http.StatusCreated || r.body != "ssssssssss" {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
+	if again := send(t, "POST", base+"/pay/10", "alice", "k", `{}`); again.body != r.body || again.header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("replay %d %q", again.status, again.body)
+	}
+	big := send(t, "POST", base+"/pay/5000", "alice", "k-big", `{}`)
+	if big.problemType() != string(idem.ProblemResponseTooLarge) {
+		t.Fatalf("oversized stream: %d %q", big.status, big.body)
+	}
+}
