@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/core/internal/jsoncanon"
 )
 
 // Engine runs the idempotency state machine for one configuration. Adapters
@@ -21,6 +23,7 @@ import (
 type Engine struct {
 	cfg    Config
 	stored map[string]bool // canonical header names in the allow-list
+	ignore [][]string      // Config.IgnoreFields, split once
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
@@ -30,7 +33,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders))}
+	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields)}
 	for _, h := range cfg.StoredHeaders {
 		e.stored[http.CanonicalHeaderKey(h)] = true
 	}
@@ -116,7 +119,8 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		p.Status, p.Title, p.Detail = http.StatusBadRequest, "Request body unreadable", "The request body could not be read."
 		return reply(OutcomeBodyTooLarge, p.Response(0), err)
 	}
-	fp := Fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.cfg.IgnoreFields)
+	sum := fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.ignore)
+	fp := sum[:]
 
 	creq := ClaimRequest{
 		Principal: req.Principal, Key: key, Fingerprint: fp, Token: newToken(),

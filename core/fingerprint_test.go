@@ -145,9 +145,11 @@ func FuzzCanonicalJSON(f *testing.F) {
 		if err != nil {
 			return
 		}
-		again, err := idem.CanonicalJSON(out, nil)
-		if err != nil || !bytes.Equal(again, out) {
-			t.Fatalf("canonical form %q is not a fixed point: %q, %v", out, again, err)
+		// A canonical form need not be accepted again (2^60 canonicalises
+		// to 1152921504606847000, not itself an exact double), but when it
+		// is, it is a fixed point.
+		if again, err := idem.CanonicalJSON(out, nil); err == nil && !bytes.Equal(again, out) {
+			t.Fatalf("canonical form %q is not a fixed point: %q", out, again)
 		}
 		ref, err := jcs.Transform(body)
 		if err != nil || !bytes.Equal(ref, out) {
@@ -174,7 +176,8 @@ func FuzzFingerprint(f *testing.F) {
 		if len(a) != 32 || !bytes.Equal(a, b) {
 			t.Fatalf("fingerprint not deterministic: %x vs %x", a, b)
 		}
-		if canon, err := idem.CanonicalJSON(body, nil); err == nil && ct == "application/json" {
+		canon, err := idem.CanonicalJSON(body, nil)
+		if _, again := idem.CanonicalJSON(canon, nil); err == nil && again == nil && ct == "application/json" {
 			if c := idem.Fingerprint(method, path, principal, ct, canon, []string{"sent_at"}); !bytes.Equal(a, c) {
 				t.Fatalf("body %q and its canonical form %q fingerprint differently", body, canon)
 			}

@@ -3,6 +3,6 @@ module github.com/idemgo/idem/core
 go 1.26.8
 
 require (
-	github.com/dunglas/httpsfv v1.1.2 // indirect
-	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/dunglas/httpsfv v1.1.2
+	github.com/gowebpki/jcs v1.0.2
 )

@@ -154,8 +154,12 @@ type Store interface {
 type Tx interface {
 	// Settle stores outcome for the tx's lease, fenced by the lease token,
 	// and commits. If the fence misses it rolls back and returns
-	// ErrLeaseLost; if the commit fails it returns that error and nothing
-	// is stored. After Settle the Tx is finished.
+	// ErrLeaseLost. Any other error means the outcome is unknown to the
+	// caller: usually nothing was stored, but a COMMIT whose answer was
+	// lost may have committed. The engine therefore follows a failed
+	// Settle with a fenced Release, which deletes the claim only if it is
+	// still in progress, so a retry either replays what committed or runs
+	// afresh. After Settle the Tx is finished.
 	Settle(ctx context.Context, outcome Outcome) error
 	// Rollback abandons the transaction. It is safe to call after Settle
 	// and more than once.

@@ -166,10 +166,12 @@ func (p *Proxy) upstream(l *link) {
 		n, err := l.client.Read(buf)
 		if n > 0 {
 			chunk := buf[:n]
+			// fired is closed before the cut, so a caller that sees the
+			// cut's error also sees that the trigger fired.
 			t := p.take(chunk)
 			if t != nil && t.when == Before {
-				p.cut(l)
 				close(t.fired)
+				p.cut(l)
 				return
 			}
 			if _, werr := l.server.Write(chunk); werr != nil {
@@ -177,8 +179,8 @@ func (p *Proxy) upstream(l *link) {
 				return
 			}
 			if t != nil {
-				p.cut(l)
 				close(t.fired)
+				p.cut(l)
 				return
 			}
 		}
