@@ -61,7 +61,7 @@ func newWriteGate(wait time.Duration) *writeGate {
 
 // errGateTimeout is returned (as transient) when a writer waited the busy
 // timeout for its turn.
-var errGateTimeout = errors.New("idemgorm: sqlite: waited the busy timeout for the write lock")
+var errGateTimeout = errors.New("sqlite: waited the busy timeout for the write lock")
 
 func (g *writeGate) acquire(ctx context.Context) error {
 	select {
