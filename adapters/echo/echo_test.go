@@ -318,7 +318,7 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 }
 
 // Flush through echo's Response panics when the writer cannot flush; the
-// buffer can, and sends nothing early.
+// buffer can, and sends nothing early. Hijacking cannot reach past it.
 func TestFlushDoesNotPanic(t *testing.T) {
 	f := newFixture(t)
 	f.e.POST("/pay", func(c echo.Context) error {
@@ -326,6 +326,10 @@ func TestFlushDoesNotPanic(t *testing.T) {
 		_, _ = c.Response().Write([]byte("a"))
 		c.Response().Flush()
 		_, _ = c.Response().Write([]byte("b"))
+		if conn, _, err := c.Response().Hijack(); err == nil {
+			conn.Close()
+			return errors.New("hijacked the connection past the buffer")
+		}
 		return nil
 	}, authenticate, f.mw)
 	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
