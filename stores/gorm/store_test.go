@@ -579,3 +579,103 @@ func TestSchemaQualifiedTable(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeoverRacesLateCompletion: the holder settles just as its expired
+// lease is taken over. Whichever commits first, there is exactly one
+// committed business row per key, and the record ends completed by the
+// attempt whose row it is. (On SQLite the holder's open transaction holds
+// the write lock, so the completion always wins.)
+func TestTakeoverRacesLateCompletion(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d, func(t *testing.T) {
+			f := newFixture(t, d)
+			ctx := testCtx(t)
+			const lease = 40 * time.Millisecond
+			wins := map[string]int{}
+			for i := range 25 {
+				key := fmt.Sprintf("late-%d-%s", i, randSuffix())
+				old := claimReq("alice", key, "body", lease)
+				if _, err := f.store.Claim(ctx, old); err != nil {
+					t.Fatal(err)
+				}
+				oldCtx, oldTx, err := f.store.BeginTx(ctx, leaseOf(old))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := f.writeEffect(oldCtx, key+"/old"); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(lease + 10*time.Millisecond)
+
+				var (
+					wg             sync.WaitGroup
+					oldErr, newErr error
+					newClaimed     bool
+					gate           = make(chan struct{})
+					fresh          = claimReq("alice", key, "body", lease)
+				)
+				wg.Go(func() {
+					<-gate
+					if i%2 == 0 {
+						time.Sleep(time.Duration(i%5) * time.Millisecond)
+					}
+					oldErr = oldTx.Settle(ctx, created("old"))
+				})
+				wg.Go(func() {
+					<-gate
+					if i%2 == 1 {
+						time.Sleep(time.Duration(i%5) * time.Millisecond)
+					}
+					res, err := f.store.Claim(ctx, fresh)
+					if err != nil {
+						newErr = err
+						return
+					}
+					if !res.Claimed {
+						return
+					}
+					newClaimed = true
+					txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(fresh))
+					if err != nil {
+						newErr = err
+						return
+					}
+					defer func() { _ = tx.Rollback(ctx) }()
+					if err := f.writeEffect(txCtx, key+"/new"); err != nil {
+						newErr = err
+						return
+					}
+					newErr = tx.Settle(ctx, created("new"))
+				})
+				close(gate)
+				wg.Wait()
+				_ = oldTx.Rollback(ctx)
+				if newErr != nil && !errors.Is(newErr, idem.ErrTransient) {
+					t.Fatalf("iteration %d: new attempt: %v", i, newErr)
+				}
+				if oldErr != nil && !errors.Is(oldErr, idem.ErrLeaseLost) {
+					t.Fatalf("iteration %d: old settle: %v", i, oldErr)
+				}
+				nOld, _ := f.countEffects(ctx, key+"/old")
+				nNew, _ := f.countEffects(ctx, key+"/new")
+				rec, err := f.store.Get(ctx, "alice", key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case oldErr == nil && !newClaimed && nOld == 1 && nNew == 0 && rec.LeaseToken == old.Token:
+					wins["completion first"]++
+				case errors.Is(oldErr, idem.ErrLeaseLost) && newClaimed && newErr == nil && nOld == 0 && nNew == 1 && rec.LeaseToken == fresh.Token:
+					wins["takeover first"]++
+				default:
+					t.Fatalf("iteration %d: old settle %v, new claimed %v (%v), rows old %d new %d, record %s by %s",
+						i, oldErr, newClaimed, newErr, nOld, nNew, rec.State, rec.LeaseToken)
+				}
+				if rec.State != idem.StateCompleted {
+					t.Fatalf("iteration %d: record left %s", i, rec.State)
+				}
+			}
+			t.Logf("%s: %v", d, wins)
+		})
+	}
+}
