@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // ResponseBuffer is an http.ResponseWriter that holds the whole response in
@@ -29,6 +30,26 @@ type ResponseBuffer struct {
 // and that keeps at most limit body bytes.
 func NewResponseBuffer(header http.Header, limit int) *ResponseBuffer {
 	return &ResponseBuffer{header: header.Clone(), limit: limit}
+}
+
+var buffers = sync.Pool{New: func() any { return new(ResponseBuffer) }}
+
+// maxPooledBody keeps the buffers of large responses out of the pool.
+const maxPooledBody = 64 << 10
+
+func getBuffer(header http.Header, limit int) *ResponseBuffer {
+	b := buffers.Get().(*ResponseBuffer)
+	b.header, b.limit = header.Clone(), limit
+	return b
+}
+
+func putBuffer(b *ResponseBuffer) {
+	if b.body.Cap() > maxPooledBody {
+		return
+	}
+	b.Reset()
+	b.header = nil
+	buffers.Put(b)
 }
 
 // Header returns the buffered header map.

@@ -8,16 +8,15 @@ import (
 	"errors"
 )
 
-type leaseKey struct{}
-
-func withLease(ctx context.Context, l Lease) context.Context {
-	return context.WithValue(ctx, leaseKey{}, l)
-}
+type attemptKey struct{}
 
 // LeaseFrom returns the lease of the attempt running with ctx, if any.
 func LeaseFrom(ctx context.Context) (Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
-	return l, ok
+	a, ok := ctx.Value(attemptKey{}).(*Attempt)
+	if !ok {
+		return Lease{}, false
+	}
+	return a.lease, true
 }
 
 // ErrNoAttempt is returned by DownstreamKey outside an idempotent handler.

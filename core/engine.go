@@ -59,6 +59,9 @@ type Request struct {
 	RequestID string
 	// Body is the request body; Begin reads it up to MaxBodyBytes.
 	Body io.Reader
+	// ContentLength is the declared body length, or -1 when unknown. It
+	// only sizes the read buffer; the limit is enforced on what is read.
+	ContentLength int64
 }
 
 // Result is what the handler produced, as the adapter captured it.
@@ -109,7 +112,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	}
 	ev.Key = key
 
-	body, err := ReadBody(req.Body, e.cfg.MaxBodyBytes)
+	body, err := readBody(req.Body, e.cfg.MaxBodyBytes, req.ContentLength)
 	if err != nil {
 		if errors.Is(err, ErrBodyTooLarge) {
 			return reply(OutcomeBodyTooLarge, NewProblem(ProblemBodyTooLarge).Response(0), err)
@@ -119,8 +122,11 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		p.Status, p.Title, p.Detail = http.StatusBadRequest, "Request body unreadable", "The request body could not be read."
 		return reply(OutcomeBodyTooLarge, p.Response(0), err)
 	}
-	sum := fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.ignore)
-	fp := sum[:]
+	// The attempt is allocated before the claim so the fingerprint can live
+	// in it: one allocation serves the claim and, if it wins, the run.
+	a := &Attempt{e: e, body: body, start: start}
+	a.fingerprint = fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.ignore)
+	fp := a.fingerprint[:]
 
 	creq := ClaimRequest{
 		Principal: req.Principal, Key: key, Fingerprint: fp, Token: newToken(),
@@ -151,8 +157,8 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	}
 
 	lease := Lease{Principal: req.Principal, Key: key, Token: creq.Token}
-	a := &Attempt{e: e, lease: lease, body: body, ev: ev, start: start, reclaimed: res.Reclaimed}
-	txCtx, tx, err := e.cfg.Store.BeginTx(withLease(ctx, lease), lease)
+	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
+	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
 		a.release(ctx, nil)
 		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("begin: %w", err))
@@ -206,15 +212,16 @@ func newToken() string {
 // Attempt is one claimed execution of a handler. It owns the store's
 // transaction until Finish or Abort.
 type Attempt struct {
-	e         *Engine
-	lease     Lease
-	body      []byte
-	tx        Tx
-	ctx       context.Context
-	cancel    context.CancelFunc
-	ev        Event
-	start     time.Time
-	reclaimed bool
+	e           *Engine
+	lease       Lease
+	body        []byte
+	tx          Tx
+	ctx         context.Context
+	cancel      context.CancelFunc
+	ev          Event
+	start       time.Time
+	reclaimed   bool
+	fingerprint [32]byte
 
 	mu       sync.Mutex
 	finished bool
@@ -361,8 +368,8 @@ func (e *Engine) storeContext(ctx context.Context) (context.Context, context.Can
 func (e *Engine) storedHeader(h http.Header) http.Header {
 	out := make(http.Header, len(e.stored))
 	for k, v := range h {
-		if e.stored[http.CanonicalHeaderKey(k)] {
-			out[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+		if ck := http.CanonicalHeaderKey(k); e.stored[ck] {
+			out[ck] = v // stores copy or serialise what they keep
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -181,5 +182,35 @@ func TestSweeperPurgesExpired(t *testing.T) {
 	}
 	if len(res.Stale) != 1 || res.Stale[0].Key != "live" {
 		t.Fatalf("stale = %+v", res.Stale)
+	}
+}
+
+func TestBodyLimitIgnoresTheDeclaredLength(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{Store: memstore.New(), MaxBodyBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		body     int
+		declared int64
+		want     int // 0: claimed
+	}{
+		{100, 100, 0}, {100, -1, 0}, {100, 10, 0}, {100, 5000, 0}, {0, 0, 0},
+		{101, 101, 413}, {101, 10, 413}, {5000, 100, 413}, {5000, -1, 413},
+	} {
+		req := request("alice", fmt.Sprintf("k-%d-%d", tc.body, tc.declared))
+		req.ContentType = "text/plain"
+		req.Body, req.ContentLength = strings.NewReader(strings.Repeat("x", tc.body)), tc.declared
+		att, resp := e.Begin(context.Background(), req)
+		switch {
+		case tc.want == 0 && (att == nil || len(att.Body()) != tc.body):
+			t.Errorf("body %d declared %d: not claimed with the whole body (%+v)", tc.body, tc.declared, resp)
+		case tc.want != 0 && (resp == nil || resp.Status != tc.want):
+			t.Errorf("body %d declared %d: %+v, want %d", tc.body, tc.declared, resp, tc.want)
+		}
+		if att != nil {
+			att.Abort()
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -24,17 +23,40 @@ var ErrBodyTooLarge = errors.New("idem: request body too large")
 // ReadBody reads r up to limit bytes. It returns ErrBodyTooLarge when r holds
 // more than limit bytes; the bytes read so far are then discarded.
 func ReadBody(r io.Reader, limit int64) ([]byte, error) {
+	return readBody(r, limit, -1)
+}
+
+// readBody is ReadBody with a size hint: a declared Content-Length within
+// the limit sizes the buffer exactly, so a well-formed request is read with
+// one allocation. The hint is never trusted for the limit itself.
+func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
 	if r == nil || r == http.NoBody {
 		return nil, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("idem: read request body: %w", err)
+	size := int64(512)
+	if hint >= 0 && hint <= limit {
+		size = hint + 1 // +1 lets the read see EOF without growing
 	}
-	if int64(len(body)) > limit {
-		return nil, ErrBodyTooLarge
+	buf := make([]byte, 0, size)
+	for {
+		if int64(len(buf)) > limit {
+			return nil, ErrBodyTooLarge
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):min(int64(cap(buf)), limit+1)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			if int64(len(buf)) > limit {
+				return nil, ErrBodyTooLarge
+			}
+			return buf, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("idem: read request body: %w", err)
+		}
 	}
-	return body, nil
 }
 
 // The fingerprint's input format is versioned by its "idem/fingerprint/v1"
@@ -102,15 +124,20 @@ func appendField(buf []byte, tag byte, s string) []byte {
 	return append(buf, s...)
 }
 
+// isJSONContentType reports whether the media type of ct (parameters
+// ignored, case-insensitive) is application/json or application/*+json.
 func isJSONContentType(ct string) bool {
-	if ct == "" {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = strings.TrimSpace(ct)
+	const app = "application/"
+	if len(ct) <= len(app) || !strings.EqualFold(ct[:len(app)], app) {
 		return false
 	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+	sub := ct[len(app):]
+	return strings.EqualFold(sub, "json") ||
+		(len(sub) > len("+json") && strings.EqualFold(sub[len(sub)-len("+json"):], "+json") && !strings.ContainsAny(sub, " \t/"))
 }
 
 // CanonicalJSON returns the RFC 8785 canonical form of body with the members

@@ -2,23 +2,27 @@ package idem
 
 import (
 	"bytes"
-	"io"
 	"net/http"
-	"strconv"
 )
+
+// restoredBody hands the handler the body Begin read, in one allocation.
+type restoredBody struct{ bytes.Reader }
+
+func (restoredBody) Close() error { return nil }
 
 // HTTPRequest returns the engine's view of r for principal. Adapters for
 // frameworks built on net/http (net/http itself, Gin, Echo) use it so that
 // every one of them reads the same headers the same way.
 func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 	return Request{
-		Method:      r.Method,
-		Path:        r.URL.RequestURI(),
-		Principal:   principal,
-		Key:         r.Header.Get(e.cfg.Header),
-		ContentType: r.Header.Get("Content-Type"),
-		RequestID:   r.Header.Get(e.cfg.RequestIDHeader),
-		Body:        r.Body,
+		Method:        r.Method,
+		Path:          r.URL.RequestURI(),
+		Principal:     principal,
+		Key:           r.Header.Get(e.cfg.Header),
+		ContentType:   r.Header.Get("Content-Type"),
+		RequestID:     r.Header.Get(e.cfg.RequestIDHeader),
+		Body:          r.Body,
+		ContentLength: r.ContentLength,
 	}
 }
 
@@ -46,11 +50,15 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, principal str
 	}
 	defer att.Abort()
 	r2 := r.WithContext(att.Context())
-	r2.Body = io.NopCloser(bytes.NewReader(att.Body()))
+	// The body is what the client sent, so Content-Length stays right.
+	body := new(restoredBody)
+	body.Reset(att.Body())
+	r2.Body = body
 	r2.ContentLength = int64(len(att.Body()))
-	r2.Header.Set("Content-Length", strconv.Itoa(len(att.Body())))
-	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(att.Body())), nil }
-	buf := NewResponseBuffer(w.Header(), e.cfg.MaxResponseBytes)
+	buf := getBuffer(w.Header(), e.cfg.MaxResponseBytes)
+	defer putBuffer(buf)
 	err := next(r2, buf)
+	// Finish hands the stores the body, and they copy or serialise it;
+	// once it is written the buffer can serve another request.
 	WriteResponse(w, att.Finish(buf.Result(err)))
 }

@@ -92,7 +92,9 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 		return idem.ClaimResult{Record: copyRecord(rec), Now: now}, nil
 	}
 	s.records[k] = fresh
-	return idem.ClaimResult{Claimed: true, Record: copyRecord(fresh), Now: now}, nil
+	// The caller gets the record by value; its fingerprint slice is the
+	// store's copy, which nothing mutates.
+	return idem.ClaimResult{Claimed: true, Record: *fresh, Now: now}, nil
 }
 
 func (s *Store) evictExpired(now time.Time, n int) {
