@@ -423,6 +423,9 @@ func TestHeadersOfTheResult(t *testing.T) {
 	if len(first.header.Values("Content-Length")) != 1 || first.header.Get("Content-Length") != "4" {
 		t.Fatalf("Content-Length %v", first.header.Values("Content-Length"))
 	}
+	if first.header.Get("Server") != "fiber-test" {
+		t.Fatalf("the app's Server header was lost: %v", first.header)
+	}
 	again := send(t, "POST", base+"/pay", "alice", "k", `{}`)
 	if again.body != "paid" || again.header.Get("Set-Cookie") != "" || again.header.Get("X-Not-Stored") != "" {
 		t.Fatalf("replay: %q %v", again.body, again.header)
