@@ -452,3 +452,39 @@ func TestWriterAndRequestRestored(t *testing.T) {
 		t.Fatal("c.Writer or c.Request was left pointing at the attempt")
 	}
 }
+
+// CloseNotify fires when the client goes away, as gin's own writer does;
+// the attempt is then released, not stored.
+func TestCloseNotifyWhenClientLeaves(t *testing.T) {
+	f := newFixture(t)
+	fired := make(chan bool, 1)
+	f.r.POST("/pay", authenticate, f.mw, func(c *gin.Context) {
+		select {
+		case <-c.Writer.CloseNotify():
+			fired <- true
+		case <-time.After(3 * time.Second):
+			fired <- false
+		}
+		c.Status(http.StatusCreated)
+	})
+	base := f.start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/pay", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer alice")
+	req.Header.Set(idem.DefaultHeader, "k")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the request outlived its client-side deadline")
+	}
+	if !<-fired {
+		t.Fatal("CloseNotify did not fire when the client went away")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for f.records() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f.records() != 0 {
+		t.Fatal("an attempt whose client went away was stored")
+	}
+}
