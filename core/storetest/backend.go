@@ -26,6 +26,11 @@ type Backend struct {
 	// PoisonTx makes the transaction that ctx carries fail at commit, the
 	// way a failed statement aborts a PostgreSQL transaction.
 	PoisonTx func(ctx context.Context) error
+	// SingleWriter is set for databases with one writer at a time
+	// (SQLite): an open write transaction blocks every other write, so the
+	// suite never holds one open while it expects another write to go
+	// through.
+	SingleWriter bool
 }
 
 // NewBackend makes a fresh Backend for one test; it registers its own

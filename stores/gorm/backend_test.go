@@ -10,7 +10,6 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,22 +224,14 @@ func (f *fixture) backend() storetest.Backend {
 		WriteEffect:  f.writeEffect,
 		CountEffects: f.countEffects,
 		PoisonTx:     f.poisonTx,
+		// SQLite has one writer: the suite must not hold a write open
+		// while it expects another write to go through.
+		SingleWriter: f.dialect == "sqlite",
 	}
 }
 
 func newBackend(dialect string) storetest.NewBackend {
 	return func(t testing.TB) storetest.Backend {
-		if dialect == "sqlite" && strings.HasSuffix(t.Name(), "/StaleHolderSettleIsFenced") {
-			// The suite opens the stale holder's transaction and writes its
-			// business row before the takeover. On SQLite that transaction
-			// holds the database's only write lock, so the takeover (a
-			// write) can only wait for it and fail after the busy timeout:
-			// no SQLite store can pass this order. TestFence/sqlite checks
-			// the fence in the order SQLite allows (the stale holder
-			// begins and writes after the takeover); the suite needs a
-			// single-writer variant (reported with issue 4).
-			t.Skip("SQLite has one writer: a takeover cannot run while the stale holder's transaction holds the write lock; see TestFence/sqlite")
-		}
 		return newFixture(t, dialect).backend()
 	}
 }
