@@ -536,3 +536,40 @@ func TestStreamedResponseBody(t *testing.T) {
 		t.Fatalf("oversized stream: %d %q", big.status, big.body)
 	}
 }
+
+// Concurrent first executions: each response body is copied out of a
+// buffer that fasthttp pools and hands to the next request, so a body kept
+// by reference would be overwritten by another request's.
+func TestConcurrentFirstRequests(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		key := c.Get(idem.DefaultHeader)
+		return c.Status(http.StatusCreated).SendString(strings.Repeat(key+";", 200))
+	})
+	base := f.start(t)
+	const workers, perWorker = 8, 25
+	var wg sync.WaitGroup
+	errs := make(chan string, workers*perWorker*2)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				key := fmt.Sprintf("w%d-k%03d", w, i)
+				want := strings.Repeat(key+";", 200)
+				for attempt := range 2 { // the first execution, then its replay
+					r, err := sendErr("POST", base+"/pay", fmt.Sprintf("acct-%d", w), key, `{}`)
+					switch {
+					case err != nil:
+						errs <- err.Error()
+					case r.status != http.StatusCreated || r.body != want:
+						errs <- fmt.Sprintf("%s attempt %d: %d, body %.40q…, want its own", key, attempt, r.status, r.body)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
