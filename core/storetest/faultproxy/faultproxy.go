@@ -10,7 +10,6 @@ package faultproxy
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net"
 	"sync"
@@ -100,15 +99,26 @@ func (p *Proxy) CutAll() {
 	}
 }
 
+// cut closes l on purpose and counts it.
 func (p *Proxy) cut(l *link) {
-	p.mu.Lock()
-	_, open := p.conns[l]
-	delete(p.conns, l)
-	p.mu.Unlock()
-	if open {
+	if p.drop(l) {
 		p.cuts.Add(1)
 	}
 	l.close()
+}
+
+// end closes l because one side closed it; it is not counted as a cut.
+func (p *Proxy) end(l *link) {
+	p.drop(l)
+	l.close()
+}
+
+func (p *Proxy) drop(l *link) (wasOpen bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, wasOpen = p.conns[l]
+	delete(p.conns, l)
+	return wasOpen
 }
 
 // CutOn arms a one-shot trigger: the first connection whose client sends a
@@ -151,7 +161,7 @@ func (p *Proxy) accept() {
 		go func() {
 			defer p.wg.Done()
 			_, _ = io.Copy(l.client, l.server)
-			p.cut(l)
+			p.end(l)
 		}()
 	}
 }
@@ -175,7 +185,7 @@ func (p *Proxy) upstream(l *link) {
 				return
 			}
 			if _, werr := l.server.Write(chunk); werr != nil {
-				p.cut(l)
+				p.end(l)
 				return
 			}
 			if t != nil {
@@ -185,9 +195,7 @@ func (p *Proxy) upstream(l *link) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				p.cut(l)
-			}
+			p.end(l)
 			return
 		}
 	}
