@@ -57,9 +57,15 @@ body='{"amount": 1250, "currency": "EUR", "description": "Order #1001"}'
 # show prints the curl command, then the status line, the headers that
 # matter here and the body.
 show() {
-	printf '\n$ curl'
-	printf " %q" "$@" | sed "s#$BASE#\$BASE#g"
-	printf '\n'
+	local a line='$ curl'
+	for a in "$@"; do
+		a=${a//$BASE/\$BASE}
+		case "$a" in
+		*[[:space:]\"\'\#\&\;\|\*\?]*) line+=" '${a//\'/\'\\\'\'}'" ;;
+		*) line+=" $a" ;;
+		esac
+	done
+	printf '\n%s\n' "$line"
 	curl -sS -i "$@" | tr -d '\r' |
 		grep -v -E '^(Date|Content-Length|Cache-Control|Www-Authenticate):' | sed '/^$/d'
 }
@@ -82,13 +88,15 @@ show -X POST "$BASE/payments" -H 'Authorization: Bearer alice' -H "Idempotency-K
 echo
 echo "## 4. Ten concurrent retries of a new payment while the handler sleeps (-handler-delay):"
 echo "##    exactly one 201 runs the handler; the others get 409 (key in use) or, once it committed, the replay"
-printf '$ for i in $(seq 1 10); do curl -X POST $BASE/payments -H "Idempotency-Key: %s" ... & done; wait\n' "$key2"
+printf '$ for i in $(seq 1 10); do curl -X POST $BASE/payments -H '"'"'Authorization: Bearer bob'"'"' -H '"'"'Idempotency-Key: %s'"'"' ... & done; wait\n' "$key2"
+curls=()
 for i in $(seq 1 10); do
 	curl -sS -o "$tmp/c$i.body" -D "$tmp/c$i.head" -X POST "$BASE/payments" -H 'Authorization: Bearer bob' \
 		-H "Idempotency-Key: $key2" -H 'Content-Type: application/json' \
 		-d '{"amount": 4200, "currency": "EUR", "description": "Checkout"}' &
+	curls+=($!)
 done
-wait
+wait "${curls[@]}"
 for i in $(seq 1 10); do
 	status=$(head -n 1 "$tmp/c$i.head" | tr -d '\r' | cut -d' ' -f2)
 	extra=""
@@ -99,11 +107,16 @@ for i in $(seq 1 10); do
 done | sort | uniq -c
 
 echo
-echo "## 5. Bob's payments: exactly one"
+echo "## 5. Once it has committed, a retry gets the stored 201"
+show -X POST "$BASE/payments" -H 'Authorization: Bearer bob' -H "Idempotency-Key: $key2" \
+	-H 'Content-Type: application/json' -d '{"amount": 4200, "currency": "EUR", "description": "Checkout"}'
+
+echo
+echo "## 6. Bob's payments: exactly one"
 show "$BASE/payments" -H 'Authorization: Bearer bob'
 
 echo
-echo "## 6. No or a malformed bearer token: 401"
+echo "## 7. No or a malformed bearer token: 401"
 show "$BASE/payments"
 
 if [ -n "$pid" ]; then

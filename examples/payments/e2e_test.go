@@ -225,8 +225,8 @@ func testOrder(t *testing.T, base string) {
 
 // testConcurrent sends ten identical requests at once while the handler
 // sleeps: exactly one runs; the others get 409 (or, once it committed, the
-// replay). On SQLite a claim waits for the single writer, so there the
-// others typically see the replay.
+// replay). On SQLite the claim of a new key waits for the single writer,
+// so there a request that arrives late may see the replay instead.
 func testConcurrent(t *testing.T, base, store string) {
 	acct, key := account(t), "conc-"+randHex(4)
 	const n = 10
