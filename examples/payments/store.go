@@ -46,6 +46,9 @@ func openBackend(ctx context.Context, cfg config) (*backend, error) {
 		return openPgx(ctx, orDefault(cfg.dsn, defaultPostgresDSN))
 	case "sqlite":
 		path := orDefault(cfg.dsn, defaultSQLitePath)
+		if strings.ContainsAny(path, "?") || strings.HasPrefix(path, "file:") {
+			return nil, fmt.Errorf("invalid -dsn for sqlite %q: want a file path; the connection options are set by the service", path)
+		}
 		abs, err := filepath.Abs(path)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite path %q: %w", path, err)
