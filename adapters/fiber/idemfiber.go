@@ -91,6 +91,15 @@ func New(cfg Config) (fiber.Handler, error) {
 		defer c.SetUserContext(userCtx)
 		c.Request().SetBody(att.Body())
 
+		// A panic skips everything below: drop what the handler wrote, so
+		// the recover middleware's error response carries none of it (a
+		// Location, a cookie), as with a discarded buffer on net/http.
+		settled := false
+		defer func() {
+			if !settled {
+				reset(c, earlier)
+			}
+		}()
 		herr := c.Next()
 		if herr != nil {
 			// Render the error now, as the app would after the chain, so
@@ -102,38 +111,50 @@ func New(cfg Config) (fiber.Handler, error) {
 			}
 		}
 		final := att.Finish(result(c, ecfg.MaxResponseBytes, herr))
+		settled = true
 
 		// Send exactly what the engine decided: the handler's response, or
 		// a problem in its place, on top of the headers set further out.
-		c.Response().Reset()
-		for k, vs := range earlier {
-			for _, v := range vs {
-				c.Response().Header.Add(k, v)
-			}
-		}
+		reset(c, earlier)
 		write(c, final)
 		return nil
 	}, nil
+}
+
+// reset empties c's response back to the headers set before the handler.
+func reset(c *fiber.Ctx, earlier http.Header) {
+	c.Response().Reset()
+	for k, vs := range earlier {
+		for _, v := range vs {
+			c.Response().Header.Add(k, v)
+		}
+	}
 }
 
 // request is the engine's view of c. Every string is copied: the engine
 // keeps them past the handler (as store keys, in events), and Fiber reuses
 // the buffers they point into.
 func request(c *fiber.Ctx, cfg idem.Config, principal string) idem.Request {
-	var body io.Reader
+	var (
+		body   io.Reader
+		length int64
+	)
 	if req := c.Request(); req.IsBodyStream() {
-		body = req.BodyStream() // Begin reads it up to MaxBodyBytes
+		body = req.BodyStream()                             // Begin reads it up to MaxBodyBytes
+		length = max(int64(req.Header.ContentLength()), -1) // -1 chunked, -2 none: unknown
 	} else {
-		body = bytes.NewReader(req.Body())
+		b := req.Body()
+		body, length = bytes.NewReader(b), int64(len(b))
 	}
 	return idem.Request{
-		Method:      utils.CopyString(c.Method()),
-		Path:        utils.CopyString(c.OriginalURL()),
-		Principal:   utils.CopyString(principal),
-		Key:         utils.CopyString(c.Get(cfg.Header)),
-		ContentType: utils.CopyString(c.Get(fiber.HeaderContentType)),
-		RequestID:   utils.CopyString(c.Get(cfg.RequestIDHeader)),
-		Body:        body,
+		Method:        utils.CopyString(c.Method()),
+		Path:          utils.CopyString(c.OriginalURL()),
+		Principal:     utils.CopyString(principal),
+		Key:           utils.CopyString(c.Get(cfg.Header)),
+		ContentType:   utils.CopyString(c.Get(fiber.HeaderContentType)),
+		RequestID:     utils.CopyString(c.Get(cfg.RequestIDHeader)),
+		Body:          body,
+		ContentLength: length,
 	}
 }
 
