@@ -575,3 +575,16 @@ func TestConcurrentFirstRequests(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// c.Context() is fasthttp's RequestCtx: a context.Context without the user
+// context's values. The README says to use c.UserContext(); this pins why.
+func TestRequestCtxCarriesNoTransaction(t *testing.T) {
+	f := newFixture(t, fiber.Config{})
+	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+		if err := f.b.WriteEffect(c.Context(), "k"); err == nil {
+			return c.Status(599).SendString("c.Context() carried the transaction")
+		}
+		return c.Status(http.StatusCreated).SendString("ok")
+	})
+	wantStatus(t, "c.Context()", send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+}
