@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -89,8 +90,19 @@ func (b *ResponseBuffer) WriteString(s string) (int, error) {
 	return len(s), nil
 }
 
-// Flush does nothing: the response is sent only after the commit.
+// Flush does nothing: the response is sent only after the commit. Frameworks
+// call Flush on their own, so it must not fail; handlers that flush through
+// http.ResponseController get ErrStreaming from FlushError instead.
 func (b *ResponseBuffer) Flush() {}
+
+// ErrStreaming is what http.ResponseController's Flush returns on an
+// idempotent route: a streamed response cannot be stored and replayed, and
+// nothing may reach the client before the commit.
+var ErrStreaming = errors.New("idem: streaming is not supported on an idempotent route: the response is sent whole after the commit")
+
+// FlushError refuses to stream with ErrStreaming; http.ResponseController
+// calls it.
+func (b *ResponseBuffer) FlushError() error { return ErrStreaming }
 
 // Status returns the recorded status, or 0 if nothing was written.
 func (b *ResponseBuffer) Status() int { return b.status }

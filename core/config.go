@@ -63,6 +63,20 @@ func DefaultClassifier(status int, err error) Disposition {
 	}
 }
 
+// StatusClassifier decides by status: like DefaultClassifier, except that a
+// handler error rendered as a deterministic 4xx is stored (Fail) instead of
+// released. Use it when handlers report client errors as returned errors
+// (echo.NewHTTPError(400, …), fiber.NewError(400, …),
+// c.AbortWithError(400, …)) and those should be replayed like a written 400.
+// A handler error with a 2xx or 3xx status is still released: an error is
+// never stored as a success.
+func StatusClassifier(status int, err error) Disposition {
+	if err != nil && status < 400 {
+		return Release
+	}
+	return DefaultClassifier(status, nil)
+}
+
 // ReplayAuthorizer re-checks, before a stored response is replayed, that
 // the principal may still see it. A non-nil error answers 403 and replays
 // nothing.

@@ -214,3 +214,47 @@ func TestBodyLimitIgnoresTheDeclaredLength(t *testing.T) {
 		}
 	}
 }
+
+func TestClassifiers(t *testing.T) {
+	t.Parallel()
+	handlerErr := errors.New("validation failed")
+	for _, tc := range []struct {
+		status           int
+		err              error
+		byDefault, bySta idem.Disposition
+	}{
+		{200, nil, idem.Complete, idem.Complete},
+		{201, nil, idem.Complete, idem.Complete},
+		{303, nil, idem.Complete, idem.Complete},
+		{400, nil, idem.Fail, idem.Fail},
+		{404, nil, idem.Fail, idem.Fail},
+		{422, nil, idem.Fail, idem.Fail},
+		{408, nil, idem.Release, idem.Release},
+		{425, nil, idem.Release, idem.Release},
+		{429, nil, idem.Release, idem.Release},
+		{500, nil, idem.Release, idem.Release},
+		{503, nil, idem.Release, idem.Release},
+		{400, handlerErr, idem.Release, idem.Fail},
+		{500, handlerErr, idem.Release, idem.Release},
+		{200, handlerErr, idem.Release, idem.Release},
+	} {
+		if got := idem.DefaultClassifier(tc.status, tc.err); got != tc.byDefault {
+			t.Errorf("DefaultClassifier(%d, %v) = %d, want %d", tc.status, tc.err, got, tc.byDefault)
+		}
+		if got := idem.StatusClassifier(tc.status, tc.err); got != tc.bySta {
+			t.Errorf("StatusClassifier(%d, %v) = %d, want %d", tc.status, tc.err, got, tc.bySta)
+		}
+	}
+}
+
+func TestResponseControllerCannotStream(t *testing.T) {
+	t.Parallel()
+	buf := idem.NewResponseBuffer(nil, 1024)
+	_, _ = buf.Write([]byte("partial"))
+	if err := http.NewResponseController(buf).Flush(); !errors.Is(err, idem.ErrStreaming) {
+		t.Fatalf("ResponseController.Flush on the buffer = %v, want ErrStreaming", err)
+	}
+	if _, _, err := http.NewResponseController(buf).Hijack(); err == nil {
+		t.Fatal("the buffer can be hijacked")
+	}
+}
