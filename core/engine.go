@@ -118,9 +118,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 			return reply(OutcomeBodyTooLarge, NewProblem(ProblemBodyTooLarge).Response(0), err)
 		}
 		// The client sent a body it could not finish: nothing to claim.
-		p := NewProblem(ProblemBodyTooLarge)
-		p.Status, p.Title, p.Detail = http.StatusBadRequest, "Request body unreadable", "The request body could not be read."
-		return reply(OutcomeBodyTooLarge, p.Response(0), err)
+		return reply(OutcomeBodyUnreadable, NewProblem(ProblemBodyUnreadable).Response(0), err)
 	}
 	// The attempt is allocated before the claim so the fingerprint can live
 	// in it: one allocation serves the claim and, if it wins, the run.

@@ -24,6 +24,7 @@ const (
 	OutcomeStoreError          OutcomeLabel = "store_error"
 	OutcomeUnauthenticated     OutcomeLabel = "unauthenticated"
 	OutcomeBodyTooLarge        OutcomeLabel = "body_too_large"
+	OutcomeBodyUnreadable      OutcomeLabel = "body_unreadable"
 	OutcomeReplayForbidden     OutcomeLabel = "replay_forbidden"
 	OutcomeResponseTooLarge    OutcomeLabel = "response_too_large"
 	OutcomeNoKey               OutcomeLabel = "no_key" // optional key absent: passed through
@@ -33,7 +34,7 @@ const (
 var Outcomes = []OutcomeLabel{
 	OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
-	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge,
+	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey,
 }
 

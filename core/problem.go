@@ -20,6 +20,7 @@ const (
 	ProblemKeyInUse         ProblemType = ProblemTypeBase + "key-in-use"
 	ProblemKeyReused        ProblemType = ProblemTypeBase + "key-reused"
 	ProblemBodyTooLarge     ProblemType = ProblemTypeBase + "body-too-large"
+	ProblemBodyUnreadable   ProblemType = ProblemTypeBase + "body-unreadable"
 	ProblemUnauthenticated  ProblemType = ProblemTypeBase + "unauthenticated"
 	ProblemForbidden        ProblemType = ProblemTypeBase + "replay-forbidden"
 	ProblemResponseTooLarge ProblemType = ProblemTypeBase + "response-too-large"
@@ -61,6 +62,8 @@ var problems = map[ProblemType]Problem{
 		Detail: "This idempotency key was used with a different request. Use a new key for a new request."},
 	ProblemBodyTooLarge: {Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
 		Detail: "The request body is larger than this endpoint accepts."},
+	ProblemBodyUnreadable: {Status: http.StatusBadRequest, Title: "Request body unreadable",
+		Detail: "The request body could not be read to the end. Nothing was stored; retrying is safe."},
 	ProblemUnauthenticated: {Status: http.StatusUnauthorized, Title: "Not authenticated",
 		Detail: "Idempotent requests must be authenticated."},
 	ProblemForbidden: {Status: http.StatusForbidden, Title: "Replay not authorised",

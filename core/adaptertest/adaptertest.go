@@ -49,6 +49,8 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"ReplayReauthorized", testReplayReauthorized},
 		{"StoredRecordHoldsOnlyAllowedData", testStoredRecord},
 		{"ProblemsLeakNothing", testProblemsLeakNothing},
+		{"HostileBodiesNeverShareAFingerprint", testHostileBodies},
+		{"SlowAndBrokenBodies", testSlowAndBrokenBodies},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -716,5 +718,97 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 				t.Fatalf("problem (status %d) contains %q: %s", p.status, leak, p.body)
 			}
 		}
+	}
+}
+
+// testHostileBodies sends bodies a canonicaliser could get wrong. Each is
+// handled (no panic), replayed when sent again byte for byte, and never
+// mistaken for its sibling, which differs in a way a lossy canonical form
+// would erase.
+func testHostileBodies(t *testing.T, s *suite) {
+	var runs atomic.Int64
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		runs.Add(1)
+		sum := sha256.Sum256(r.Body)
+		return Reply{Status: http.StatusCreated, Body: []byte(hex.EncodeToString(sum[:]))}
+	})
+	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	pairs := []struct{ name, a, b string }{
+		{"invalid UTF-8", "{\"d\":\"\xff\"}", "{\"d\":\"\xfe\"}"},
+		{"duplicate members", `{"a":1,"a":2}`, `{"a":2,"a":1}`},
+		{"beyond float64 precision", `{"amount":9007199254740993}`, `{"amount":9007199254740992}`},
+		{"out of range numbers", `{"amount":1e400}`, `{"amount":2e400}`},
+		{"lone surrogates", `{"d":"\ud800"}`, `{"d":"\ud801"}`},
+		{"deep nesting", deep(5000), deep(4999)},
+		{"content type that lies", "amount=1&currency=EUR", "amount=1&currency=EUR&x="},
+	}
+	for i, p := range pairs {
+		key := fmt.Sprintf("k-hostile-%d", i)
+		first := send(t, base, "alice", key, p.a)
+		wantStatus(t, p.name, first, http.StatusCreated)
+		again := send(t, base, "alice", key, p.a)
+		if again.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
+			t.Fatalf("%s: the same bytes were not replayed: %d %s", p.name, again.status, again.body)
+		}
+		wantProblem(t, p.name+" sibling", send(t, base, "alice", key, p.b), http.StatusUnprocessableEntity, idem.ProblemKeyReused)
+	}
+	if n := runs.Load(); n != int64(len(pairs)) {
+		t.Fatalf("handler ran %d times for %d distinct requests", n, len(pairs))
+	}
+}
+
+// testSlowAndBrokenBodies: a body that arrives slowly is read whole before
+// the claim; a body the client abandons half way claims nothing.
+func testSlowAndBrokenBodies(t *testing.T, s *suite) {
+	var runs atomic.Int64
+	base := s.serve(t, s.config(), func(ctx context.Context, r Request) Reply {
+		runs.Add(1)
+		return Reply{Status: http.StatusCreated, Body: r.Body}
+	})
+	post := func(key string, body io.Reader) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, base+"/payments", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer alice")
+		req.Header.Set(idem.DefaultHeader, key)
+		return client.Do(req)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = pw.Write([]byte(`{"amount":1000,`))
+		time.Sleep(300 * time.Millisecond)
+		_, _ = pw.Write([]byte(`"currency":"EUR"}`))
+		_ = pw.Close()
+	}()
+	resp, err := post("k-slow-body", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || string(got) != `{"amount":1000,"currency":"EUR"}` {
+		t.Fatalf("slow body: %d %s", resp.StatusCode, got)
+	}
+
+	pr, pw = io.Pipe()
+	go func() {
+		_, _ = pw.Write([]byte(`{"amount":1000,`))
+		time.Sleep(100 * time.Millisecond)
+		_ = pw.CloseWithError(errors.New("client gave up"))
+	}()
+	if resp, err := post("k-broken-body", pr); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Fatalf("a body abandoned half way answered %d", resp.StatusCode)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // let the server finish with the broken request
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-broken-body"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("an abandoned body claimed its key: %v", err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want once (the slow body only)", runs.Load())
 	}
 }
