@@ -1,0 +1,37 @@
+module github.com/idemgo/idem/bench
+
+go 1.26.8
+
+require (
+	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/stores/gorm v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/stores/pgx v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
+	gorm.io/driver/postgres v1.6.3
+	gorm.io/gorm v1.31.2
+)
+
+require (
+	filippo.io/edwards25519 v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.8.1 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.41.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace (
+	github.com/idemgo/idem/adapters/fiber => ../adapters/fiber
+	github.com/idemgo/idem/adapters/nethttp => ../adapters/nethttp
+	github.com/idemgo/idem/core => ../core
+	github.com/idemgo/idem/stores/gorm => ../stores/gorm
+	github.com/idemgo/idem/stores/pgx => ../stores/pgx
+)

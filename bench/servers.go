@@ -1,0 +1,385 @@
+// Package bench holds the benchmarks that compare idem with what users
+// would write or pick instead: round trips per request, throughput against
+// a real PostgreSQL, and Fiber's own idempotency middleware. It is its own
+// module, so none of its dependencies reach the library's modules.
+//
+// The servers here are shared by the round-trip tests and the load
+// generator (cmd/loadgen): the same payment handler (one INSERT) behind
+// idemhttp with idempgx, behind idemhttp with idemgorm, and inside a
+// hand-written minimal version that calls the claim and settle SQL itself
+// (the floor).
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"gorm.io/gorm"
+
+	idemhttp "github.com/idemgo/idem/adapters/nethttp"
+	idem "github.com/idemgo/idem/core"
+	idemgorm "github.com/idemgo/idem/stores/gorm"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+)
+
+// DefaultDSN is the PostgreSQL the benchmarks use unless IDEM_PG_DSN says
+// otherwise. Only 127.0.0.1.
+const DefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// DSN returns IDEM_PG_DSN or DefaultDSN.
+func DSN() string {
+	if v := os.Getenv("IDEM_PG_DSN"); v != "" {
+		return v
+	}
+	return DefaultDSN
+}
+
+// Schema is the PostgreSQL schema every benchmark table lives in.
+const Schema = "idem_bench"
+
+// Table names, all in Schema.
+const (
+	PgxKeys      = Schema + ".pgx_keys"
+	GormKeys     = Schema + ".gorm_keys"
+	FloorKeys    = Schema + ".floor_keys"
+	PgxPayments  = Schema + ".payments_pgx"
+	GormPayments = Schema + ".payments_gorm"
+	FloorPayment = Schema + ".payments_floor"
+)
+
+// Setup creates the schema, the payment tables, the floor's key table and
+// both stores' tables (through their own Migrate).
+func Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	stmts := []string{
+		"CREATE SCHEMA IF NOT EXISTS " + Schema,
+		`CREATE TABLE IF NOT EXISTS ` + FloorKeys + ` (
+			principal   text        NOT NULL,
+			key         text        NOT NULL,
+			fingerprint bytea       NOT NULL,
+			state       text        NOT NULL,
+			lease_token text        NOT NULL,
+			expires_at  timestamptz NOT NULL,
+			status      integer,
+			location    text,
+			body        bytea,
+			PRIMARY KEY (principal, key))`,
+	}
+	for _, t := range []string{PgxPayments, GormPayments, FloorPayment} {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+t+` (
+			id          text        PRIMARY KEY,
+			account     text        NOT NULL,
+			amount      bigint      NOT NULL,
+			currency    text        NOT NULL,
+			description text        NOT NULL,
+			created_at  timestamptz NOT NULL DEFAULT now())`)
+	}
+	for _, s := range stmts {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+	}
+	return nil
+}
+
+// Truncate empties every benchmark table, so each cell starts alike.
+func Truncate(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, "TRUNCATE "+strings.Join([]string{
+		PgxKeys, GormKeys, FloorKeys, PgxPayments, GormPayments, FloorPayment}, ", "))
+	return err
+}
+
+// Principal reads "Authorization: Bearer <account>", the stand-in for the
+// auth middleware every variant sits behind.
+func Principal(r *http.Request) (string, error) {
+	p, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || p == "" || len(p) > 64 {
+		return "", nil
+	}
+	return p, nil
+}
+
+// PaymentRequest is the body clients post.
+type PaymentRequest struct {
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	Description string `json:"description"`
+}
+
+// Payment is the handler's answer.
+type Payment struct {
+	ID          string `json:"id"`
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	Description string `json:"description"`
+	Status      string `json:"status"`
+}
+
+// Insert writes one payment row through whatever transaction the variant
+// uses.
+type Insert func(ctx context.Context, id, account string, p PaymentRequest) error
+
+// Hold, when non-nil, is waited on by the payment handler after its
+// insert when the request carries X-Bench-Hold (at most 10 s). The
+// round-trip test uses it to keep a key in progress for the 409 case.
+var Hold chan struct{}
+
+// Pay is the payment handler every variant runs: decode, validate, insert
+// one row, answer 201 with the payment and its Location. It returns the
+// status, the Location and the body, so the floor can store them.
+func Pay(ctx context.Context, r *http.Request, body []byte, account string, insert Insert) (int, string, []byte) {
+	var p PaymentRequest
+	if err := json.Unmarshal(body, &p); err != nil || p.Amount <= 0 || len(p.Currency) != 3 {
+		return http.StatusBadRequest, "", []byte(`{"error":"invalid payment"}`)
+	}
+	id := "pay_" + randHex(8)
+	if err := insert(ctx, id, account, p); err != nil {
+		return http.StatusServiceUnavailable, "", []byte(`{"error":"unavailable"}`)
+	}
+	if Hold != nil && r.Header.Get("X-Bench-Hold") != "" {
+		select {
+		case <-Hold:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	out, _ := json.Marshal(Payment{ID: id, Amount: p.Amount, Currency: p.Currency, Description: p.Description, Status: "succeeded"})
+	return http.StatusCreated, "/payments/" + id, out
+}
+
+// payHandler adapts Pay to a plain handler behind the middleware.
+func payHandler(insert Insert) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		account, _ := Principal(r)
+		status, loc, out := Pay(r.Context(), r, body, account, insert)
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		if loc != "" {
+			h.Set("Location", loc)
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write(out)
+	})
+}
+
+// NewPgxServer is idemhttp + idempgx in front of the payment handler.
+func NewPgxServer(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
+	store, err := idempgx.New(pool, idempgx.WithTable(PgxKeys))
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
+	if err != nil {
+		return nil, err
+	}
+	insert := func(ctx context.Context, id, account string, p PaymentRequest) error {
+		tx, ok := idempgx.Tx(ctx)
+		if !ok {
+			return errors.New("no idempotency transaction")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+PgxPayments+` (id, account, amount, currency, description)
+			VALUES ($1, $2, $3, $4, $5)`, id, account, p.Amount, p.Currency, p.Description)
+		return err
+	}
+	return mw(payHandler(insert)), nil
+}
+
+// NewGormServer is idemhttp + idemgorm (PostgreSQL) in front of the payment
+// handler.
+func NewGormServer(ctx context.Context, db *gorm.DB) (http.Handler, error) {
+	store, err := idemgorm.New(db, idemgorm.WithTable(GormKeys))
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
+	if err != nil {
+		return nil, err
+	}
+	insert := func(ctx context.Context, id, account string, p PaymentRequest) error {
+		tx, ok := idemgorm.TxFrom(ctx)
+		if !ok {
+			return errors.New("no idempotency transaction")
+		}
+		return tx.Exec(`INSERT INTO `+GormPayments+` (id, account, amount, currency, description)
+			VALUES (?, ?, ?, ?, ?)`, id, account, p.Amount, p.Currency, p.Description).Error
+	}
+	return mw(payHandler(insert)), nil
+}
+
+// Floor is the hand-written minimal correct version: the claim is
+// INSERT … ON CONFLICT DO NOTHING RETURNING on the pool; the winner runs
+// the payment insert, a settle UPDATE fenced by its lease token and COMMIT
+// in one transaction; a loser reads the row and replays it (or answers 409
+// or 422). A failed handler rolls back and deletes its claim. What it
+// leaves out compared with idem: expiry and stale-lease takeover (a crashed
+// holder blocks its key until someone deletes the row), canonical JSON,
+// a request deadline, stored-header allow-list, problem details,
+// observability, the snapshot race's retry (a claim that loses to a row
+// released meanwhile answers 409).
+type Floor struct {
+	Pool *pgxpool.Pool
+}
+
+const (
+	floorClaim = `INSERT INTO ` + FloorKeys + ` (principal, key, fingerprint, state, lease_token, expires_at)
+VALUES ($1, $2, $3, 'in_progress', $4, now() + interval '24 hours')
+ON CONFLICT (principal, key) DO NOTHING RETURNING lease_token`
+	floorRead   = `SELECT state, fingerprint, status, location, body FROM ` + FloorKeys + ` WHERE principal = $1 AND key = $2`
+	floorSettle = `UPDATE ` + FloorKeys + ` SET state = $4, status = $5, location = $6, body = $7
+WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`
+	floorRelease = `DELETE FROM ` + FloorKeys + ` WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`
+)
+
+func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	account, _ := Principal(r)
+	if account == "" {
+		http.Error(w, "unauthenticated", http.StatusUnauthorized)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" || len(key) > 255 {
+		http.Error(w, "idempotency key missing or invalid", http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
+	if err != nil || len(body) > 1<<20 {
+		http.Error(w, "body too large or unreadable", http.StatusRequestEntityTooLarge)
+		return
+	}
+	h := sha256.New()
+	for _, s := range []string{r.Method, r.URL.RequestURI(), account} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	h.Write(body)
+	fp := h.Sum(nil)
+	token := randHex(16)
+
+	var got string
+	err = f.Pool.QueryRow(ctx, floorClaim, account, key, fp, token).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		f.replay(w, r, account, key, fp)
+		return
+	}
+	if err != nil {
+		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	release := func() {
+		_, _ = f.Pool.Exec(context.WithoutCancel(ctx), floorRelease, account, key, token)
+	}
+	tx, err := f.Pool.Begin(ctx)
+	if err != nil {
+		release()
+		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	rollback := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	status, loc, out := Pay(ctx, r, body, account, func(ctx context.Context, id, account string, p PaymentRequest) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+FloorPayment+` (id, account, amount, currency, description)
+			VALUES ($1, $2, $3, $4, $5)`, id, account, p.Amount, p.Currency, p.Description)
+		return err
+	})
+	if status >= 500 {
+		rollback()
+		release()
+		writeJSON(w, status, "", out, false)
+		return
+	}
+	state := "completed"
+	if status >= 400 {
+		state = "failed"
+	}
+	tag, err := tx.Exec(ctx, floorSettle, account, key, token, state, status, loc, out)
+	if err != nil || tag.RowsAffected() != 1 {
+		rollback()
+		if err != nil {
+			release()
+		}
+		http.Error(w, "settle failed", http.StatusConflict)
+		return
+	}
+	if err := tx.Commit(ctx); err != nil {
+		release()
+		http.Error(w, "commit failed", http.StatusServiceUnavailable)
+		return
+	}
+	writeJSON(w, status, loc, out, false)
+}
+
+func (f *Floor) replay(w http.ResponseWriter, r *http.Request, account, key string, fp []byte) {
+	var (
+		state     string
+		storedFP  []byte
+		status    *int
+		loc       *string
+		body      []byte
+		readError error
+	)
+	readError = f.Pool.QueryRow(r.Context(), floorRead, account, key).Scan(&state, &storedFP, &status, &loc, &body)
+	switch {
+	case errors.Is(readError, pgx.ErrNoRows):
+		// Released between the claim and the read: the client retries.
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "retry", http.StatusConflict)
+	case readError != nil:
+		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+	case string(storedFP) != string(fp):
+		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
+	case state == "in_progress" || status == nil:
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "in progress", http.StatusConflict)
+	default:
+		l := ""
+		if loc != nil {
+			l = *loc
+		}
+		writeJSON(w, *status, l, body, true)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, loc string, body []byte, replayed bool) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if loc != "" {
+		h.Set("Location", loc)
+	}
+	if replayed {
+		h.Set(idem.ReplayedHeader, "true")
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// RandHex returns 2n random hex digits.
+func RandHex(n int) string { return randHex(n) }
