@@ -1,7 +1,6 @@
 package idemhttp_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	idemhttp "github.com/idemgo/idem/adapters/nethttp"
+	"github.com/idemgo/idem/adapters/nethttp/idemhttptest"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
 )
@@ -25,7 +25,7 @@ func benchRequest(key string) *http.Request {
 	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(benchBody))
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("Idempotency-Key", key)
-	return r.WithContext(context.WithValue(r.Context(), principalKey{}, "acct_1"))
+	return r.WithContext(idemhttptest.WithPrincipal(r.Context(), "acct_1"))
 }
 
 func benchMiddleware(b *testing.B) http.Handler {

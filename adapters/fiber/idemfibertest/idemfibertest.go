@@ -1,0 +1,99 @@
+// Package idemfibertest mounts the Fiber v2 adapter for core/adaptertest:
+// Harness serves the suite's handler behind idemfiber's middleware, placed
+// after an auth middleware on a route group, under Fiber's recover
+// middleware, on a real listener on 127.0.0.1. The adapter's own tests and
+// the conformance module (which runs the suite against every store) share
+// it. It imports only core and Fiber.
+package idemfibertest
+
+import (
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	idemfiber "github.com/idemgo/idem/adapters/fiber"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
+)
+
+// Authenticate is the auth middleware the adapter sits behind: it stores
+// the bearer principal with c.Locals, the Fiber idiom. Like many real auth
+// middlewares it does not copy what c.Get returned, so the principal points
+// into a buffer Fiber reuses; the adapter must copy it.
+func Authenticate(c *fiber.Ctx) error {
+	if p := adaptertest.Principal(c.Get("Authorization")); p != "" {
+		c.Locals("principal", p)
+	}
+	return c.Next()
+}
+
+// Principal is the adapter's principal function: it reads back what
+// Authenticate stored.
+func Principal(c *fiber.Ctx) (string, error) {
+	p, _ := c.Locals("principal").(string)
+	return p, nil
+}
+
+// Handler runs the suite's handler as a native Fiber handler.
+func Handler(h adaptertest.Handler) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		header := make(http.Header)
+		c.Request().Header.VisitAll(func(k, v []byte) { header.Add(string(k), string(v)) })
+		reply := h(c.UserContext(), adaptertest.Request{
+			Method: c.Method(), Path: c.Path(), Header: header, Body: append([]byte(nil), c.Body()...),
+			// fasthttp has no flush: a write is as early as it gets.
+			WriteEarly: func(p []byte) { _, _ = c.Write(p) },
+		})
+		if reply.Panic != nil {
+			panic(reply.Panic)
+		}
+		status := reply.Status
+		if reply.Err != nil {
+			if status == 0 {
+				status = http.StatusInternalServerError
+			}
+			return fiber.NewError(status, reply.Err.Error())
+		}
+		for k, vs := range reply.Header {
+			for _, v := range vs {
+				c.Response().Header.Add(k, v)
+			}
+		}
+		return c.Status(status).Send(reply.Body)
+	}
+}
+
+// Serve runs app on a real listener on 127.0.0.1 until the test ends, and
+// returns its base URL.
+func Serve(t testing.TB, app *fiber.App) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = app.Listener(ln) }()
+	// fasthttp's Shutdown waits for every connection to go idle, and a
+	// connection the client opened but never used is not idle: bound it.
+	t.Cleanup(func() { _ = app.ShutdownWithTimeout(time.Second) })
+	return "http://" + ln.Addr().String()
+}
+
+// Harness mounts idemfiber for core/adaptertest: recover on the app, then a
+// group with Authenticate and the middleware, then Handler on every path,
+// served by Serve.
+var Harness = adaptertest.Harness{
+	Serve: func(t testing.TB, cfg idem.Config, h adaptertest.Handler) string {
+		mw, err := idemfiber.New(idemfiber.Config{Config: cfg, Principal: Principal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := fiber.New(fiber.Config{DisableStartupMessage: true})
+		app.Use(recover.New())
+		api := app.Group("/", Authenticate, mw)
+		api.All("/*", Handler(h))
+		return Serve(t, app)
+	},
+}
