@@ -47,6 +47,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"GetMissing", testGetMissing},
 		{"PurgeExpired", testPurgeExpired},
 		{"ConcurrentPurgersDeleteOnce", testConcurrentPurge},
+		{"SweepersUnderLiveTraffic", testSweepersUnderTraffic},
 		{"ListStale", testListStale},
 		{"ResponseRoundTrip", testResponseRoundTrip},
 	}
@@ -761,4 +762,87 @@ func testResponseRoundTrip(t *testing.T, b Backend) {
 	if rec := get(t, b, "alice", empty.Key); rec.Response == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
 		t.Fatalf("empty response = %+v", rec.Response)
 	}
+}
+
+// testSweepersUnderTraffic runs two sweepers while live requests claim and
+// settle other keys: the expired rows are purged once in all, the live rows
+// are untouched, and nobody sees an error (a deadlock would surface as one).
+func testSweepersUnderTraffic(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	const expired = 60
+	for i := range expired {
+		req := claimReq("sweep", uniq(fmt.Sprintf("exp%d", i)), "body")
+		req.Retention = Lease
+		mustClaim(t, b.Store, req)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+
+	stop := make(chan struct{})
+	var (
+		wg     sync.WaitGroup
+		purged atomic.Int64
+		live   sync.Map
+	)
+	for range 2 {
+		wg.Go(func() {
+			s := idem.Sweeper{Store: b.Store, BatchSize: 7}
+			for {
+				res, err := s.Sweep(ctx)
+				purged.Add(int64(res.Purged))
+				if err != nil {
+					t.Errorf("sweep: %v", err)
+					return
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		})
+	}
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req := claimReq("sweep", uniq(fmt.Sprintf("live%d-%d", w, i)), "body")
+				req.Lease = time.Minute
+				res, err := b.Store.Claim(ctx, req)
+				if errors.Is(err, idem.ErrTransient) {
+					continue
+				}
+				if err != nil || !res.Claimed {
+					t.Errorf("live claim: %+v, %v", res, err)
+					return
+				}
+				if err := settleWithEffect(ctx, b, leaseOf(req), req.Key, okResponse("live")); err != nil {
+					t.Errorf("live settle: %v", err)
+					return
+				}
+				live.Store(req.Key, true)
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if got := purged.Load(); got != expired {
+		t.Fatalf("two sweepers purged %d rows in all, want the %d expired ones once", got, expired)
+	}
+	n := 0
+	live.Range(func(k, _ any) bool {
+		n++
+		if rec := get(t, b, "sweep", k.(string)); rec.State != idem.StateCompleted {
+			t.Fatalf("live record %s is %s after the sweep", k, rec.State)
+		}
+		return true
+	})
+	t.Logf("2 sweepers purged %d expired rows once while %d live requests settled", expired, n)
 }
