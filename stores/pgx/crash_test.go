@@ -35,8 +35,8 @@ func TestCrashBeforeCommit(t *testing.T) {
 	key, token, app := "crash-"+randHex(4), randHex(16), "idempgx-crash-"+randHex(4)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashBeforeCommit$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMPGX_CRASH_CHILD=1", "IDEMPGX_CRASH_TABLE="+e.schema+".idempotency_keys",
-		"IDEMPGX_CRASH_EFFECTS="+e.effectsTable(), "IDEMPGX_CRASH_KEY="+key, "IDEMPGX_CRASH_TOKEN="+token,
+	cmd.Env = append(os.Environ(), "IDEMPGX_CRASH_CHILD=1", "IDEMPGX_CRASH_TABLE="+e.Schema+".idempotency_keys",
+		"IDEMPGX_CRASH_EFFECTS="+e.EffectsTable(), "IDEMPGX_CRASH_KEY="+key, "IDEMPGX_CRASH_TOKEN="+token,
 		"IDEMPGX_CRASH_APP="+app)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -94,7 +94,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	if n := e.mustCount(t, key); n != 0 {
 		t.Fatalf("the killed process's business row exists (%d)", n)
 	}
-	rec, err := e.store.Get(ctx, "alice", key)
+	rec, err := e.Store.Get(ctx, "alice", key)
 	if err != nil || rec.State != idem.StateInProgress || rec.LeaseToken != token {
 		t.Fatalf("after the crash the record is %+v (%v), want the child's in-progress claim", rec, err)
 	}
@@ -106,7 +106,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	refused := 0
 	for {
 		req := claimReq("alice", key, "body", crashLease)
-		res, err := e.store.Claim(ctx, req)
+		res, err := e.Store.Claim(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,14 +20,14 @@ func TestEngineFailureDrills(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 6, nil))
 	ctx := testCtx(t)
-	engine, err := idem.New(idem.Config{Store: e.store, RequestTimeout: 2 * time.Second,
+	engine, err := idem.New(idem.Config{Store: e.Store, RequestTimeout: 2 * time.Second,
 		StoreTimeout: 5 * time.Second, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	type handler func(ctx context.Context, id string) (int, error)
-	write := func(ctx context.Context, id string) error { return e.writeEffect(ctx, id) }
+	write := func(ctx context.Context, id string) error { return e.WriteEffect(ctx, id) }
 	ok := func(ctx context.Context, id string) (int, error) { return http.StatusCreated, write(ctx, id) }
 	run := func(key string, h handler) *idem.Response {
 		t.Helper()
@@ -95,7 +95,7 @@ func TestEngineFailureDrills(t *testing.T) {
 		if n := e.mustCount(t, key); n != 0 {
 			t.Errorf("%s: %d business rows after the failed attempt", name, n)
 		}
-		if _, err := e.store.Get(ctx, "alice", key); err == nil {
+		if _, err := e.Store.Get(ctx, "alice", key); err == nil {
 			t.Errorf("%s: a record survived the failed attempt", name)
 		}
 		retry := run(key, ok)
@@ -132,14 +132,14 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 	e := newEnv(t, pool)
 	ctx := testCtx(t)
 	req := claimReq("alice", "lost-"+randHex(4), "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req); err != nil {
+	if _, err := e.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.writeEffect(txCtx, req.Key); err != nil {
+	if err := e.WriteEffect(txCtx, req.Key); err != nil {
 		t.Fatal(err)
 	}
 	htx, _ := idempgx.Tx(txCtx)
@@ -162,11 +162,11 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 	if n := e.mustCount(t, req.Key); n != 0 {
 		t.Fatalf("%d rows committed", n)
 	}
-	if err := e.store.Release(ctx, leaseOf(req)); err != nil {
+	if err := e.Store.Release(ctx, leaseOf(req)); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	// The pool still works.
-	if _, err := e.store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("get after release: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // TestFaults runs core/storetest.RunFaults: the store's connections are cut
@@ -49,18 +50,18 @@ func TestFaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(pool.Close)
-			s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			through := &env{pool: pool, schema: e.schema, store: s}
-			b := through.backend()
-			b.CountEffects = e.countEffects // counted directly, not through the proxy
+			through := &env{&idempgxtest.Env{Pool: pool, Schema: e.Schema, Store: s}}
+			b := through.Backend()
+			b.CountEffects = e.CountEffects // counted directly, not through the proxy
 			return b
 		},
 		Claim:  []byte("ON CONFLICT (principal, key) DO NOTHING"),
 		Commit: []byte("COMMIT"),
-		Effect: []byte("INSERT INTO " + e.effectsTable()),
+		Effect: []byte("INSERT INTO " + e.EffectsTable()),
 	})
 }
 
@@ -107,7 +108,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+	s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 		for range 5 {
 			key := "cut-" + randHex(4)
 			if c.stale {
-				if _, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil {
+				if _, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -142,7 +143,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 			if err != nil || !res.Claimed || res.Record.LeaseToken != req.Token || res.Reclaimed != c.stale {
 				t.Fatalf("%s: claim = %+v, %v; want Claimed with our token, Reclaimed=%v", c.name, res, err, c.stale)
 			}
-			rec, err := e.store.Get(ctx, "alice", key)
+			rec, err := e.Store.Get(ctx, "alice", key)
 			if err != nil || rec.LeaseToken != req.Token || rec.State != idem.StateInProgress {
 				t.Fatalf("%s: stored %+v, %v", c.name, rec, err)
 			}
@@ -177,7 +178,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("release with the cut %v: %v", when, err)
 		}
-		if _, err := e.store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
 			t.Fatalf("row after release with the cut %v: %v", when, err)
 		}
 	}

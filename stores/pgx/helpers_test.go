@@ -2,9 +2,6 @@ package idempgx_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -17,18 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
-const defaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-func dsn() string {
-	if v := os.Getenv("IDEM_PG_DSN"); v != "" {
-		return v
-	}
-	return defaultDSN
-}
+// dsn is the database the tests use: IDEM_PG_DSN or idempgxtest's default.
+var dsn = idempgxtest.DSN
 
 // counter counts what the store sends: queries and batches through pgx's
 // tracer, and network round trips (a write that follows a read, or the
@@ -87,16 +78,13 @@ func (cc *countingConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// newPool opens a pool on the test database and fails the test loudly when
-// the database is unreachable. The pool is closed in cleanup, after
-// checking that the store returned every connection it acquired.
+// newPool opens a pool on the test database, through idempgxtest.OpenPool
+// (which fails the test loudly when the database is unreachable, and checks
+// in cleanup that every connection came back). With c, it counts what the
+// pool sends.
 func newPool(t testing.TB, maxConns int32, c *counter) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn())
-	if err != nil {
-		t.Fatalf("idempgx tests: bad IDEM_PG_DSN %q: %v", dsn(), err)
-	}
-	cfg.MaxConns = maxConns
+	cfg := idempgxtest.PoolConfig(t, maxConns)
 	if c != nil {
 		cfg.ConnConfig.Tracer = c
 		// A ping after an idle second would be counted as a round trip.
@@ -110,115 +98,27 @@ func newPool(t testing.TB, maxConns int32, c *counter) *pgxpool.Pool {
 			return &countingConn{Conn: conn, c: c}, nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		t.Fatalf("idempgx tests need a reachable PostgreSQL (IDEM_PG_DSN, default %s): %v", defaultDSN, err)
-	}
-	t.Cleanup(func() {
-		// Give late Rollbacks a moment, then insist nothing is held.
-		deadline := time.Now().Add(5 * time.Second)
-		for pool.Stat().AcquiredConns() != 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := pool.Stat().AcquiredConns(); n != 0 {
-			t.Errorf("%d pool connections still acquired after the test: a transaction was stranded", n)
-		}
-		pool.Close()
-	})
-	return pool
+	return idempgxtest.OpenPool(t, cfg)
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+var randHex = idempgxtest.RandHex
 
-// env is a fresh schema holding the store's table and a business table
-// effects(id), dropped in cleanup.
-type env struct {
-	pool   *pgxpool.Pool
-	schema string
-	store  *idempgx.Store
-}
+// env is idempgxtest's fresh schema (store, business table effects(id),
+// dropped in cleanup) with the helpers these tests add.
+type env struct{ *idempgxtest.Env }
 
 func newEnv(t testing.TB, pool *pgxpool.Pool, opts ...idempgx.Option) *env {
 	t.Helper()
-	schema := "idempgx_t_" + randHex(6)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+
-		"; CREATE TABLE "+pgx.Identifier{schema, "effects"}.Sanitize()+" (id text NOT NULL)"); err != nil {
-		t.Fatalf("create test schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop test schema %s: %v", schema, err)
-		}
-	})
-	opts = append([]idempgx.Option{idempgx.WithTable(schema + ".idempotency_keys")}, opts...)
-	s, err := idempgx.New(pool, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return &env{pool: pool, schema: schema, store: s}
-}
-
-func (e *env) effectsTable() string { return pgx.Identifier{e.schema, "effects"}.Sanitize() }
-
-// writeEffect inserts a business row through the handler's transaction.
-func (e *env) writeEffect(ctx context.Context, id string) error {
-	tx, ok := idempgx.Tx(ctx)
-	if !ok {
-		return errors.New("no idempgx transaction in context")
-	}
-	_, err := tx.Exec(ctx, "INSERT INTO "+e.effectsTable()+" (id) VALUES ($1)", id)
-	return err
-}
-
-func (e *env) countEffects(ctx context.Context, id string) (int, error) {
-	var n int
-	err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.effectsTable()+" WHERE id = $1", id).Scan(&n)
-	return n, err
+	return &env{idempgxtest.NewEnv(t, pool, opts...)}
 }
 
 func (e *env) mustCount(t testing.TB, id string) int {
 	t.Helper()
-	n, err := e.countEffects(context.Background(), id)
+	n, err := e.CountEffects(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func (e *env) backend() storetest.Backend {
-	return storetest.Backend{
-		Store:        e.store,
-		WriteEffect:  e.writeEffect,
-		CountEffects: e.countEffects,
-		PoisonTx: func(ctx context.Context) error {
-			tx, ok := idempgx.Tx(ctx)
-			if !ok {
-				return errors.New("no idempgx transaction in context")
-			}
-			// A failing statement aborts the PostgreSQL transaction; the
-			// handler swallows the error, as buggy handlers do.
-			if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
-				return errors.New("SELECT 1/0 did not fail")
-			}
-			return nil
-		},
-	}
 }
 
 func fp(s string) []byte {
@@ -246,12 +146,12 @@ func okResponse(body string) idem.Outcome {
 
 // runAttempt is one claimed request: begin, write the effect id, settle.
 func (e *env) runAttempt(ctx context.Context, l idem.Lease, id, body string) error {
-	txCtx, tx, err := e.store.BeginTx(ctx, l)
+	txCtx, tx, err := e.Store.BeginTx(ctx, l)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if err := e.writeEffect(txCtx, id); err != nil {
+	if err := e.WriteEffect(txCtx, id); err != nil {
 		return err
 	}
 	return tx.Settle(ctx, okResponse(body))

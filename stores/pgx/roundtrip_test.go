@@ -28,7 +28,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	ctx := testCtx(t)
 
 	req := claimReq("alice", "replay-"+randHex(4), "body", time.Minute)
-	if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
 	if err := e.runAttempt(ctx, leaseOf(req), req.Key, "original"); err != nil {
@@ -37,7 +37,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	// Warm the statement cache and set hint bits once, outside the
 	// measurement.
 	for range 3 {
-		if _, err := e.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil {
+		if _, err := e.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -63,7 +63,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	}
 	rowVersion := func() string {
 		var v string
-		if err := pool.QueryRow(ctx, "SELECT xmin::text || '/' || xmax::text || '/' || ctid::text FROM "+e.store.Table()+
+		if err := pool.QueryRow(ctx, "SELECT xmin::text || '/' || xmax::text || '/' || ctid::text FROM "+e.Store.Table()+
 			" WHERE principal = $1 AND key = $2", req.Principal, req.Key).Scan(&v); err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	before := rowVersion()
 	xids, wal := measure(func() {
 		for range replays {
-			res, err := e.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
+			res, err := e.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
 			if err != nil || res.Claimed || res.Record.State != idem.StateCompleted || string(res.Record.Response.Body) != "original" {
 				t.Fatalf("replay: %+v %v", res, err)
 			}
@@ -126,12 +126,12 @@ func TestReplayWritesNothing(t *testing.T) {
 		}
 		return xid
 	}
-	if xid := assigned(idempgx.ClaimSQL(e.store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); xid != nil {
+	if xid := assigned(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); xid != nil {
 		t.Fatalf("%d replays of the claim statement in one transaction assigned it xid %d", replays, *xid)
 	}
 
 	// Control: the locking upsert the issue warns about.
-	lockSQL := "INSERT INTO " + e.store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, expires_at)
+	lockSQL := "INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, expires_at)
 		VALUES ($1, $2, $3, 'in_progress', 'x', now() + interval '1 hour')
 		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
 		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
@@ -173,7 +173,7 @@ func TestReplayWritesNothing(t *testing.T) {
 		walk(doc)
 		return records, bytes
 	}
-	if r, b := walOf(idempgx.ClaimSQL(e.store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); r != 0 || b != 0 {
+	if r, b := walOf(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6)); r != 0 || b != 0 {
 		t.Fatalf("EXPLAIN (ANALYZE, WAL) of a replayed claim: %d WAL records, %d bytes, want none", r, b)
 	}
 	if r, b := walOf(lockSQL, req.Principal, req.Key, fp("body")); r == 0 || b == 0 {
@@ -219,15 +219,15 @@ func TestRoundTrips(t *testing.T) {
 	ctx := testCtx(t)
 	first := func(key string, withWrite bool) {
 		req := claimReq("alice", key, "body", time.Minute)
-		if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v %v", res, err)
 		}
-		txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+		txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if withWrite {
-			if err := e.writeEffect(txCtx, key); err != nil {
+			if err := e.WriteEffect(txCtx, key); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -236,7 +236,7 @@ func TestRoundTrips(t *testing.T) {
 		}
 	}
 	first("warm-"+randHex(4), true)
-	_, _ = e.store.Claim(ctx, claimReq("alice", "warm-x", "body", time.Minute))
+	_, _ = e.Store.Claim(ctx, claimReq("alice", "warm-x", "body", time.Minute))
 
 	step := func(name string, want int64, fn func()) {
 		t.Helper()
@@ -253,18 +253,18 @@ func TestRoundTrips(t *testing.T) {
 	var txCtx context.Context
 	var tx idem.Tx
 	step("claim (new key)", 1, func() {
-		if res, err := e.store.Claim(ctx, req); err != nil || !res.Claimed {
+		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v %v", res, err)
 		}
 	})
 	step("begin", 1, func() {
 		var err error
-		if txCtx, tx, err = e.store.BeginTx(ctx, leaseOf(req)); err != nil {
+		if txCtx, tx, err = e.Store.BeginTx(ctx, leaseOf(req)); err != nil {
 			t.Fatal(err)
 		}
 	})
 	step("handler's insert (the handler's own)", 1, func() {
-		if err := e.writeEffect(txCtx, key); err != nil {
+		if err := e.WriteEffect(txCtx, key); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -275,7 +275,7 @@ func TestRoundTrips(t *testing.T) {
 	})
 	step("rollback after settle", 0, func() { _ = tx.Rollback(ctx) })
 	step("replay", 1, func() {
-		if res, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil || res.Claimed {
+		if res, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil || res.Claimed {
 			t.Fatalf("replay: %+v %v", res, err)
 		}
 	})
@@ -295,7 +295,7 @@ func BenchmarkFirstRequest(b *testing.B) {
 	ctx := context.Background()
 	run := func(key string) {
 		req := claimReq("alice", key, "body", time.Minute)
-		res, err := e.store.Claim(ctx, req)
+		res, err := e.Store.Claim(ctx, req)
 		if err != nil || !res.Claimed {
 			b.Fatalf("claim: %+v %v", res, err)
 		}
@@ -321,18 +321,18 @@ func BenchmarkReplay(b *testing.B) {
 	ctx := context.Background()
 	key := "replay-" + randHex(4)
 	req := claimReq("alice", key, "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req); err != nil {
+	if _, err := e.Store.Claim(ctx, req); err != nil {
 		b.Fatal(err)
 	}
 	if err := e.runAttempt(ctx, leaseOf(req), key, `{"id":"p_1","status":"succeeded"}`); err != nil {
 		b.Fatal(err)
 	}
-	_, _ = e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
+	_, _ = e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
 	c.reset()
 	n := 0
 	for b.Loop() {
 		n++
-		res, err := e.store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
+		res, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
 		if err != nil || res.Claimed {
 			b.Fatalf("replay: %+v %v", res, err)
 		}

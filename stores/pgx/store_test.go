@@ -17,6 +17,7 @@ import (
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // TestConformance runs core/storetest. It is not parallel: the suite
@@ -24,9 +25,7 @@ import (
 // running beside it on a small machine can stretch the gap between two of
 // its statements past a lease.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t testing.TB) storetest.Backend {
-		return newEnv(t, newPool(t, 8, nil)).backend()
-	})
+	storetest.Run(t, idempgxtest.NewBackend)
 }
 
 func TestNewValidatesTable(t *testing.T) {
@@ -93,13 +92,13 @@ func TestSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if _, err := conn.Exec(ctx, "SET search_path TO "+pgx.Identifier{e.schema}.Sanitize()+"; "+string(raw)); err != nil {
+		if _, err := conn.Exec(ctx, "SET search_path TO "+pgx.Identifier{e.Schema}.Sanitize()+"; "+string(raw)); err != nil {
 			t.Fatalf("embedded migration: %v", err)
 		}
 	}
 	_, _ = conn.Exec(ctx, "RESET search_path")
 	conn.Release()
-	s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".concurrent"))
+	s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".concurrent"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +137,7 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 			go func() {
 				req := claimReq("alice", key, "body", 30*time.Second)
 				<-gate
-				res, err := e.store.Claim(ctx, req)
+				res, err := e.Store.Claim(ctx, req)
 				if err != nil || !res.Claimed {
 					results <- result{err: err}
 					return
@@ -165,9 +164,9 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	var keys, effects, inProgress int
-	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.store.Table()+`),
-		(SELECT count(*) FROM `+e.effectsTable()+`),
-		(SELECT count(*) FROM `+e.store.Table()+` WHERE state <> 'completed')`).Scan(&keys, &effects, &inProgress)
+	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.Store.Table()+`),
+		(SELECT count(*) FROM `+e.EffectsTable()+`),
+		(SELECT count(*) FROM `+e.Store.Table()+` WHERE state <> 'completed')`).Scan(&keys, &effects, &inProgress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +174,10 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 		t.Fatalf("keys=%d business rows=%d not completed=%d, want %d %d 0", keys, effects, inProgress, rounds, rounds)
 	}
 	var dup int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM `+e.effectsTable()+` GROUP BY id HAVING count(*) > 1) d`).Scan(&dup); err != nil || dup != 0 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM `+e.EffectsTable()+` GROUP BY id HAVING count(*) > 1) d`).Scan(&dup); err != nil || dup != 0 {
 		t.Fatalf("%d keys with more than one business row (%v)", dup, err)
 	}
-	reruns := idempgx.ClaimReruns(e.store)
+	reruns := idempgx.ClaimReruns(e.Store)
 	t.Logf("%d rounds × %d goroutines in %v: %d keys, %d business rows, 0 in progress; %d transient claim errors; %d claim statements re-run (snapshot caveat)",
 		rounds, goroutines, elapsed.Round(time.Millisecond), keys, effects, transient, reruns)
 	if reruns == 0 {
@@ -195,10 +194,10 @@ func TestFence(t *testing.T) {
 	ctx := testCtx(t)
 
 	first := claimReq("alice", "pay-"+randHex(4), "body", lease)
-	if res, err := e.store.Claim(ctx, first); err != nil || !res.Claimed {
+	if res, err := e.Store.Claim(ctx, first); err != nil || !res.Claimed {
 		t.Fatalf("first claim: %+v %v", res, err)
 	}
-	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(first))
+	txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(first))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,13 +205,13 @@ func TestFence(t *testing.T) {
 
 	time.Sleep(lease + 50*time.Millisecond)
 	second := claimReq("alice", first.Key, "body", lease)
-	res, err := e.store.Claim(ctx, second)
+	res, err := e.Store.Claim(ctx, second)
 	if err != nil || !res.Claimed || !res.Reclaimed {
 		t.Fatalf("takeover after the lease: %+v %v", res, err)
 	}
 
 	// The first holder, unaware, writes its business row and settles.
-	if err := e.writeEffect(txCtx, "first"); err != nil {
+	if err := e.WriteEffect(txCtx, "first"); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Settle(ctx, okResponse("first")); !errors.Is(err, idem.ErrLeaseLost) {
@@ -237,7 +236,7 @@ func TestFence(t *testing.T) {
 	if n := e.mustCount(t, "second"); n != 1 {
 		t.Fatalf("new holder's rows = %d", n)
 	}
-	rec, err := e.store.Get(ctx, "alice", first.Key)
+	rec, err := e.Store.Get(ctx, "alice", first.Key)
 	if err != nil || rec.State != idem.StateCompleted || string(rec.Response.Body) != "second" {
 		t.Fatalf("final record %+v %v", rec, err)
 	}
@@ -257,14 +256,14 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 	for i := range iterations {
 		key := "race-" + randHex(6)
 		holder := claimReq("alice", key, "body", time.Hour)
-		if res, err := e.store.Claim(ctx, holder); err != nil || !res.Claimed {
+		if res, err := e.Store.Claim(ctx, holder); err != nil || !res.Claimed {
 			t.Fatalf("holder claim: %+v %v", res, err)
 		}
-		txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(holder))
+		txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(holder))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.writeEffect(txCtx, key+"/holder"); err != nil {
+		if err := e.WriteEffect(txCtx, key+"/holder"); err != nil {
 			t.Fatal(err)
 		}
 
@@ -272,7 +271,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 		settle := func() { holderDone <- tx.Settle(ctx, okResponse("holder")) }
 		taker := claimReq("alice", key, "body", time.Microsecond)
 		take := func() error {
-			res, err := e.store.Claim(ctx, taker)
+			res, err := e.Store.Claim(ctx, taker)
 			if err != nil {
 				return err
 			}
@@ -313,7 +312,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 		if h+tk != 1 {
 			t.Fatalf("iteration %d (order %d): holder effects %d, taker effects %d: want exactly one", i, i%3, h, tk)
 		}
-		rec, err := e.store.Get(ctx, "alice", key)
+		rec, err := e.Store.Get(ctx, "alice", key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,10 +344,10 @@ func TestHandlerTx(t *testing.T) {
 	}
 
 	req := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req); err != nil {
+	if _, err := e.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +355,7 @@ func TestHandlerTx(t *testing.T) {
 	if !ok {
 		t.Fatal("no transaction in BeginTx's context")
 	}
-	if err := e.writeEffect(txCtx, "committed-early"); err != nil {
+	if err := e.WriteEffect(txCtx, "committed-early"); err != nil {
 		t.Fatal(err)
 	}
 	if err := htx.Commit(ctx); !errors.Is(err, idempgx.ErrTxOwned) {
@@ -371,7 +370,7 @@ func TestHandlerTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sp.Exec(ctx, "INSERT INTO "+e.effectsTable()+" VALUES ('undone')"); err != nil {
+	if _, err := sp.Exec(ctx, "INSERT INTO "+e.EffectsTable()+" VALUES ('undone')"); err != nil {
 		t.Fatal(err)
 	}
 	if err := sp.Rollback(ctx); err != nil {
@@ -405,14 +404,14 @@ func TestHandlerTx(t *testing.T) {
 
 	// A handler that rolls back stores nothing and commits nothing.
 	req2 := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req2); err != nil {
+	if _, err := e.Store.Claim(ctx, req2); err != nil {
 		t.Fatal(err)
 	}
-	txCtx2, tx2, err := e.store.BeginTx(ctx, leaseOf(req2))
+	txCtx2, tx2, err := e.Store.BeginTx(ctx, leaseOf(req2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.writeEffect(txCtx2, "rolled-back"); err != nil {
+	if err := e.WriteEffect(txCtx2, "rolled-back"); err != nil {
 		t.Fatal(err)
 	}
 	h2, _ := idempgx.Tx(txCtx2)
@@ -425,22 +424,22 @@ func TestHandlerTx(t *testing.T) {
 	if n := e.mustCount(t, "rolled-back"); n != 0 {
 		t.Fatal("rolled-back write committed")
 	}
-	if rec, _ := e.store.Get(ctx, "alice", req2.Key); rec.State != idem.StateInProgress {
+	if rec, _ := e.Store.Get(ctx, "alice", req2.Key); rec.State != idem.StateInProgress {
 		t.Fatalf("record after handler rollback: %s", rec.State)
 	}
 
 	// A cancelled request context does not strand the transaction: settle
 	// and rollback run on the engine's own context.
 	req3 := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req3); err != nil {
+	if _, err := e.Store.Claim(ctx, req3); err != nil {
 		t.Fatal(err)
 	}
 	reqCtx, cancel := context.WithCancel(ctx)
-	txCtx3, tx3, err := e.store.BeginTx(reqCtx, leaseOf(req3))
+	txCtx3, tx3, err := e.Store.BeginTx(reqCtx, leaseOf(req3))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.writeEffect(txCtx3, "cancelled"); err != nil {
+	if err := e.WriteEffect(txCtx3, "cancelled"); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
@@ -475,7 +474,7 @@ func TestErrorMapping(t *testing.T) {
 	pool := newPool(t, 4, nil)
 	e := newEnv(t, pool)
 	// Missing table: not transient, SQLSTATE reachable.
-	missing, _ := idempgx.New(pool, idempgx.WithTable(e.schema+".nope"))
+	missing, _ := idempgx.New(pool, idempgx.WithTable(e.Schema+".nope"))
 	_, err = missing.Get(ctx, "a", "k")
 	var pgErr *pgconn.PgError
 	if errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
@@ -484,7 +483,7 @@ func TestErrorMapping(t *testing.T) {
 
 	// A lock timeout (55P03) is transient.
 	req := claimReq("alice", "locked", "body", time.Minute)
-	if _, err := e.store.Claim(ctx, req); err != nil {
+	if _, err := e.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	locker, err := pool.Begin(ctx)
@@ -492,7 +491,7 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = locker.Rollback(ctx) }()
-	if _, err := locker.Exec(ctx, "SELECT 1 FROM "+e.store.Table()+" WHERE key = 'locked' FOR UPDATE"); err != nil {
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM "+e.Store.Table()+" WHERE key = 'locked' FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
 	lcfg := pool.Config().Copy()
@@ -503,7 +502,7 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lpool.Close()
-	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.schema+".idempotency_keys"))
+	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.Schema+".idempotency_keys"))
 	err = ls.Release(ctx, leaseOf(req))
 	if !errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("release under lock_timeout = %v, want transient 55P03", err)
@@ -512,7 +511,7 @@ func TestErrorMapping(t *testing.T) {
 	// The caller giving up is not transient.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := e.store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idem.ErrTransient) {
+	if _, err := e.Store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idem.ErrTransient) {
 		t.Fatalf("cancelled Get = %v", err)
 	}
 }
@@ -548,11 +547,11 @@ func TestQueryExecModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			s, err := idempgx.New(pool, idempgx.WithTable(e.schema+".idempotency_keys"))
+			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			me := &env{pool: pool, schema: e.schema, store: s}
+			me := &env{&idempgxtest.Env{Pool: pool, Schema: e.Schema, Store: s}}
 
 			// Settle and replay, with binary-unfriendly content.
 			req := claimReq("alice", "k-"+randHex(4), "body\x00\xff", time.Minute)
@@ -565,7 +564,7 @@ func TestQueryExecModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := me.writeEffect(txCtx, req.Key); err != nil {
+			if err := me.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Settle(ctx, out); err != nil {
@@ -586,7 +585,7 @@ func TestQueryExecModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := me.writeEffect(oldCtx, old.Key+"/old"); err != nil {
+			if err := me.WriteEffect(oldCtx, old.Key+"/old"); err != nil {
 				t.Fatal(err)
 			}
 			taker := claimReq("alice", old.Key, "body", time.Microsecond)
@@ -609,10 +608,10 @@ func TestQueryExecModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := me.writeEffect(pCtx, p.Key); err != nil {
+			if err := me.WriteEffect(pCtx, p.Key); err != nil {
 				t.Fatal(err)
 			}
-			if err := me.backend().PoisonTx(pCtx); err != nil {
+			if err := me.Backend().PoisonTx(pCtx); err != nil {
 				t.Fatal(err)
 			}
 			if err := pTx.Settle(ctx, okResponse("p")); err == nil || errors.Is(err, idem.ErrLeaseLost) {
@@ -670,10 +669,10 @@ func TestPurgeRacingReplacement(t *testing.T) {
 	for i := range keys {
 		req := claimReq("alice", fmt.Sprintf("exp-%03d", i), "old", time.Minute)
 		req.Retention = 300 * time.Millisecond
-		if _, err := e.store.Claim(ctx, req); err != nil {
+		if _, err := e.Store.Claim(ctx, req); err != nil {
 			t.Fatal(err)
 		}
-		_, tx, err := e.store.BeginTx(ctx, leaseOf(req))
+		_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -688,7 +687,7 @@ func TestPurgeRacingReplacement(t *testing.T) {
 	for range 2 {
 		wg.Go(func() {
 			for {
-				n, err := e.store.PurgeExpired(ctx, 3)
+				n, err := e.Store.PurgeExpired(ctx, 3)
 				if err != nil {
 					t.Errorf("purge: %v", err)
 					return
@@ -712,7 +711,7 @@ func TestPurgeRacingReplacement(t *testing.T) {
 			for i := range work {
 				key := fmt.Sprintf("exp-%03d", i)
 				req := claimReq("alice", key, "new", time.Minute)
-				res, err := e.store.Claim(ctx, req)
+				res, err := e.Store.Claim(ctx, req)
 				if err != nil || !res.Claimed || res.Reclaimed {
 					t.Errorf("%s: claim of an expired key: %+v %v", key, res, err)
 					continue
@@ -725,8 +724,8 @@ func TestPurgeRacingReplacement(t *testing.T) {
 	}
 	wg.Wait()
 	var completed, effects int
-	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.store.Table()+` WHERE state = 'completed' AND body = 'new'),
-		(SELECT count(DISTINCT id) FROM `+e.effectsTable()+`)`).Scan(&completed, &effects); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.Store.Table()+` WHERE state = 'completed' AND body = 'new'),
+		(SELECT count(DISTINCT id) FROM `+e.EffectsTable()+`)`).Scan(&completed, &effects); err != nil {
 		t.Fatal(err)
 	}
 	if completed != keys || effects != keys {
