@@ -25,7 +25,7 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := strings.TrimSuffix(direct.effects, "_effects")
+	table := strings.TrimSuffix(direct.Effects, "_effects")
 	storetest.RunFaults(t, storetest.FaultTarget{
 		Addr: net.JoinHostPort(pc.Host, fmt.Sprint(pc.Port)),
 		Connect: func(t testing.TB, proxyAddr string) storetest.Backend {
@@ -46,13 +46,13 @@ func TestFaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			through := &fixture{db: db, store: store, dialect: "postgres", effects: direct.effects}
-			b := through.backend()
-			b.CountEffects = direct.countEffects // counted directly, not through the proxy
+			through := &fixture{DB: db, Store: store, Dialect: "postgres", Effects: direct.Effects}
+			b := through.Backend()
+			b.CountEffects = direct.CountEffects // counted directly, not through the proxy
 			return b
 		},
 		Claim:  []byte("DO NOTHING RETURNING"),
 		Commit: []byte("commit"),
-		Effect: []byte("INSERT INTO " + direct.effects),
+		Effect: []byte("INSERT INTO " + direct.Effects),
 	})
 }

@@ -92,7 +92,7 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 						// about takeovers of slow winners.
 						req := claimReq("alice", key, "same body", time.Minute)
 						<-gate
-						res, err := f.store.Claim(ctx, req)
+						res, err := f.Store.Claim(ctx, req)
 						if errors.Is(err, idem.ErrTransient) {
 							transient.Add(1)
 							return
@@ -108,13 +108,13 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 							return
 						}
 						winners.Add(1)
-						txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+						txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 						if err != nil {
 							errs <- err
 							return
 						}
 						defer func() { _ = tx.Rollback(ctx) }()
-						if err := f.writeEffect(txCtx, key); err != nil {
+						if err := f.WriteEffect(txCtx, key); err != nil {
 							errs <- err
 							return
 						}
@@ -136,14 +136,14 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 			elapsed := time.Since(start)
 
 			var rows, distinct int64
-			if err := f.db.Raw("SELECT COUNT(*), COUNT(DISTINCT id) FROM "+f.effects).Row().Scan(&rows, &distinct); err != nil {
+			if err := f.DB.Raw("SELECT COUNT(*), COUNT(DISTINCT id) FROM "+f.Effects).Row().Scan(&rows, &distinct); err != nil {
 				t.Fatal(err)
 			}
 			if rows != int64(len(keys)) || distinct != int64(len(keys)) {
 				t.Fatalf("%d business rows (%d distinct) for %d keys, want one each", rows, distinct, len(keys))
 			}
 			for _, k := range keys {
-				rec, err := f.store.Get(ctx, "alice", k)
+				rec, err := f.Store.Get(ctx, "alice", k)
 				if err != nil || rec.State != idem.StateCompleted {
 					t.Fatalf("key %s: %v %v, want completed", k, rec.State, err)
 				}
@@ -171,16 +171,16 @@ func TestFence(t *testing.T) {
 			ctx := testCtx(t)
 			const lease = 300 * time.Millisecond
 			old := claimReq("alice", "fence-"+randSuffix(), "body", lease)
-			if res, err := f.store.Claim(ctx, old); err != nil || !res.Claimed {
+			if res, err := f.Store.Claim(ctx, old); err != nil || !res.Claimed {
 				t.Fatalf("first claim: %+v %v", res, err)
 			}
 			begin := func() (context.Context, idem.Tx) {
-				txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(old))
+				txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(old))
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = tx.Rollback(ctx) })
-				if err := f.writeEffect(txCtx, "old"); err != nil {
+				if err := f.WriteEffect(txCtx, "old"); err != nil {
 					t.Fatal(err)
 				}
 				return txCtx, tx
@@ -192,7 +192,7 @@ func TestFence(t *testing.T) {
 
 			time.Sleep(lease + 100*time.Millisecond)
 			fresh := claimReq("alice", old.Key, "body", lease)
-			res, err := f.store.Claim(ctx, fresh)
+			res, err := f.Store.Claim(ctx, fresh)
 			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != fresh.Token {
 				t.Fatalf("takeover: %+v %v", res, err)
 			}
@@ -203,27 +203,27 @@ func TestFence(t *testing.T) {
 			if err := oldTx.Settle(ctx, created("old")); !errors.Is(err, idem.ErrLeaseLost) {
 				t.Fatalf("old holder's settle = %v, want ErrLeaseLost", err)
 			}
-			if n, err := f.countEffects(ctx, "old"); err != nil || n != 0 {
+			if n, err := f.CountEffects(ctx, "old"); err != nil || n != 0 {
 				t.Fatalf("old holder's business rows = %d (%v), want 0: rolled back", n, err)
 			}
-			if err := f.store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := f.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
 				t.Fatalf("old holder's release = %v, want ErrLeaseLost", err)
 			}
 
-			txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(fresh))
+			txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(fresh))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := f.writeEffect(txCtx, "new"); err != nil {
+			if err := f.WriteEffect(txCtx, "new"); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Settle(ctx, created("new")); err != nil {
 				t.Fatalf("new holder's settle: %v", err)
 			}
-			if n, _ := f.countEffects(ctx, "new"); n != 1 {
+			if n, _ := f.CountEffects(ctx, "new"); n != 1 {
 				t.Fatalf("new holder's business rows = %d, want 1", n)
 			}
-			rec, err := f.store.Get(ctx, "alice", old.Key)
+			rec, err := f.Store.Get(ctx, "alice", old.Key)
 			if err != nil || rec.State != idem.StateCompleted || rec.LeaseToken != fresh.Token ||
 				!bytes.Equal(rec.Response.Body, created("new").Response.Body) {
 				t.Fatalf("final record %+v %v, want the new holder's", rec, err)
@@ -240,17 +240,17 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 			f := newFixture(t, d)
 			ctx := testCtx(t)
 			req := claimReq("alice", "replay-"+randSuffix(), "body", time.Minute)
-			if _, err := f.store.Claim(ctx, req); err != nil {
+			if _, err := f.Store.Claim(ctx, req); err != nil {
 				t.Fatal(err)
 			}
-			_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+			_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Settle(ctx, created("r")); err != nil {
 				t.Fatal(err)
 			}
-			before, err := f.store.Get(ctx, "alice", req.Key)
+			before, err := f.Store.Get(ctx, "alice", req.Key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 				if i%2 == 1 {
 					body = "another body" // a 422 to be: must not write either
 				}
-				res, err := f.store.Claim(ctx, claimReq("alice", req.Key, body, time.Nanosecond))
+				res, err := f.Store.Claim(ctx, claimReq("alice", req.Key, body, time.Nanosecond))
 				if err != nil || res.Claimed {
 					t.Fatalf("replay %d: %+v %v", i, res, err)
 				}
@@ -268,7 +268,7 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 					t.Fatalf("replay %d returned %+v", i, res.Record)
 				}
 			}
-			after, err := f.store.Get(ctx, "alice", req.Key)
+			after, err := f.Store.Get(ctx, "alice", req.Key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -286,10 +286,10 @@ func TestReplayWritesNothingPostgres(t *testing.T) {
 	f := newFixture(t, "postgres")
 	ctx := testCtx(t)
 	req := claimReq("alice", "pgreplay-"+randSuffix(), "body", time.Minute)
-	if _, err := f.store.Claim(ctx, req); err != nil {
+	if _, err := f.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestReplayWritesNothingPostgres(t *testing.T) {
 	}
 	sys := func() string {
 		var ctid, xmin, xmax string
-		err := f.db.Raw(`SELECT ctid::text, xmin::text, xmax::text FROM `+f.store.Table()+` WHERE principal = ? AND "key" = ?`,
+		err := f.DB.Raw(`SELECT ctid::text, xmin::text, xmax::text FROM `+f.Store.Table()+` WHERE principal = ? AND "key" = ?`,
 			"alice", req.Key).Row().Scan(&ctid, &xmin, &xmax)
 		if err != nil {
 			t.Fatal(err)
@@ -307,7 +307,7 @@ func TestReplayWritesNothingPostgres(t *testing.T) {
 	}
 	before := sys()
 	for range 50 {
-		if res, err := f.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
+		if res, err := f.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
 			t.Fatalf("replay: %+v %v", res, err)
 		}
 	}
@@ -324,17 +324,17 @@ func TestReplayWritesNothingSQLite(t *testing.T) {
 	f := newFixture(t, "sqlite")
 	ctx := testCtx(t)
 	req := claimReq("alice", "litereplay-"+randSuffix(), "body", time.Minute)
-	if _, err := f.store.Claim(ctx, req); err != nil {
+	if _, err := f.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	_, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Settle(ctx, created("r")); err != nil {
 		t.Fatal(err)
 	}
-	sqlDB, err := f.db.DB()
+	sqlDB, err := f.DB.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestReplayWritesNothingSQLite(t *testing.T) {
 	}
 	before := version()
 	for range 50 {
-		if res, err := f.store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
+		if res, err := f.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed {
 			t.Fatalf("replay: %+v %v", res, err)
 		}
 	}
@@ -360,7 +360,7 @@ func TestReplayWritesNothingSQLite(t *testing.T) {
 		t.Fatalf("replays committed writes: data_version %d → %d", before, after)
 	}
 	// The observer does see a real write.
-	if _, err := f.store.Claim(ctx, claimReq("alice", "other-"+randSuffix(), "body", time.Minute)); err != nil {
+	if _, err := f.Store.Claim(ctx, claimReq("alice", "other-"+randSuffix(), "body", time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if after := version(); after == before {
@@ -378,43 +378,43 @@ func TestSQLiteInterruptedTransaction(t *testing.T) {
 	f := newFixture(t, "sqlite")
 	ctx := testCtx(t)
 	req := claimReq("alice", "interrupt-"+randSuffix(), "body", time.Minute)
-	if _, err := f.store.Claim(ctx, req); err != nil {
+	if _, err := f.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if err := f.writeEffect(txCtx, "before"); err != nil {
+	if err := f.WriteEffect(txCtx, "before"); err != nil {
 		t.Fatal(err)
 	}
 	db, _ := idemgorm.TxFrom(txCtx)
 	qctx, cancel := context.WithTimeout(txCtx, 50*time.Millisecond)
 	defer cancel()
-	err = db.WithContext(qctx).Exec(`INSERT INTO ` + f.effects + ` (id)
+	err = db.WithContext(qctx).Exec(`INSERT INTO ` + f.Effects + ` (id)
 		WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000)
 		SELECT 'bulk' FROM n`).Error
 	if err == nil {
 		t.Fatal("the long INSERT was not interrupted")
 	}
 	// The handler swallows the error and writes once more.
-	_ = f.writeEffect(txCtx, "after")
+	_ = f.WriteEffect(txCtx, "after")
 	settleErr := tx.Settle(ctx, created("x"))
 	if !errors.Is(settleErr, idemgorm.ErrTxEnded) {
 		t.Fatalf("Settle after SQLite ended the transaction = %v, want ErrTxEnded", settleErr)
 	}
-	rec, err := f.store.Get(ctx, "alice", req.Key)
+	rec, err := f.Store.Get(ctx, "alice", req.Key)
 	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
 		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
 	}
-	if n, _ := f.countEffects(ctx, "before"); n != 0 {
+	if n, _ := f.CountEffects(ctx, "before"); n != 0 {
 		t.Fatalf("%d rows of the rolled-back transaction exist", n)
 	}
 	// What the handler wrote after swallowing the error ran in autocommit
 	// mode and stands: no store can take that back (README: return on
 	// every database error).
-	n, _ := f.countEffects(ctx, "after")
+	n, _ := f.CountEffects(ctx, "after")
 	t.Logf("settle refused: %v; the handler's own autocommitted write after the error: %d row(s)", settleErr, n)
 }
 
@@ -428,29 +428,29 @@ func TestTxFromAndDB(t *testing.T) {
 	if idemgorm.DB(ctx, nil) != nil {
 		t.Fatal("DB(ctx, nil) without a transaction is not nil")
 	}
-	if db := idemgorm.DB(ctx, f.db); db == nil || db.Statement.ConnPool != f.db.Statement.ConnPool {
+	if db := idemgorm.DB(ctx, f.DB); db == nil || db.Statement.ConnPool != f.DB.Statement.ConnPool {
 		t.Fatal("DB without a transaction did not fall back")
 	}
-	if db := f.store.DB(ctx); db == nil || db.Statement.ConnPool != f.db.Statement.ConnPool {
+	if db := f.Store.DB(ctx); db == nil || db.Statement.ConnPool != f.DB.Statement.ConnPool {
 		t.Fatal("Store.DB without a transaction did not fall back")
 	}
 	req := claimReq("alice", "acc-"+randSuffix(), "body", time.Minute)
-	if _, err := f.store.Claim(ctx, req); err != nil {
+	if _, err := f.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	txDB, ok := idemgorm.TxFrom(txCtx)
-	if !ok || txDB.Statement.ConnPool == f.db.Statement.ConnPool {
+	if !ok || txDB.Statement.ConnPool == f.DB.Statement.ConnPool {
 		t.Fatal("TxFrom did not return the transaction")
 	}
-	if db := idemgorm.DB(txCtx, f.db); db.Statement.ConnPool != txDB.Statement.ConnPool {
+	if db := idemgorm.DB(txCtx, f.DB); db.Statement.ConnPool != txDB.Statement.ConnPool {
 		t.Fatal("DB did not prefer the transaction")
 	}
-	if db := f.store.DB(txCtx); db.Statement.ConnPool != txDB.Statement.ConnPool {
+	if db := f.Store.DB(txCtx); db.Statement.ConnPool != txDB.Statement.ConnPool {
 		t.Fatal("Store.DB did not prefer the transaction")
 	}
 }
@@ -471,28 +471,28 @@ func sameRecord(a, b idem.Record) bool {
 func TestMySQLDeadlockedTransaction(t *testing.T) {
 	f := newFixture(t, "mysql")
 	ctx := testCtx(t)
-	locks := f.effects + "_locks"
-	if err := f.db.Exec("CREATE TABLE " + locks + " (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB").Error; err != nil {
+	locks := f.Effects + "_locks"
+	if err := f.DB.Exec("CREATE TABLE " + locks + " (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB").Error; err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.db.Exec("DROP TABLE IF EXISTS " + locks) })
-	if err := f.db.Exec("INSERT INTO " + locks + " VALUES (1, 0), (2, 0)").Error; err != nil {
+	t.Cleanup(func() { f.DB.Exec("DROP TABLE IF EXISTS " + locks) })
+	if err := f.DB.Exec("INSERT INTO " + locks + " VALUES (1, 0), (2, 0)").Error; err != nil {
 		t.Fatal(err)
 	}
-	if !f.store.Guarded() {
+	if !f.Store.Guarded() {
 		t.Fatal("store is not guarded: the temporary marker table was refused")
 	}
 
 	req := claimReq("alice", "deadlock-"+randSuffix(), "body", time.Minute)
-	if _, err := f.store.Claim(ctx, req); err != nil {
+	if _, err := f.Store.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if err := f.writeEffect(txCtx, "before"); err != nil {
+	if err := f.WriteEffect(txCtx, "before"); err != nil {
 		t.Fatal(err)
 	}
 	ours, _ := idemgorm.TxFrom(txCtx)
@@ -501,10 +501,10 @@ func TestMySQLDeadlockedTransaction(t *testing.T) {
 	}
 
 	// The other transaction is heavier, so InnoDB picks ours as the victim.
-	other := f.db.Begin()
+	other := f.DB.Begin()
 	defer other.Rollback()
 	for i := range 50 {
-		if err := other.Exec("INSERT INTO "+f.effects+" (id) VALUES (?)", fmt.Sprintf("heavy-%d", i)).Error; err != nil {
+		if err := other.Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", fmt.Sprintf("heavy-%d", i)).Error; err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -528,14 +528,14 @@ func TestMySQLDeadlockedTransaction(t *testing.T) {
 	if !errors.Is(settleErr, idemgorm.ErrTxEnded) {
 		t.Fatalf("Settle after the deadlock rollback = %v, want ErrTxEnded", settleErr)
 	}
-	rec, err := f.store.Get(ctx, "alice", req.Key)
+	rec, err := f.Store.Get(ctx, "alice", req.Key)
 	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
 		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
 	}
-	if n, _ := f.countEffects(ctx, "before"); n != 0 {
+	if n, _ := f.CountEffects(ctx, "before"); n != 0 {
 		t.Fatalf("%d rows of the deadlocked transaction exist", n)
 	}
-	if err := f.store.Release(ctx, leaseOf(req)); err != nil {
+	if err := f.Store.Release(ctx, leaseOf(req)); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 }
@@ -595,14 +595,14 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 			for i := range 25 {
 				key := fmt.Sprintf("late-%d-%s", i, randSuffix())
 				old := claimReq("alice", key, "body", lease)
-				if _, err := f.store.Claim(ctx, old); err != nil {
+				if _, err := f.Store.Claim(ctx, old); err != nil {
 					t.Fatal(err)
 				}
-				oldCtx, oldTx, err := f.store.BeginTx(ctx, leaseOf(old))
+				oldCtx, oldTx, err := f.Store.BeginTx(ctx, leaseOf(old))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := f.writeEffect(oldCtx, key+"/old"); err != nil {
+				if err := f.WriteEffect(oldCtx, key+"/old"); err != nil {
 					t.Fatal(err)
 				}
 				time.Sleep(lease + 10*time.Millisecond)
@@ -626,7 +626,7 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 					if i%2 == 1 {
 						time.Sleep(time.Duration(i%5) * time.Millisecond)
 					}
-					res, err := f.store.Claim(ctx, fresh)
+					res, err := f.Store.Claim(ctx, fresh)
 					if err != nil {
 						newErr = err
 						return
@@ -635,13 +635,13 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 						return
 					}
 					newClaimed = true
-					txCtx, tx, err := f.store.BeginTx(ctx, leaseOf(fresh))
+					txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(fresh))
 					if err != nil {
 						newErr = err
 						return
 					}
 					defer func() { _ = tx.Rollback(ctx) }()
-					if err := f.writeEffect(txCtx, key+"/new"); err != nil {
+					if err := f.WriteEffect(txCtx, key+"/new"); err != nil {
 						newErr = err
 						return
 					}
@@ -656,9 +656,9 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 				if oldErr != nil && !errors.Is(oldErr, idem.ErrLeaseLost) {
 					t.Fatalf("iteration %d: old settle: %v", i, oldErr)
 				}
-				nOld, _ := f.countEffects(ctx, key+"/old")
-				nNew, _ := f.countEffects(ctx, key+"/new")
-				rec, err := f.store.Get(ctx, "alice", key)
+				nOld, _ := f.CountEffects(ctx, key+"/old")
+				nNew, _ := f.CountEffects(ctx, key+"/new")
+				rec, err := f.Store.Get(ctx, "alice", key)
 				if err != nil {
 					t.Fatal(err)
 				}
