@@ -1,0 +1,17 @@
+// Package conformance runs core/adaptertest for every adapter against
+// every real store. The adapters' own modules run the suite against
+// memstore only, because adapters and stores depend on core alone; this
+// test-only module is the one place, besides examples, that depends on all
+// of them, through their test-support packages (idemhttptest,
+// idemgintest, idemechotest, idemfibertest; idempgxtest, idemgormtest).
+//
+// The matrix is complete: net/http, Gin, Echo and Fiber, each on idempgx
+// (PostgreSQL) and on idemgorm over PostgreSQL, MySQL/MariaDB and SQLite,
+// 16 runs of the whole suite. It takes under a minute with -race on a
+// 2-core machine (the suite's subtests mostly wait on leases and
+// deadlines), so no combination is left out.
+//
+// It has no code outside its tests. Run it with the services up
+// (make services; IDEM_PG_DSN and IDEM_MYSQL_DSN name other servers): an
+// unreachable database fails the tests, never skips them.
+package conformance
