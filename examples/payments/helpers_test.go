@@ -187,6 +187,9 @@ func (p *proc) stop(t testing.TB) {
 		return
 	default:
 	}
+	// Spare keep-alive connections would make a graceful shutdown wait
+	// for their read timeout.
+	client.CloseIdleConnections()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
@@ -31,6 +32,14 @@ func newFiber(a *app) (server, error) {
 	}
 	f := fiber.New(fiber.Config{
 		DisableStartupMessage: true,
+		// fasthttp counts a connection as active from the moment it is
+		// accepted until its first request has been read, and a graceful
+		// shutdown waits for active connections: without a read timeout,
+		// a client's spare keep-alive connection that never carries a
+		// request (Go's and browsers' connection pools open them) holds
+		// the shutdown until the client closes it.
+		ReadTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute,
 		ErrorHandler: func(c *fiber.Ctx, err error) error {
 			var fe *fiber.Error
 			if errors.As(err, &fe) && fe.Code != http.StatusInternalServerError {
