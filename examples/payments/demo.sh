@@ -29,7 +29,19 @@ trap cleanup EXIT
 if [ -z "$BASE" ]; then
 	echo "# building the service"
 	(cd "$here" && go build -o "$tmp/payments" .)
-	"$tmp/payments" -addr 127.0.0.1:0 -dsn "$tmp/demo.db" -handler-delay 1s "$@" 2>"$tmp/server.log" &
+	# A fresh SQLite file unless the flags choose another store or a -dsn.
+	store=${IDEM_STORE:-sqlite} dsn=()
+	prev=""
+	for a in "$@"; do
+		case "$prev|$a" in
+		-store\|* | --store\|*) store=$a ;;
+		*\|-store=* | *\|--store=*) store=${a#*=} ;;
+		esac
+		case "$a" in -dsn | --dsn | -dsn=* | --dsn=*) store=custom ;; esac
+		prev=$a
+	done
+	[ "$store" = sqlite ] && [ -z "${IDEM_DSN:-}" ] && dsn=(-dsn "$tmp/demo.db")
+	"$tmp/payments" -addr 127.0.0.1:0 "${dsn[@]}" -handler-delay 1s "$@" 2>"$tmp/server.log" &
 	pid=$!
 	for _ in $(seq 1 200); do
 		addr=$(sed -n 's/.*msg="payments service listening" addr=\([^ ]*\).*/\1/p' "$tmp/server.log")
@@ -50,6 +62,9 @@ fi
 curl -fsS "$BASE/healthz" >/dev/null || { echo "demo: $BASE/healthz does not answer" >&2; exit 1; }
 
 run=$(date +%s)-$RANDOM
+# Fresh accounts each run, so "exactly one payment" holds on a reused database.
+alice="alice-${run##*-}"
+bob="bob-${run##*-}"
 key1="order-$run"
 key2="checkout-$run"
 body='{"amount": 1250, "currency": "EUR", "description": "Order #1001"}'
@@ -72,26 +87,26 @@ show() {
 
 echo
 echo "## 1. A first payment: 201, the payment written in the idempotency transaction"
-show -X POST "$BASE/payments" -H 'Authorization: Bearer alice' -H "Idempotency-Key: $key1" \
+show -X POST "$BASE/payments" -H "Authorization: Bearer $alice" -H "Idempotency-Key: $key1" \
 	-H 'Content-Type: application/json' -d "$body"
 
 echo
 echo "## 2. The client retries (same key, same body): the stored response, Idempotent-Replayed: true"
-show -X POST "$BASE/payments" -H 'Authorization: Bearer alice' -H "Idempotency-Key: $key1" \
+show -X POST "$BASE/payments" -H "Authorization: Bearer $alice" -H "Idempotency-Key: $key1" \
 	-H 'Content-Type: application/json' -d "$body"
 
 echo
 echo "## 3. The same key with another body: 422, nothing happens"
-show -X POST "$BASE/payments" -H 'Authorization: Bearer alice' -H "Idempotency-Key: $key1" \
+show -X POST "$BASE/payments" -H "Authorization: Bearer $alice" -H "Idempotency-Key: $key1" \
 	-H 'Content-Type: application/json' -d '{"amount": 9900, "currency": "EUR"}'
 
 echo
 echo "## 4. Ten concurrent retries of a new payment while the handler sleeps (-handler-delay):"
 echo "##    exactly one 201 runs the handler; the others get 409 (key in use) or, once it committed, the replay"
-printf '$ for i in $(seq 1 10); do curl -X POST $BASE/payments -H '"'"'Authorization: Bearer bob'"'"' -H '"'"'Idempotency-Key: %s'"'"' ... & done; wait\n' "$key2"
+printf '$ for i in $(seq 1 10); do curl -X POST $BASE/payments -H '"'"'Authorization: Bearer %s'"'"' -H '"'"'Idempotency-Key: %s'"'"' ... & done; wait\n' "$bob" "$key2"
 curls=()
 for i in $(seq 1 10); do
-	curl -sS -o "$tmp/c$i.body" -D "$tmp/c$i.head" -X POST "$BASE/payments" -H 'Authorization: Bearer bob' \
+	curl -sS -o "$tmp/c$i.body" -D "$tmp/c$i.head" -X POST "$BASE/payments" -H "Authorization: Bearer $bob" \
 		-H "Idempotency-Key: $key2" -H 'Content-Type: application/json' \
 		-d '{"amount": 4200, "currency": "EUR", "description": "Checkout"}' &
 	curls+=($!)
@@ -108,12 +123,12 @@ done | sort | uniq -c
 
 echo
 echo "## 5. Once it has committed, a retry gets the stored 201"
-show -X POST "$BASE/payments" -H 'Authorization: Bearer bob' -H "Idempotency-Key: $key2" \
+show -X POST "$BASE/payments" -H "Authorization: Bearer $bob" -H "Idempotency-Key: $key2" \
 	-H 'Content-Type: application/json' -d '{"amount": 4200, "currency": "EUR", "description": "Checkout"}'
 
 echo
-echo "## 6. Bob's payments: exactly one"
-show "$BASE/payments" -H 'Authorization: Bearer bob'
+echo "## 6. $bob's payments: exactly one"
+show "$BASE/payments" -H "Authorization: Bearer $bob"
 
 echo
 echo "## 7. No or a malformed bearer token: 401"
