@@ -677,11 +677,19 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 	cfg := s.config()
 	cfg.MaxBodyBytes = 256
 	var calls atomic.Int64
+	// bob's first request holds its key in the handler until released, so
+	// his second is a 409 however slow the machine is.
+	bobRuns, bobRelease := make(chan struct{}), make(chan struct{})
 	base := s.serve(t, cfg, func(ctx context.Context, r Request) Reply {
-		if calls.Add(1) == 1 {
+		switch calls.Add(1) {
+		case 1:
 			_ = s.b.PoisonTx(ctx) // the commit fails with the store's own error text
-		} else {
-			time.Sleep(300 * time.Millisecond)
+		case 2:
+			close(bobRuns)
+			select {
+			case <-bobRelease:
+			case <-ctx.Done():
+			}
 		}
 		return Reply{Status: http.StatusCreated, Body: []byte(`{"id":"pay_secret"}`)}
 	})
@@ -695,8 +703,13 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 	)
 	done := make(chan reply, 1)
 	go func() { r, _ := sendErr(context.Background(), base, "bob", "k-leak", paymentBody); done <- r }()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-bobRuns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("bob's first request never reached the handler")
+	}
 	problems = append(problems, send(t, base, "bob", "k-leak", paymentBody)) // 409 while bob's runs
+	close(bobRelease)
 	<-done
 	problems = append(problems, send(t, base, "bob", "k-leak", `{"amount":2}`)) // 422
 	for _, p := range problems {
