@@ -62,6 +62,15 @@ func TestRoundTrips(t *testing.T) {
 
 	Hold = make(chan struct{})
 	defer func() { Hold = nil }()
+	// release lets a held handler go on; it gave up by itself after 10 s
+	// if something (another client's lock) delayed the test that long.
+	release := func() {
+		select {
+		case Hold <- struct{}{}:
+		case <-time.After(11 * time.Second):
+			t.Error("the held handler did not wait for its release")
+		}
+	}
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "| variant | first request (handler: 1) | replay | 409 in progress | 422 other body |\n|---|---|---|---|---|\n")
@@ -102,7 +111,7 @@ func TestRoundTrips(t *testing.T) {
 		go func() { heldDone <- post("warm-held", body, true) }()
 		time.Sleep(300 * time.Millisecond)
 		post("warm-held", body, false)
-		Hold <- struct{}{}
+		release()
 		<-heldDone
 
 		measure := func(name string, want int, fn func() *http.Response) string {
@@ -129,7 +138,7 @@ func TestRoundTrips(t *testing.T) {
 		go func() { heldDone <- post("k2", body, true) }()
 		time.Sleep(300 * time.Millisecond)
 		conflict := measure("409", http.StatusConflict, func() *http.Response { return post("k2", body, false) })
-		Hold <- struct{}{}
+		release()
 		<-heldDone
 		mismatch := measure("422", http.StatusUnprocessableEntity, func() *http.Response {
 			return post("k1", `{"amount":2000,"currency":"EUR","description":"coffee"}`, false)
