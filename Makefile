@@ -51,5 +51,5 @@ bench: services
 ## soak: long crash and contention soaks, bounded by SOAKTIME.
 soak: services
 	@set -e; for m in $(MODULES); do \
-		(cd $$m && IDEM_SOAK=$(SOAKTIME) $(GO) test -race -count=1 -timeout 60m -run 'Soak|ManyInstances' ./...); \
+		(cd $$m && IDEM_SOAK=$(SOAKTIME) $(GO) test -race -count=1 -v -timeout 60m -run 'Soak|ManyInstances' ./...); \
 	done

@@ -573,32 +573,41 @@ func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB,
 	return rs
 }
 
-// soakBlock returns the longest time a key was refused with 409. A run of
-// 409s starts, at the latest, when the request holding the claim was
-// sent: the earliest request that reached a process and had not been
-// answered when the run's first 409 was sent, or that was cut by the kill
-// (its claim outlives it). The run lasts until the last 409 before a 201.
-// Refused connections reached no process and count for neither.
+// soakBlock returns the longest time a key was refused with 409 by one
+// claim. For each 409 it looks for the claim that refused it: a request
+// that reached a process (not refused at connect, not itself a 409 or a
+// replay), sent before the 409 was answered, and either still unanswered
+// when the 409 was sent or cut by the kill (a dead holder's claim outlives
+// it). A candidate is out once a later request is known to have claimed
+// the key (a fresh 201, or another answer that is not a 409) before the
+// 409 was answered: that claim could only be made once the candidate's
+// was gone. The block is measured from the earliest remaining candidate's
+// send to the 409's send, so it includes the holder's wait for its claim.
 func soakBlock(attempts []soakAttempt) time.Duration {
+	claimed := func(a soakAttempt) bool {
+		return a.status != 0 && a.status != http.StatusConflict && !(a.status == http.StatusCreated && a.replayed)
+	}
 	var longest time.Duration
-	var runStart, lastBreak time.Time
-	for i, a := range attempts {
-		switch {
-		case a.status == http.StatusConflict:
-			if runStart.IsZero() {
-				runStart = a.sent
-				for _, b := range attempts[:i] {
-					if b.sent.Before(lastBreak) || b.refused || b.status == http.StatusConflict {
-						continue
-					}
-					if (b.status == 0 || !b.end.Before(a.sent)) && b.sent.Before(runStart) {
-						runStart = b.sent
-					}
-				}
+	for _, r := range attempts {
+		if r.status != http.StatusConflict {
+			continue
+		}
+		var start time.Time
+		for _, a := range attempts {
+			switch {
+			case a.status == http.StatusConflict, a.refused, a.status == http.StatusCreated && a.replayed,
+				a.sent.After(r.end), a.status != 0 && a.end.Before(r.sent):
+				continue
 			}
-			longest = max(longest, a.sent.Sub(runStart))
-		case a.status == http.StatusCreated:
-			runStart, lastBreak = time.Time{}, a.sent
+			superseded := slices.ContainsFunc(attempts, func(f soakAttempt) bool {
+				return claimed(f) && f.sent.After(a.sent) && !f.sent.After(r.end)
+			})
+			if !superseded && (start.IsZero() || a.sent.Before(start)) {
+				start = a.sent
+			}
+		}
+		if !start.IsZero() {
+			longest = max(longest, r.sent.Sub(start))
 		}
 	}
 	return longest
@@ -685,4 +694,46 @@ func openCheckDB(t *testing.T, store, dsn string) *gorm.DB {
 	sqlDB.SetMaxOpenConns(2)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	return db
+}
+
+// TestSoakBlock checks the block measure on recorded shapes: a dead
+// holder's block runs from its send to the last 409 it caused, and a 409
+// caused by the takeover that followed is not charged to the dead holder.
+func TestSoakBlock(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	a := func(client, sent, end, status int, flags ...string) soakAttempt {
+		x := soakAttempt{client: client, sent: at(sent), end: at(end), status: status}
+		for _, f := range flags {
+			x.refused = x.refused || f == "refused"
+			x.replayed = x.replayed || f == "replayed"
+		}
+		return x
+	}
+	for _, tc := range []struct {
+		name     string
+		attempts []soakAttempt
+		want     time.Duration
+	}{
+		{"dead holder, own key", []soakAttempt{
+			a(1, 0, 300, 0), a(1, 350, 351, 0, "refused"), a(1, 1000, 1010, 409), a(1, 2400, 2410, 409),
+			a(1, 2600, 2800, 201),
+		}, 2400 * time.Millisecond},
+		{"live holder, shared key", []soakAttempt{
+			a(1, 0, 200, 201), a(2, 50, 60, 409), a(2, 150, 160, 409), a(2, 250, 260, 201, "replayed"),
+		}, 150 * time.Millisecond},
+		// From a soak on SQLite: the holder died at +756ms; after the restart
+		// client 5's takeover (sent +3827ms) held the key until +5607ms and
+		// refused the others; client 4's 409 sent at +3761ms was answered
+		// after that takeover.
+		{"takeover after a dead holder", []soakAttempt{
+			a(4, 0, 756, 0), a(3, 4, 756, 0), a(5, 4, 312, 409), a(5, 484, 758, 0), a(5, 818, 820, 0, "refused"),
+			a(4, 3761, 4729, 409), a(3, 3773, 4729, 409), a(5, 3827, 5607, 201), a(3, 5450, 5551, 409),
+			a(3, 5633, 5689, 201, "replayed"),
+		}, 1623 * time.Millisecond},
+	} {
+		if got := soakBlock(tc.attempts); got != tc.want {
+			t.Errorf("%s: block %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }
