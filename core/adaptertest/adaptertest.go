@@ -113,72 +113,14 @@ func effectID(r Request) string {
 	return r.Header.Get("Authorization") + "|" + r.Header.Get(idem.DefaultHeader)
 }
 
-type reply struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func (r reply) problemType() string {
-	var p struct{ Type string }
-	_ = json.Unmarshal(r.body, &p)
-	return p.Type
-}
-
-var client = &http.Client{Timeout: 20 * time.Second}
-
-func send(t testing.TB, base, principal, key, body string, extra ...string) reply {
+// send posts to the suite's /payments route.
+func send(t testing.TB, base, principal, key, body string, extra ...string) Response {
 	t.Helper()
-	r, err := sendErr(context.Background(), base, principal, key, body, extra...)
-	if err != nil {
-		t.Fatalf("POST %s: %v", base, err)
-	}
-	return r
+	return Send(t, http.MethodPost, base+"/payments", principal, key, body, extra...)
 }
 
-func sendErr(ctx context.Context, base, principal, key, body string, extra ...string) (reply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", strings.NewReader(body))
-	if err != nil {
-		return reply{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if principal != "" {
-		req.Header.Set("Authorization", "Bearer "+principal)
-	}
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	for i := 0; i+1 < len(extra); i += 2 {
-		req.Header.Set(extra[i], extra[i+1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return reply{}, err
-	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}, nil
-}
-
-func wantStatus(t testing.TB, what string, r reply, status int) {
-	t.Helper()
-	if r.status != status {
-		t.Fatalf("%s: status %d, want %d; body %s", what, r.status, status, r.body)
-	}
-}
-
-func wantProblem(t testing.TB, what string, r reply, status int, typ idem.ProblemType) {
-	t.Helper()
-	wantStatus(t, what, r, status)
-	if ct := r.header.Get("Content-Type"); ct != idem.ProblemContentType {
-		t.Fatalf("%s: Content-Type %q, want %s", what, ct, idem.ProblemContentType)
-	}
-	if got := r.problemType(); got != string(typ) {
-		t.Fatalf("%s: problem type %q, want %q", what, got, typ)
-	}
+func sendErr(ctx context.Context, base, principal, key, body string, extra ...string) (Response, error) {
+	return SendContext(ctx, http.MethodPost, base+"/payments", principal, key, body, extra...)
 }
 
 func effects(t testing.TB, b storetest.Backend, principal, key string) int {
@@ -196,29 +138,29 @@ func testFirstThenReplay(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
 	first := send(t, base, "alice", "k-first", paymentBody)
-	wantStatus(t, "first request", first, http.StatusCreated)
-	if first.header.Get(idem.ReplayedHeader) != "" {
+	WantStatus(t, "first request", first, http.StatusCreated)
+	if first.Header.Get(idem.ReplayedHeader) != "" {
 		t.Fatal("the first response is marked as replayed")
 	}
-	if first.header.Get("Set-Cookie") == "" || first.header.Get("X-Not-Stored") == "" {
+	if first.Header.Get("Set-Cookie") == "" || first.Header.Get("X-Not-Stored") == "" {
 		t.Fatal("the first response lost headers the handler set")
 	}
 	for i := range 3 {
 		again := send(t, base, "alice", "k-first", paymentBody)
-		wantStatus(t, "replay", again, http.StatusCreated)
-		if !bytes.Equal(again.body, first.body) {
-			t.Fatalf("replay %d body %s, want byte-identical %s", i, again.body, first.body)
+		WantStatus(t, "replay", again, http.StatusCreated)
+		if !bytes.Equal(again.Body, first.Body) {
+			t.Fatalf("replay %d body %s, want byte-identical %s", i, again.Body, first.Body)
 		}
 		for _, h := range []string{"Content-Type", "Location"} {
-			if again.header.Get(h) != first.header.Get(h) {
-				t.Fatalf("replayed %s = %q, want %q", h, again.header.Get(h), first.header.Get(h))
+			if again.Header.Get(h) != first.Header.Get(h) {
+				t.Fatalf("replayed %s = %q, want %q", h, again.Header.Get(h), first.Header.Get(h))
 			}
 		}
-		if again.header.Get(idem.ReplayedHeader) != "true" {
+		if !again.Replayed() {
 			t.Fatalf("replay lacks %s: true", idem.ReplayedHeader)
 		}
-		if again.header.Get("Set-Cookie") != "" || again.header.Get("X-Not-Stored") != "" {
-			t.Fatalf("replay carries headers outside the allow-list: %v", again.header)
+		if again.Header.Get("Set-Cookie") != "" || again.Header.Get("X-Not-Stored") != "" {
+			t.Fatalf("replay carries headers outside the allow-list: %v", again.Header)
 		}
 	}
 	if n := p.runs.Load(); n != 1 {
@@ -229,8 +171,8 @@ func testFirstThenReplay(t *testing.T, s *suite) {
 	}
 	// The quoted Structured Field form names the same key.
 	sf := send(t, base, "alice", `"k-first"`, paymentBody)
-	if !bytes.Equal(sf.body, first.body) || sf.header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("quoted key form did not replay the bare key: %d %s", sf.status, sf.body)
+	if !bytes.Equal(sf.Body, first.Body) || !sf.Replayed() {
+		t.Fatalf("quoted key form did not replay the bare key: %d %s", sf.Status, sf.Body)
 	}
 }
 
@@ -241,7 +183,7 @@ func testConcurrentRunOnce(t *testing.T, s *suite) {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		replies []reply
+		replies []Response
 		start   = make(chan struct{})
 	)
 	for range clients {
@@ -262,21 +204,21 @@ func testConcurrentRunOnce(t *testing.T, s *suite) {
 	var created, conflicts int
 	var createdBody []byte
 	for _, r := range replies {
-		switch r.status {
+		switch r.Status {
 		case http.StatusCreated:
-			if createdBody != nil && !bytes.Equal(createdBody, r.body) {
-				t.Fatalf("two different 201 bodies for one key: %s and %s", createdBody, r.body)
+			if createdBody != nil && !bytes.Equal(createdBody, r.Body) {
+				t.Fatalf("two different 201 bodies for one key: %s and %s", createdBody, r.Body)
 			}
-			createdBody = r.body
+			createdBody = r.Body
 			created++
 		case http.StatusConflict:
-			wantProblem(t, "concurrent duplicate", r, http.StatusConflict, idem.ProblemKeyInUse)
-			if ra := r.header.Get("Retry-After"); ra == "" || ra == "0" {
+			WantProblem(t, "concurrent duplicate", r, http.StatusConflict, idem.ProblemKeyInUse)
+			if ra := r.Header.Get("Retry-After"); ra == "" || ra == "0" {
 				t.Fatalf("409 without a positive Retry-After: %q", ra)
 			}
 			conflicts++
 		default:
-			t.Fatalf("concurrent duplicate got %d %s", r.status, r.body)
+			t.Fatalf("concurrent duplicate got %d %s", r.Status, r.Body)
 		}
 	}
 	if n := p.runs.Load(); n != 1 {
@@ -289,17 +231,17 @@ func testConcurrentRunOnce(t *testing.T, s *suite) {
 		t.Fatalf("%d committed effects, want 1", n)
 	}
 	after := send(t, base, "alice", "k-race", paymentBody)
-	if after.status != http.StatusCreated || !bytes.Equal(after.body, createdBody) {
-		t.Fatalf("retry after the race: %d %s, want the stored 201", after.status, after.body)
+	if after.Status != http.StatusCreated || !bytes.Equal(after.Body, createdBody) {
+		t.Fatalf("retry after the race: %d %s, want the stored 201", after.Status, after.Body)
 	}
 }
 
 func testChangedBody(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
-	wantStatus(t, "first", send(t, base, "alice", "k-422", paymentBody), http.StatusCreated)
+	WantStatus(t, "first", send(t, base, "alice", "k-422", paymentBody), http.StatusCreated)
 	changed := send(t, base, "alice", "k-422", `{"amount":9999,"currency":"EUR","description":"coffee"}`)
-	wantProblem(t, "same key, other body", changed, http.StatusUnprocessableEntity, idem.ProblemKeyReused)
+	WantProblem(t, "same key, other body", changed, http.StatusUnprocessableEntity, idem.ProblemKeyReused)
 	if n := p.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
 	}
@@ -309,20 +251,20 @@ func testCanonicalJSON(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
 	first := send(t, base, "alice", "k-canon", paymentBody)
-	wantStatus(t, "first", first, http.StatusCreated)
+	WantStatus(t, "first", first, http.StatusCreated)
 	same := "{\n  \"description\": \"coffee\",\n  \"currency\" : \"EUR\",\n  \"amount\": 1000.0\n}"
 	again := send(t, base, "alice", "k-canon", same)
-	if again.status != http.StatusCreated || !bytes.Equal(again.body, first.body) {
-		t.Fatalf("reordered, re-spaced JSON was not replayed: %d %s", again.status, again.body)
+	if again.Status != http.StatusCreated || !bytes.Equal(again.Body, first.Body) {
+		t.Fatalf("reordered, re-spaced JSON was not replayed: %d %s", again.Status, again.Body)
 	}
 }
 
 func testBadKeys(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
-	wantProblem(t, "no key", send(t, base, "alice", "", paymentBody), http.StatusBadRequest, idem.ProblemKeyMissing)
+	WantProblem(t, "no key", send(t, base, "alice", "", paymentBody), http.StatusBadRequest, idem.ProblemKeyMissing)
 	for _, key := range []string{strings.Repeat("k", 256), "has space", `"unterminated`, "tab\there", "ümlaut", `"a"b"`} {
-		wantProblem(t, fmt.Sprintf("key %.20q", key), send(t, base, "alice", key, paymentBody), http.StatusBadRequest, idem.ProblemKeyInvalid)
+		WantProblem(t, fmt.Sprintf("key %.20q", key), send(t, base, "alice", key, paymentBody), http.StatusBadRequest, idem.ProblemKeyInvalid)
 	}
 	if n := p.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times for requests without a valid key", n)
@@ -335,7 +277,7 @@ func testBadKeys(t *testing.T, s *suite) {
 func testNoPrincipal(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
-	wantProblem(t, "anonymous", send(t, base, "", "k-anon", paymentBody), http.StatusUnauthorized, idem.ProblemUnauthenticated)
+	WantProblem(t, "anonymous", send(t, base, "", "k-anon", paymentBody), http.StatusUnauthorized, idem.ProblemUnauthenticated)
 	if n := p.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times for an anonymous request", n)
 	}
@@ -344,7 +286,7 @@ func testNoPrincipal(t *testing.T, s *suite) {
 	}
 	// Nothing was claimed: an authenticated request with the same key and
 	// another body runs, instead of getting 422.
-	wantStatus(t, "authenticated after anonymous", send(t, base, "alice", "k-anon", `{"amount":1}`), http.StatusCreated)
+	WantStatus(t, "authenticated after anonymous", send(t, base, "alice", "k-anon", `{"amount":1}`), http.StatusCreated)
 }
 
 func testClientErrorStored(t *testing.T, s *suite) {
@@ -355,11 +297,11 @@ func testClientErrorStored(t *testing.T, s *suite) {
 			Body: fmt.Appendf(nil, `{"title":"amount must be positive","run":%d}`, runs.Load())}
 	})
 	first := send(t, base, "alice", "k-400", `{"amount":-1}`)
-	wantStatus(t, "invalid payment", first, http.StatusBadRequest)
+	WantStatus(t, "invalid payment", first, http.StatusBadRequest)
 	again := send(t, base, "alice", "k-400", `{"amount":-1}`)
-	wantStatus(t, "replayed 400", again, http.StatusBadRequest)
-	if !bytes.Equal(again.body, first.body) || again.header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("400 not replayed: %s vs %s", again.body, first.body)
+	WantStatus(t, "replayed 400", again, http.StatusBadRequest)
+	if !bytes.Equal(again.Body, first.Body) || !again.Replayed() {
+		t.Fatalf("400 not replayed: %s vs %s", again.Body, first.Body)
 	}
 	if runs.Load() != 1 {
 		t.Fatalf("handler ran %d times, want a stored 400", runs.Load())
@@ -382,17 +324,17 @@ func (s *suite) flaky(fail func(ctx context.Context, r Request) Reply) (*payment
 	}
 }
 
-func (s *suite) wantReleasedThenRetried(t *testing.T, base string, p *payments, key string, first reply) {
+func (s *suite) wantReleasedThenRetried(t *testing.T, base string, p *payments, key string, first Response) {
 	t.Helper()
-	if first.status < 400 {
-		t.Fatalf("failed attempt answered %d", first.status)
+	if first.Status < 400 {
+		t.Fatalf("failed attempt answered %d", first.Status)
 	}
 	if n := effects(t, s.b, "alice", key); n != 0 {
 		t.Fatalf("failed attempt left %d committed effects", n)
 	}
 	retry := send(t, base, "alice", key, paymentBody)
-	wantStatus(t, "retry after a transient failure", retry, http.StatusCreated)
-	if retry.header.Get(idem.ReplayedHeader) != "" {
+	WantStatus(t, "retry after a transient failure", retry, http.StatusCreated)
+	if retry.Header.Get(idem.ReplayedHeader) != "" {
 		t.Fatal("the retry was a replay, not a fresh execution")
 	}
 	if p.runs.Load() != 1 {
@@ -409,7 +351,7 @@ func testServerErrorReleased(t *testing.T, s *suite) {
 	})
 	base := s.serve(t, s.config(), h)
 	first := send(t, base, "alice", "k-503", paymentBody)
-	wantStatus(t, "503", first, http.StatusServiceUnavailable)
+	WantStatus(t, "503", first, http.StatusServiceUnavailable)
 	s.wantReleasedThenRetried(t, base, p, "k-503", first)
 }
 
@@ -427,10 +369,10 @@ func testPanicReleased(t *testing.T, s *suite) {
 	base := s.serve(t, s.config(), h)
 	first, err := sendErr(context.Background(), base, "alice", "k-panic", paymentBody)
 	if err != nil {
-		first = reply{status: 599} // the framework dropped the connection
+		first = Response{Status: 599} // the framework dropped the connection
 	}
-	if first.status == http.StatusOK || first.status == http.StatusCreated {
-		t.Fatalf("a panicking handler answered %d %q: the recovery's error was lost", first.status, first.body)
+	if first.Status == http.StatusOK || first.Status == http.StatusCreated {
+		t.Fatalf("a panicking handler answered %d %q: the recovery's error was lost", first.Status, first.Body)
 	}
 	s.wantReleasedThenRetried(t, base, p, "k-panic", first)
 }
@@ -449,7 +391,7 @@ func testNothingBeforeCommit(t *testing.T, s *suite) {
 	})
 	var firstByte atomic.Bool
 	trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { firstByte.Store(true) }}
-	done := make(chan reply, 1)
+	done := make(chan Response, 1)
 	go func() {
 		r, err := sendErr(httptrace.WithClientTrace(context.Background(), trace), base, "alice", "k-flush", paymentBody)
 		if err != nil {
@@ -469,9 +411,9 @@ func testNothingBeforeCommit(t *testing.T, s *suite) {
 	}
 	close(release)
 	r := <-done
-	wantStatus(t, "after release", r, http.StatusOK)
-	if string(r.body) != "partial and the rest" && string(r.body) != "partialpartial and the rest" {
-		t.Fatalf("body %q", r.body)
+	WantStatus(t, "after release", r, http.StatusOK)
+	if string(r.Body) != "partial and the rest" && string(r.Body) != "partialpartial and the rest" {
+		t.Fatalf("body %q", r.Body)
 	}
 }
 
@@ -489,9 +431,9 @@ func testFailedCommit(t *testing.T, s *suite) {
 		return Reply{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"secret":"handler body"}`)}
 	})
 	r := send(t, base, "alice", "k-commit", paymentBody)
-	wantProblem(t, "failed commit", r, http.StatusInternalServerError, idem.ProblemCommitFailed)
-	if bytes.Contains(r.body, []byte("secret")) {
-		t.Fatalf("the handler's body reached the client although its commit failed: %s", r.body)
+	WantProblem(t, "failed commit", r, http.StatusInternalServerError, idem.ProblemCommitFailed)
+	if bytes.Contains(r.Body, []byte("secret")) {
+		t.Fatalf("the handler's body reached the client although its commit failed: %s", r.Body)
 	}
 	if n := effects(t, s.b, "alice", "k-commit"); n != 0 {
 		t.Fatalf("%d effects committed", n)
@@ -522,7 +464,7 @@ func testTransactionAndDeadline(t *testing.T, s *suite) {
 		}
 		return Reply{Status: http.StatusCreated, Body: []byte("ok")}
 	})
-	wantStatus(t, "request", send(t, base, "alice", "k-ctx", paymentBody), http.StatusCreated)
+	WantStatus(t, "request", send(t, base, "alice", "k-ctx", paymentBody), http.StatusCreated)
 	if p := problem.Load(); p != nil {
 		t.Fatal(p)
 	}
@@ -547,8 +489,8 @@ func testDeadlineReleases(t *testing.T, s *suite) {
 	if took := time.Since(start); took > 3*time.Second {
 		t.Fatalf("request took %v with a 300ms deadline", took)
 	}
-	if first.status < 500 || bytes.Contains(first.body, []byte("too late")) {
-		t.Fatalf("a handler past its deadline answered %d %s", first.status, first.body)
+	if first.Status < 500 || bytes.Contains(first.Body, []byte("too late")) {
+		t.Fatalf("a handler past its deadline answered %d %s", first.Status, first.Body)
 	}
 	s.wantReleasedThenRetried(t, base, p, "k-slow", first)
 }
@@ -558,12 +500,12 @@ func testPrincipalsIsolated(t *testing.T, s *suite) {
 	base := s.serve(t, s.config(), p.handle)
 	alice := send(t, base, "alice", "k-shared", paymentBody)
 	bob := send(t, base, "bob", "k-shared", `{"amount":5,"currency":"USD"}`)
-	wantStatus(t, "alice", alice, http.StatusCreated)
-	wantStatus(t, "bob with alice's key", bob, http.StatusCreated)
-	if bob.header.Get(idem.ReplayedHeader) != "" || bytes.Equal(alice.body, bob.body) {
+	WantStatus(t, "alice", alice, http.StatusCreated)
+	WantStatus(t, "bob with alice's key", bob, http.StatusCreated)
+	if bob.Header.Get(idem.ReplayedHeader) != "" || bytes.Equal(alice.Body, bob.Body) {
 		t.Fatal("bob received alice's stored response")
 	}
-	if again := send(t, base, "alice", "k-shared", paymentBody); !bytes.Equal(again.body, alice.body) {
+	if again := send(t, base, "alice", "k-shared", paymentBody); !bytes.Equal(again.Body, alice.Body) {
 		t.Fatal("alice's replay changed after bob used the key")
 	}
 	if p.runs.Load() != 2 {
@@ -579,8 +521,8 @@ func testBodyRestored(t *testing.T, s *suite) {
 	body := `{"amount":1000,"currency":"EUR","description":"` + strings.Repeat("x", 100_000) + `"}`
 	r := send(t, base, "alice", "k-body", body)
 	sum := sha256.Sum256([]byte(body))
-	if string(r.body) != hex.EncodeToString(sum[:]) {
-		t.Fatalf("handler saw another body than the client sent (status %d)", r.status)
+	if string(r.Body) != hex.EncodeToString(sum[:]) {
+		t.Fatalf("handler saw another body than the client sent (status %d)", r.Status)
 	}
 }
 
@@ -590,7 +532,7 @@ func testBodyTooLarge(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, cfg, p.handle)
 	r := send(t, base, "alice", "k-big", `{"description":"`+strings.Repeat("x", 200)+`"}`)
-	wantProblem(t, "oversized body", r, http.StatusRequestEntityTooLarge, idem.ProblemBodyTooLarge)
+	WantProblem(t, "oversized body", r, http.StatusRequestEntityTooLarge, idem.ProblemBodyTooLarge)
 	if p.runs.Load() != 0 {
 		t.Fatal("handler ran for an oversized body")
 	}
@@ -609,8 +551,8 @@ func testOptionalKey(t *testing.T, s *suite) {
 	})
 	for range 2 {
 		r := send(t, base, "alice", "", paymentBody)
-		if r.status != http.StatusCreated || string(r.body) != paymentBody {
-			t.Fatalf("request without a key on an optional route: %d %s", r.status, r.body)
+		if r.Status != http.StatusCreated || string(r.Body) != paymentBody {
+			t.Fatalf("request without a key on an optional route: %d %s", r.Status, r.Body)
 		}
 	}
 	if runs.Load() != 2 {
@@ -630,13 +572,13 @@ func testReplayReauthorized(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, cfg, p.handle)
 	first := send(t, base, "alice", "k-authz", paymentBody)
-	wantStatus(t, "first", first, http.StatusCreated)
-	wantStatus(t, "authorised replay", send(t, base, "alice", "k-authz", paymentBody), http.StatusCreated)
+	WantStatus(t, "first", first, http.StatusCreated)
+	WantStatus(t, "authorised replay", send(t, base, "alice", "k-authz", paymentBody), http.StatusCreated)
 	revoked.Store(true)
 	denied := send(t, base, "alice", "k-authz", paymentBody)
-	wantProblem(t, "replay after authorisation was withdrawn", denied, http.StatusForbidden, idem.ProblemForbidden)
-	if bytes.Contains(denied.body, []byte("pay_")) || bytes.Contains(denied.body, []byte("account closed")) {
-		t.Fatalf("403 leaks the stored response or the hook's error: %s", denied.body)
+	WantProblem(t, "replay after authorisation was withdrawn", denied, http.StatusForbidden, idem.ProblemForbidden)
+	if bytes.Contains(denied.Body, []byte("pay_")) || bytes.Contains(denied.Body, []byte("account closed")) {
+		t.Fatalf("403 leaks the stored response or the hook's error: %s", denied.Body)
 	}
 	if p.runs.Load() != 1 {
 		t.Fatalf("handler ran %d times", p.runs.Load())
@@ -647,7 +589,7 @@ func testStoredRecord(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
 	secret := `{"amount":1000,"currency":"EUR","description":"card 4242 4242 4242 4242"}`
-	wantStatus(t, "first", send(t, base, "alice", "k-record", secret, "X-Request-Id", "req-original-1"), http.StatusCreated)
+	WantStatus(t, "first", send(t, base, "alice", "k-record", secret, "X-Request-Id", "req-original-1"), http.StatusCreated)
 	rec, err := s.b.Store.Get(context.Background(), "alice", "k-record")
 	if err != nil {
 		t.Fatal(err)
@@ -697,7 +639,7 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 		}
 		return Reply{Status: http.StatusCreated, Body: []byte(`{"id":"pay_secret"}`)}
 	})
-	var problems []reply
+	var problems []Response
 	problems = append(problems,
 		send(t, base, "alice", "k-leak", paymentBody), // commit failed
 		send(t, base, "", "k-leak", paymentBody),      // 401
@@ -705,7 +647,7 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 		send(t, base, "alice", "bad key", paymentBody),
 		send(t, base, "alice", "k-big", `{"d":"`+strings.Repeat("x", 300)+`"}`),
 	)
-	done := make(chan reply, 1)
+	done := make(chan Response, 1)
 	go func() { r, _ := sendErr(context.Background(), base, "bob", "k-leak", paymentBody); done <- r }()
 	select {
 	case <-bobRuns:
@@ -717,22 +659,22 @@ func testProblemsLeakNothing(t *testing.T, s *suite) {
 	<-done
 	problems = append(problems, send(t, base, "bob", "k-leak", `{"amount":2}`)) // 422
 	for _, p := range problems {
-		if p.header.Get("Content-Type") != idem.ProblemContentType {
-			t.Fatalf("status %d is not a problem: %s", p.status, p.body)
+		if p.Header.Get("Content-Type") != idem.ProblemContentType {
+			t.Fatalf("status %d is not a problem: %s", p.Status, p.Body)
 		}
 		var doc map[string]any
-		if err := json.Unmarshal(p.body, &doc); err != nil {
-			t.Fatalf("problem body is not JSON: %s", p.body)
+		if err := json.Unmarshal(p.Body, &doc); err != nil {
+			t.Fatalf("problem body is not JSON: %s", p.Body)
 		}
 		for _, field := range []string{"type", "title", "status"} {
 			if doc[field] == nil {
-				t.Fatalf("problem lacks %q: %s", field, p.body)
+				t.Fatalf("problem lacks %q: %s", field, p.Body)
 			}
 		}
-		lower := strings.ToLower(string(p.body))
+		lower := strings.ToLower(string(p.Body))
 		for _, leak := range []string{"select ", "insert ", "update ", "sqlstate", "goroutine", ".go:", "panic", "poison", "pay_secret", "alice", "bob", "k-leak", "memstore", "pgx", "gorm"} {
 			if strings.Contains(lower, leak) {
-				t.Fatalf("problem (status %d) contains %q: %s", p.status, leak, p.body)
+				t.Fatalf("problem (status %d) contains %q: %s", p.Status, leak, p.Body)
 			}
 		}
 	}
@@ -762,12 +704,12 @@ func testHostileBodies(t *testing.T, s *suite) {
 	for i, p := range pairs {
 		key := fmt.Sprintf("k-hostile-%d", i)
 		first := send(t, base, "alice", key, p.a)
-		wantStatus(t, p.name, first, http.StatusCreated)
+		WantStatus(t, p.name, first, http.StatusCreated)
 		again := send(t, base, "alice", key, p.a)
-		if again.header.Get(idem.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
-			t.Fatalf("%s: the same bytes were not replayed: %d %s", p.name, again.status, again.body)
+		if !again.Replayed() || !bytes.Equal(again.Body, first.Body) {
+			t.Fatalf("%s: the same bytes were not replayed: %d %s", p.name, again.Status, again.Body)
 		}
-		wantProblem(t, p.name+" sibling", send(t, base, "alice", key, p.b), http.StatusUnprocessableEntity, idem.ProblemKeyReused)
+		WantProblem(t, p.name+" sibling", send(t, base, "alice", key, p.b), http.StatusUnprocessableEntity, idem.ProblemKeyReused)
 	}
 	if n := runs.Load(); n != int64(len(pairs)) {
 		t.Fatalf("handler ran %d times for %d distinct requests", n, len(pairs))
