@@ -2,9 +2,7 @@ package idemecho_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +12,7 @@ import (
 
 	idemecho "github.com/idemgo/idem/adapters/echo"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/labstack/echo/v4"
@@ -62,50 +61,6 @@ func (f *fixture) effects(t *testing.T, id string) int {
 	return n
 }
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (r reply) problemType() string {
-	var p struct{ Type string }
-	_ = json.Unmarshal([]byte(r.body), &p)
-	return p.Type
-}
-
-func send(t *testing.T, method, url, principal, key, body string) reply {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if principal != "" {
-		req.Header.Set("Authorization", "Bearer "+principal)
-	}
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func wantStatus(t *testing.T, what string, r reply, status int) {
-	t.Helper()
-	if r.status != status {
-		t.Fatalf("%s: status %d, want %d; body %q", what, r.status, status, r.body)
-	}
-}
-
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
 func pay(f *fixture, runs *atomic.Int64) echo.HandlerFunc {
@@ -123,10 +78,10 @@ func TestBeforeAuthFailsClosed(t *testing.T) {
 	var runs atomic.Int64
 	// Wrong order: the idempotency middleware runs before authentication.
 	f.e.POST("/pay", pay(f, &runs), f.mw, authenticate)
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
-	wantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
-	if r.problemType() != string(idem.ProblemUnauthenticated) {
-		t.Fatalf("problem type %q", r.problemType())
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
+	adaptertest.WantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
+	if r.ProblemType() != string(idem.ProblemUnauthenticated) {
+		t.Fatalf("problem type %q", r.ProblemType())
 	}
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatalf("handler ran %d times, %d records claimed; want none", runs.Load(), f.records())
@@ -139,7 +94,7 @@ func TestPrincipalErrorIs401(t *testing.T) {
 	})
 	var runs atomic.Int64
 	f.e.POST("/pay", pay(f, &runs), authenticate, f.mw)
-	wantStatus(t, "principal error", send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
+	adaptertest.WantStatus(t, "principal error", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatal("a request whose principal could not be read ran or claimed")
 	}
@@ -160,23 +115,23 @@ func TestOnRouteGroupAndGlobal(t *testing.T) {
 	api.POST("/pay", pay(f, &runs))
 	base := f.start(t)
 
-	if r := send(t, "GET", base+"/health", "", "", ""); r.status != 200 || health.Load() != 1 {
-		t.Fatalf("route outside the group: %d %q", r.status, r.body)
+	if r := adaptertest.Send(t, "GET", base+"/health", "", "", ""); r.Status != 200 || health.Load() != 1 {
+		t.Fatalf("route outside the group: %d %q", r.Status, r.Body)
 	}
-	first := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "first", first, http.StatusCreated)
-	again := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "replay", again, http.StatusCreated)
-	if again.header.Get(idem.ReplayedHeader) != "true" || again.body != first.body || runs.Load() != 1 {
-		t.Fatalf("replay %q %v (runs %d), want %q", again.body, again.header, runs.Load(), first.body)
+	first := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "first", first, http.StatusCreated)
+	again := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "replay", again, http.StatusCreated)
+	if !again.Replayed() || string(again.Body) != string(first.Body) || runs.Load() != 1 {
+		t.Fatalf("replay %q %v (runs %d), want %q", again.Body, again.Header, runs.Load(), first.Body)
 	}
 
 	// Global: every route of the Echo.
 	g := newFixture(t)
 	g.e.Use(authenticate, g.mw)
 	g.e.POST("/pay", pay(g, &runs))
-	if r := send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
-		t.Fatalf("global middleware without key: %d", r.status)
+	if r := adaptertest.Send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("global middleware without key: %d", r.Status)
 	}
 }
 
@@ -196,17 +151,17 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 		return c.JSON(http.StatusCreated, echo.Map{"ok": true})
 	}, authenticate, f.mw)
 	base := f.start(t)
-	r := send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	wantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
-	if !strings.Contains(r.body, "provider down") {
-		t.Fatalf("the HTTPErrorHandler's rendering was lost: %q", r.body)
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	adaptertest.WantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
+	if !strings.Contains(string(r.Body), "provider down") {
+		t.Fatalf("the HTTPErrorHandler's rendering was lost: %q", r.Body)
 	}
 	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
-	r = send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	wantStatus(t, "retry", r, http.StatusCreated)
-	if r.header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+	r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	adaptertest.WantStatus(t, "retry", r, http.StatusCreated)
+	if r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
 		t.Fatal("the retry did not run the handler once more")
 	}
 }
@@ -223,10 +178,10 @@ func TestWroteThenFailed(t *testing.T) {
 		c.Response().Flush()
 		return echo.NewHTTPError(http.StatusBadGateway, "provider down")
 	}, authenticate, f.mw)
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	wantStatus(t, "wrote, then failed", r, http.StatusBadGateway)
-	if strings.Contains(r.body, "half") || !strings.Contains(r.body, "provider down") {
-		t.Fatalf("body %q, want only the error's rendering", r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	adaptertest.WantStatus(t, "wrote, then failed", r, http.StatusBadGateway)
+	if strings.Contains(string(r.Body), "half") || !strings.Contains(string(r.Body), "provider down") {
+		t.Fatalf("body %q, want only the error's rendering", r.Body)
 	}
 	if f.records() != 0 {
 		t.Fatal("a failed outcome was stored")
@@ -243,10 +198,10 @@ func TestCustomErrorHandler(t *testing.T) {
 		_ = c.JSON(http.StatusTeapot, echo.Map{"custom": err.Error()})
 	}
 	f.e.POST("/pay", func(c echo.Context) error { return errors.New("boom") }, authenticate, f.mw)
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	wantStatus(t, "custom error handler", r, http.StatusTeapot)
-	if !strings.Contains(r.body, `"custom":"boom"`) {
-		t.Fatalf("body %q", r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	adaptertest.WantStatus(t, "custom error handler", r, http.StatusTeapot)
+	if !strings.Contains(string(r.Body), `"custom":"boom"`) {
+		t.Fatalf("body %q", r.Body)
 	}
 }
 
@@ -267,17 +222,17 @@ func TestPanicWithEchoRecover(t *testing.T) {
 				return c.String(http.StatusCreated, "paid")
 			}, authenticate, f.mw)
 			base := f.start(t)
-			r := send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			wantStatus(t, "panicking handler", r, http.StatusInternalServerError)
-			if strings.Contains(r.body, "half") || r.header.Get("Location") != "" {
-				t.Fatalf("the handler's partial response reached the client: %v %q", r.header, r.body)
+			r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			adaptertest.WantStatus(t, "panicking handler", r, http.StatusInternalServerError)
+			if strings.Contains(string(r.Body), "half") || r.Header.Get("Location") != "" {
+				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
 			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
-			r = send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" {
-				t.Fatalf("retry after a panic: %d %q", r.status, r.body)
+			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
 			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
 				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
@@ -308,9 +263,9 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		status  string
 		effects int
 	}{{"201", 1}, {"422", 1}, {"502", 0}} {
-		r := send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
-		if r.status == 599 {
-			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.body)
+		r := adaptertest.Send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
+		if r.Status == 599 {
+			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.Body)
 		}
 		if n := f.effects(t, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
@@ -333,9 +288,9 @@ func TestFlushDoesNotPanic(t *testing.T) {
 		}
 		return nil
 	}, authenticate, f.mw)
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	if r.status != http.StatusCreated || r.body != "ab" {
-		t.Fatalf("got %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.Status != http.StatusCreated || string(r.Body) != "ab" {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
 }
 
@@ -366,11 +321,11 @@ func TestOuterMiddlewareSeesFinalResponse(t *testing.T) {
 		key    string
 		status int
 	}{{"k", http.StatusCreated}, {"k", http.StatusCreated}, {"", http.StatusBadRequest}} {
-		r := send(t, "POST", base+"/pay", "alice", tc.key, `{}`)
-		wantStatus(t, "request", r, tc.status)
+		r := adaptertest.Send(t, "POST", base+"/pay", "alice", tc.key, `{}`)
+		adaptertest.WantStatus(t, "request", r, tc.status)
 		s := last.Load().(seen)
-		if s.status != tc.status || s.size != int64(len(r.body)) || !s.committed || !s.restored {
-			t.Fatalf("outer middleware saw %+v for %d %q", s, r.status, r.body)
+		if s.status != tc.status || s.size != int64(len(r.Body)) || !s.committed || !s.restored {
+			t.Fatalf("outer middleware saw %+v for %d %q", s, r.Status, r.Body)
 		}
 	}
 }
@@ -388,9 +343,9 @@ func TestEarlierHeadersSurvive(t *testing.T) {
 	}, authenticate, f.mw)
 	base := f.start(t)
 	for _, key := range []string{"k", "k", ""} {
-		r := send(t, "POST", base+"/pay", "alice", key, `{}`)
-		if r.header.Get("Access-Control-Allow-Origin") != "*" {
-			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.status, r.header)
+		r := adaptertest.Send(t, "POST", base+"/pay", "alice", key, `{}`)
+		if r.Header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.Status, r.Header)
 		}
 	}
 }
@@ -402,8 +357,8 @@ func TestOptionalKeyPassesErrorOn(t *testing.T) {
 	f.e.POST("/pay", func(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusConflict, "plain conflict")
 	}, authenticate, f.mw)
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "", `{}`)
-	if r.status != http.StatusConflict || !strings.Contains(r.body, "plain conflict") {
-		t.Fatalf("got %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "", `{}`)
+	if r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "plain conflict") {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
 }

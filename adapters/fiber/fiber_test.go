@@ -3,10 +3,8 @@ package idemfiber_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,6 +18,7 @@ import (
 	"github.com/gofiber/fiber/v2/utils"
 	idemfiber "github.com/idemgo/idem/adapters/fiber"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -65,59 +64,6 @@ func (f *fixture) effects(t *testing.T, id string) int {
 	return n
 }
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-	close  bool // the server closes the connection after this response
-}
-
-func (r reply) problemType() string {
-	var p struct{ Type string }
-	_ = json.Unmarshal([]byte(r.body), &p)
-	return p.Type
-}
-
-func sendErr(method, url, principal, key, body string) (reply, error) {
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		return reply{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if principal != "" {
-		req.Header.Set("Authorization", "Bearer "+principal)
-	}
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return reply{}, err
-	}
-	return reply{resp.StatusCode, resp.Header, string(b), resp.Close}, nil
-}
-
-func send(t *testing.T, method, url, principal, key, body string) reply {
-	t.Helper()
-	r, err := sendErr(method, url, principal, key, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-func wantStatus(t *testing.T, what string, r reply, status int) {
-	t.Helper()
-	if r.status != status {
-		t.Fatalf("%s: status %d, want %d; body %q", what, r.status, status, r.body)
-	}
-}
-
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201 with the key and principal
 // it saw.
@@ -138,10 +84,10 @@ func TestBeforeAuthFailsClosed(t *testing.T) {
 	var runs atomic.Int64
 	// Wrong order: the idempotency middleware runs before authentication.
 	f.app.Post("/pay", f.mw, authenticate, pay(f, &runs))
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
-	wantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
-	if r.problemType() != string(idem.ProblemUnauthenticated) {
-		t.Fatalf("problem type %q", r.problemType())
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
+	adaptertest.WantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
+	if r.ProblemType() != string(idem.ProblemUnauthenticated) {
+		t.Fatalf("problem type %q", r.ProblemType())
 	}
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatalf("handler ran %d times, %d records claimed; want none", runs.Load(), f.records())
@@ -154,7 +100,7 @@ func TestPrincipalErrorIs401(t *testing.T) {
 	})
 	var runs atomic.Int64
 	f.app.Post("/pay", authenticate, f.mw, pay(f, &runs))
-	wantStatus(t, "principal error", send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
+	adaptertest.WantStatus(t, "principal error", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`), http.StatusUnauthorized)
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatal("a request whose principal could not be read ran or claimed")
 	}
@@ -175,23 +121,23 @@ func TestOnRouteGroupAndGlobal(t *testing.T) {
 	api.Post("/pay", pay(f, &runs))
 	base := f.start(t)
 
-	if r := send(t, "GET", base+"/health", "", "", ""); r.status != 200 || health.Load() != 1 {
-		t.Fatalf("route outside the group: %d %q", r.status, r.body)
+	if r := adaptertest.Send(t, "GET", base+"/health", "", "", ""); r.Status != 200 || health.Load() != 1 {
+		t.Fatalf("route outside the group: %d %q", r.Status, r.Body)
 	}
-	first := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "first", first, http.StatusCreated)
-	again := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "replay", again, http.StatusCreated)
-	if again.header.Get(idem.ReplayedHeader) != "true" || again.body != first.body || runs.Load() != 1 {
-		t.Fatalf("replay %q %v (runs %d), want %q", again.body, again.header, runs.Load(), first.body)
+	first := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "first", first, http.StatusCreated)
+	again := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "replay", again, http.StatusCreated)
+	if !again.Replayed() || string(again.Body) != string(first.Body) || runs.Load() != 1 {
+		t.Fatalf("replay %q %v (runs %d), want %q", again.Body, again.Header, runs.Load(), first.Body)
 	}
 
 	// Global: every route of the app.
 	g := newFixture(t, fiber.Config{})
 	g.app.Use(authenticate, g.mw)
 	g.app.Post("/pay", pay(g, &runs))
-	if r := send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
-		t.Fatalf("global middleware without key: %d", r.status)
+	if r := adaptertest.Send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("global middleware without key: %d", r.Status)
 	}
 }
 
@@ -212,17 +158,17 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 		return c.Status(http.StatusCreated).SendString("paid")
 	})
 	base := f.start(t)
-	r := send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	wantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
-	if r.body != "provider down" {
-		t.Fatalf("body %q, want the ErrorHandler's rendering only", r.body)
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	adaptertest.WantStatus(t, "failing handler", r, http.StatusServiceUnavailable)
+	if string(r.Body) != "provider down" {
+		t.Fatalf("body %q, want the ErrorHandler's rendering only", r.Body)
 	}
 	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
-	r = send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
-		t.Fatalf("retry: %d %q", r.status, r.body)
+	r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+		t.Fatalf("retry: %d %q", r.Status, r.Body)
 	}
 }
 
@@ -241,10 +187,10 @@ func TestMountedSubAppErrorHandler(t *testing.T) {
 	})
 	f.app.Use(authenticate, f.mw)
 	f.app.Mount("/v2", sub)
-	r := send(t, "POST", f.start(t)+"/v2/pay", "alice", "k", `{}`)
-	wantStatus(t, "sub-app error", r, http.StatusTeapot)
-	if r.body != `{"sub":"sub failed"}` {
-		t.Fatalf("body %q", r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/v2/pay", "alice", "k", `{}`)
+	adaptertest.WantStatus(t, "sub-app error", r, http.StatusTeapot)
+	if string(r.Body) != `{"sub":"sub failed"}` {
+		t.Fatalf("body %q", r.Body)
 	}
 	if f.records() != 0 {
 		t.Fatal("stored")
@@ -259,9 +205,9 @@ func TestSilentErrorHandlerIsNotSuccess(t *testing.T) {
 		_ = c.Status(http.StatusCreated).SendString("looks fine")
 		return errors.New("was not")
 	})
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	if r.status < 500 || strings.Contains(r.body, "looks fine") {
-		t.Fatalf("got %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.Status < 500 || strings.Contains(string(r.Body), "looks fine") {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
 }
 
@@ -283,17 +229,17 @@ func TestPanicWithFiberRecover(t *testing.T) {
 				return c.Status(http.StatusCreated).SendString("paid")
 			})
 			base := f.start(t)
-			r := send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			wantStatus(t, "panicking handler", r, http.StatusInternalServerError)
-			if strings.Contains(r.body, "half") || r.header.Get("Location") != "" || r.header.Get("Set-Cookie") != "" {
-				t.Fatalf("the handler's partial response reached the client: %v %q", r.header, r.body)
+			r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			adaptertest.WantStatus(t, "panicking handler", r, http.StatusInternalServerError)
+			if strings.Contains(string(r.Body), "half") || r.Header.Get("Location") != "" || r.Header.Get("Set-Cookie") != "" {
+				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
 			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
-			r = send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" {
-				t.Fatalf("retry after a panic: %d %q", r.status, r.body)
+			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
 			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
 				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
@@ -336,9 +282,9 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		status  string
 		effects int
 	}{{"201", 1}, {"422", 1}, {"502", 0}} {
-		r := send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
-		if r.status >= 598 {
-			t.Fatalf("%s: %q", tc.status, r.body)
+		r := adaptertest.Send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
+		if r.Status >= 598 {
+			t.Fatalf("%s: %q", tc.status, r.Body)
 		}
 		if n := f.effects(t, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
@@ -361,24 +307,24 @@ func TestReusedBuffers(t *testing.T) {
 	const n = 40
 	key := func(i int) string { return fmt.Sprintf("key-%03d", i) }
 	who := func(i int) string { return fmt.Sprintf("acct-%02d", i%7) }
-	first := make([]reply, n)
+	first := make([]adaptertest.Response, n)
 	for i := range n { // sequential: one keep-alive connection, one buffer
-		first[i] = send(t, "POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
-		wantStatus(t, key(i), first[i], http.StatusCreated)
+		first[i] = adaptertest.Send(t, "POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
+		adaptertest.WantStatus(t, key(i), first[i], http.StatusCreated)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan string, 4*n)
 	for range 4 { // concurrent retries of every key
 		for i := range n {
 			wg.Go(func() {
-				r, err := sendErr("POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
+				r, err := adaptertest.SendContext(context.Background(), "POST", base+"/pay", who(i), key(i), fmt.Sprintf(`{"i":%d}`, i))
 				switch {
 				case err != nil:
 					errs <- err.Error()
-				case r.status != http.StatusCreated || r.body != first[i].body || r.header.Get(idem.ReplayedHeader) != "true":
-					errs <- fmt.Sprintf("%s: %d %q %v, want a replay of %q", key(i), r.status, r.body, r.header, first[i].body)
-				case r.header.Get("Location") != "/payments/"+key(i):
-					errs <- fmt.Sprintf("%s: Location %q", key(i), r.header.Get("Location"))
+				case r.Status != http.StatusCreated || string(r.Body) != string(first[i].Body) || !r.Replayed():
+					errs <- fmt.Sprintf("%s: %d %q %v, want a replay of %q", key(i), r.Status, string(r.Body), r.Header, string(first[i].Body))
+				case r.Header.Get("Location") != "/payments/"+key(i):
+					errs <- fmt.Sprintf("%s: Location %q", key(i), r.Header.Get("Location"))
 				}
 			})
 		}
@@ -392,8 +338,8 @@ func TestReusedBuffers(t *testing.T) {
 		t.Fatalf("handler ran %d times for %d keys", runs.Load(), n)
 	}
 	for i := range n {
-		if !strings.Contains(first[i].body, `"key":"`+key(i)+`"`) || !strings.Contains(first[i].body, `"principal":"`+who(i)+`"`) {
-			t.Fatalf("first response %d: %s", i, first[i].body)
+		if !strings.Contains(string(first[i].Body), `"key":"`+key(i)+`"`) || !strings.Contains(string(first[i].Body), `"principal":"`+who(i)+`"`) {
+			t.Fatalf("first response %d: %s", i, first[i].Body)
 		}
 		if c := f.effects(t, key(i)); c != 1 {
 			t.Fatalf("%s: %d effects", key(i), c)
@@ -417,20 +363,20 @@ func TestHeadersOfTheResult(t *testing.T) {
 		return c.Status(http.StatusCreated).SendString("paid")
 	})
 	base := f.start(t)
-	first := send(t, "POST", base+"/pay", "alice", "k", `{}`)
-	wantStatus(t, "first", first, http.StatusCreated)
-	if !strings.HasPrefix(first.header.Get("Set-Cookie"), "session=s1") || first.header.Get("X-Not-Stored") != "1" {
-		t.Fatalf("first response lost the handler's headers: %v", first.header)
+	first := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`)
+	adaptertest.WantStatus(t, "first", first, http.StatusCreated)
+	if !strings.HasPrefix(first.Header.Get("Set-Cookie"), "session=s1") || first.Header.Get("X-Not-Stored") != "1" {
+		t.Fatalf("first response lost the handler's headers: %v", first.Header)
 	}
-	if len(first.header.Values("Content-Length")) != 1 || first.header.Get("Content-Length") != "4" {
-		t.Fatalf("Content-Length %v", first.header.Values("Content-Length"))
+	if len(first.Header.Values("Content-Length")) != 1 || first.Header.Get("Content-Length") != "4" {
+		t.Fatalf("Content-Length %v", first.Header.Values("Content-Length"))
 	}
-	if first.header.Get("Server") != "fiber-test" {
-		t.Fatalf("the app's Server header was lost: %v", first.header)
+	if first.Header.Get("Server") != "fiber-test" {
+		t.Fatalf("the app's Server header was lost: %v", first.Header)
 	}
-	again := send(t, "POST", base+"/pay", "alice", "k", `{}`)
-	if again.body != "paid" || again.header.Get("Set-Cookie") != "" || again.header.Get("X-Not-Stored") != "" {
-		t.Fatalf("replay: %q %v", again.body, again.header)
+	again := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`)
+	if string(again.Body) != "paid" || again.Header.Get("Set-Cookie") != "" || again.Header.Get("X-Not-Stored") != "" {
+		t.Fatalf("replay: %q %v", again.Body, again.Header)
 	}
 	rec, err := f.b.Store.Get(context.Background(), "alice", "k")
 	if err != nil {
@@ -463,15 +409,15 @@ func TestEarlierHeadersSurvive(t *testing.T) {
 	})
 	base := f.start(t)
 	for _, key := range []string{"k", "k", ""} {
-		r := send(t, "POST", base+"/pay", "alice", key, `{}`)
-		if r.header.Get("Access-Control-Allow-Origin") != "*" {
-			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.status, r.header)
+		r := adaptertest.Send(t, "POST", base+"/pay", "alice", key, `{}`)
+		if r.Header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.Status, r.Header)
 		}
 	}
-	r := send(t, "POST", base+"/poisoned", "alice", "k2", `{}`)
-	if r.problemType() != string(idem.ProblemCommitFailed) || r.header.Get("Access-Control-Allow-Origin") != "*" ||
-		r.header.Get("X-Handler") != "" || strings.Contains(r.body, "secret") {
-		t.Fatalf("failed commit: %d %v %q", r.status, r.header, r.body)
+	r := adaptertest.Send(t, "POST", base+"/poisoned", "alice", "k2", `{}`)
+	if r.ProblemType() != string(idem.ProblemCommitFailed) || r.Header.Get("Access-Control-Allow-Origin") != "*" ||
+		r.Header.Get("X-Handler") != "" || strings.Contains(string(r.Body), "secret") {
+		t.Fatalf("failed commit: %d %v %q", r.Status, r.Header, r.Body)
 	}
 }
 
@@ -485,12 +431,12 @@ func TestStreamedRequestBody(t *testing.T) {
 	})
 	base := f.start(t)
 	body := `{"d":"` + strings.Repeat("x", 50_000) + `"}`
-	r := send(t, "POST", base+"/pay", "alice", "k", body)
-	if r.status != http.StatusCreated || r.body != fmt.Sprint(len(body)) {
-		t.Fatalf("got %d %q, want the whole body of %d bytes", r.status, r.body, len(body))
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", body)
+	if r.Status != http.StatusCreated || string(r.Body) != fmt.Sprint(len(body)) {
+		t.Fatalf("got %d %q, want the whole body of %d bytes", r.Status, r.Body, len(body))
 	}
-	if again := send(t, "POST", base+"/pay", "alice", "k", body); again.header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("replay of a streamed body: %d %q", again.status, again.body)
+	if again := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", body); !again.Replayed() {
+		t.Fatalf("replay of a streamed body: %d %q", again.Status, again.Body)
 	}
 	// The rest of a body the engine did not read stays on the connection,
 	// where fasthttp would parse it as the next request: the connection
@@ -500,18 +446,18 @@ func TestStreamedRequestBody(t *testing.T) {
 		{"alice", "k-big", `{"d":"` + strings.Repeat("x", 100_000) + `"}`, string(idem.ProblemBodyTooLarge)},
 		{"", "k-anon", body, string(idem.ProblemUnauthenticated)},
 	} {
-		r, err := sendErr("POST", base+"/pay", tc.principal, tc.key, tc.body)
+		r, err := adaptertest.SendContext(context.Background(), "POST", base+"/pay", tc.principal, tc.key, tc.body)
 		if err != nil {
 			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 				t.Fatal(err)
 			}
 			continue
 		}
-		if r.problemType() != tc.problem {
-			t.Fatalf("%s: %d %q", tc.key, r.status, r.body)
+		if r.ProblemType() != tc.problem {
+			t.Fatalf("%s: %d %q", tc.key, r.Status, r.Body)
 		}
-		if !r.close {
-			t.Fatalf("%d answered without reading the streamed body keeps the connection: %v", r.status, r.header)
+		if !r.Close {
+			t.Fatalf("%d answered without reading the streamed body keeps the connection: %v", r.Status, r.Header)
 		}
 	}
 }
@@ -526,16 +472,16 @@ func TestStreamedResponseBody(t *testing.T) {
 		return c.SendStream(bytes.NewReader(bytes.Repeat([]byte("s"), n)))
 	})
 	base := f.start(t)
-	r := send(t, "POST", base+"/pay/10", "alice", "k", `{}`)
-	if r.status != http.StatusCreated || r.body != "ssssssssss" {
-		t.Fatalf("got %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", base+"/pay/10", "alice", "k", `{}`)
+	if r.Status != http.StatusCreated || string(r.Body) != "ssssssssss" {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
-	if again := send(t, "POST", base+"/pay/10", "alice", "k", `{}`); again.body != r.body || again.header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("replay %d %q", again.status, again.body)
+	if again := adaptertest.Send(t, "POST", base+"/pay/10", "alice", "k", `{}`); string(again.Body) != string(r.Body) || !again.Replayed() {
+		t.Fatalf("replay %d %q", again.Status, again.Body)
 	}
-	big := send(t, "POST", base+"/pay/5000", "alice", "k-big", `{}`)
-	if big.problemType() != string(idem.ProblemResponseTooLarge) {
-		t.Fatalf("oversized stream: %d %q", big.status, big.body)
+	big := adaptertest.Send(t, "POST", base+"/pay/5000", "alice", "k-big", `{}`)
+	if big.ProblemType() != string(idem.ProblemResponseTooLarge) {
+		t.Fatalf("oversized stream: %d %q", big.Status, big.Body)
 	}
 }
 
@@ -558,12 +504,12 @@ func TestConcurrentFirstRequests(t *testing.T) {
 				key := fmt.Sprintf("w%d-k%03d", w, i)
 				want := strings.Repeat(key+";", 200)
 				for attempt := range 2 { // the first execution, then its replay
-					r, err := sendErr("POST", base+"/pay", fmt.Sprintf("acct-%d", w), key, `{}`)
+					r, err := adaptertest.SendContext(context.Background(), "POST", base+"/pay", fmt.Sprintf("acct-%d", w), key, `{}`)
 					switch {
 					case err != nil:
 						errs <- err.Error()
-					case r.status != http.StatusCreated || r.body != want:
-						errs <- fmt.Sprintf("%s attempt %d: %d, body %.40q…, want its own", key, attempt, r.status, r.body)
+					case r.Status != http.StatusCreated || string(r.Body) != want:
+						errs <- fmt.Sprintf("%s attempt %d: %d, body %.40q…, want its own", key, attempt, r.Status, string(r.Body))
 					}
 				}
 			}
@@ -586,5 +532,5 @@ func TestRequestCtxCarriesNoTransaction(t *testing.T) {
 		}
 		return c.Status(http.StatusCreated).SendString("ok")
 	})
-	wantStatus(t, "c.Context()", send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	adaptertest.WantStatus(t, "c.Context()", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
 }

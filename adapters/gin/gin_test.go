@@ -2,7 +2,6 @@ package idemgin_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 	idemgin "github.com/idemgo/idem/adapters/gin"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -62,50 +62,6 @@ func (f *fixture) effects(t *testing.T, id string) int {
 	return n
 }
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (r reply) problemType() string {
-	var p struct{ Type string }
-	_ = json.Unmarshal([]byte(r.body), &p)
-	return p.Type
-}
-
-func send(t *testing.T, method, url, principal, key, body string) reply {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if principal != "" {
-		req.Header.Set("Authorization", "Bearer "+principal)
-	}
-	if key != "" {
-		req.Header.Set(idem.DefaultHeader, key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func wantStatus(t *testing.T, what string, r reply, status int) {
-	t.Helper()
-	if r.status != status {
-		t.Fatalf("%s: status %d, want %d; body %q", what, r.status, status, r.body)
-	}
-}
-
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
 func pay(f *fixture, runs *atomic.Int64) gin.HandlerFunc {
@@ -126,10 +82,10 @@ func TestBeforeAuthFailsClosed(t *testing.T) {
 	f.r.POST("/pay", f.mw, authenticate, pay(f, &runs))
 	base := f.start(t)
 
-	r := send(t, "POST", base+"/pay", "alice", "k1", `{}`)
-	wantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
-	if r.problemType() != string(idem.ProblemUnauthenticated) {
-		t.Fatalf("problem type %q", r.problemType())
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k1", `{}`)
+	adaptertest.WantStatus(t, "middleware before auth", r, http.StatusUnauthorized)
+	if r.ProblemType() != string(idem.ProblemUnauthenticated) {
+		t.Fatalf("problem type %q", r.ProblemType())
 	}
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatalf("handler ran %d times, %d records claimed; want none", runs.Load(), f.records())
@@ -142,8 +98,8 @@ func TestPrincipalErrorIs401(t *testing.T) {
 	})
 	var runs atomic.Int64
 	f.r.POST("/pay", authenticate, f.mw, pay(f, &runs))
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
-	wantStatus(t, "principal error", r, http.StatusUnauthorized)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k1", `{}`)
+	adaptertest.WantStatus(t, "principal error", r, http.StatusUnauthorized)
 	if runs.Load() != 0 || f.records() != 0 {
 		t.Fatal("a request whose principal could not be read ran or claimed")
 	}
@@ -164,29 +120,29 @@ func TestOnRouteGroupAndGlobal(t *testing.T) {
 	api.POST("/pay", pay(f, &runs))
 	base := f.start(t)
 
-	if r := send(t, "GET", base+"/health", "", "", ""); r.status != 200 || health.Load() != 1 {
-		t.Fatalf("route outside the group: %d %q", r.status, r.body)
+	if r := adaptertest.Send(t, "GET", base+"/health", "", "", ""); r.Status != 200 || health.Load() != 1 {
+		t.Fatalf("route outside the group: %d %q", r.Status, r.Body)
 	}
-	first := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "first", first, http.StatusCreated)
-	again := send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
-	wantStatus(t, "replay", again, http.StatusCreated)
-	if again.header.Get(idem.ReplayedHeader) != "true" || again.body != first.body {
-		t.Fatalf("replay %q %v, want %q", again.body, again.header, first.body)
+	first := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "first", first, http.StatusCreated)
+	again := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "k-group", `{"a":1}`)
+	adaptertest.WantStatus(t, "replay", again, http.StatusCreated)
+	if !again.Replayed() || string(again.Body) != string(first.Body) {
+		t.Fatalf("replay %q %v, want %q", again.Body, again.Header, first.Body)
 	}
 	if runs.Load() != 1 {
 		t.Fatalf("handler ran %d times: the replay did not abort the chain", runs.Load())
 	}
-	if r := send(t, "POST", base+"/api/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
-		t.Fatalf("group route without key: %d", r.status)
+	if r := adaptertest.Send(t, "POST", base+"/api/pay", "alice", "", `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("group route without key: %d", r.Status)
 	}
 
 	// Global: every route of the engine.
 	g := newFixture(t)
 	g.r.Use(authenticate, g.mw)
 	g.r.POST("/pay", pay(g, &runs))
-	if r := send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.status != http.StatusBadRequest {
-		t.Fatalf("global middleware without key: %d", r.status)
+	if r := adaptertest.Send(t, "POST", g.start(t)+"/pay", "alice", "", `{}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("global middleware without key: %d", r.Status)
 	}
 }
 
@@ -205,13 +161,13 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 		c.JSON(http.StatusCreated, gin.H{"ok": true})
 	})
 	base := f.start(t)
-	wantStatus(t, "failing handler", send(t, "POST", base+"/pay", "alice", "k-err", `{}`), http.StatusServiceUnavailable)
+	adaptertest.WantStatus(t, "failing handler", adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`), http.StatusServiceUnavailable)
 	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
-	r := send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	wantStatus(t, "retry", r, http.StatusCreated)
-	if r.header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
+	adaptertest.WantStatus(t, "retry", r, http.StatusCreated)
+	if r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
 		t.Fatal("the retry did not run the handler once more")
 	}
 }
@@ -226,9 +182,9 @@ func TestErrorWithSuccessStatusIsNotStored(t *testing.T) {
 		_ = c.Error(errors.New("audit log write failed"))
 		c.JSON(http.StatusCreated, gin.H{"ok": true})
 	})
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	if r.status < 500 || r.problemType() != string(idem.ProblemCommitFailed) {
-		t.Fatalf("2xx with c.Errors answered %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.Status < 500 || r.ProblemType() != string(idem.ProblemCommitFailed) {
+		t.Fatalf("2xx with c.Errors answered %d %q", r.Status, r.Body)
 	}
 	if f.effects(t, "k") != 0 || f.records() != 0 {
 		t.Fatal("an outcome with c.Errors was committed")
@@ -242,9 +198,9 @@ func TestEarlierErrorsAreNotTheHandlers(t *testing.T) {
 	f.r.POST("/pay", func(c *gin.Context) { _ = c.Error(errors.New("earlier, unrelated")); c.Next() },
 		authenticate, f.mw, pay(f, &runs))
 	base := f.start(t)
-	wantStatus(t, "first", send(t, "POST", base+"/pay", "alice", "k", `{}`), http.StatusCreated)
-	if r := send(t, "POST", base+"/pay", "alice", "k", `{}`); r.header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("not stored: %d %q", r.status, r.body)
+	adaptertest.WantStatus(t, "first", adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	if r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`); !r.Replayed() {
+		t.Fatalf("not stored: %d %q", r.Status, r.Body)
 	}
 }
 
@@ -269,17 +225,17 @@ func TestPanicWithGinRecovery(t *testing.T) {
 				c.String(http.StatusCreated, "paid")
 			})
 			base := f.start(t)
-			r := send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			wantStatus(t, "panicking handler", r, http.StatusInternalServerError)
-			if r.body != "" || r.header.Get("Location") != "" {
-				t.Fatalf("the handler's partial response reached the client: %v %q", r.header, r.body)
+			r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			adaptertest.WantStatus(t, "panicking handler", r, http.StatusInternalServerError)
+			if string(r.Body) != "" || r.Header.Get("Location") != "" {
+				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
 			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
-			r = send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
-			if r.status != http.StatusCreated || r.body != "paid" || r.header.Get(idem.ReplayedHeader) != "" {
-				t.Fatalf("retry after a panic: %d %q", r.status, r.body)
+			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
+			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
+				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
 			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
 				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
@@ -316,9 +272,9 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		status  string
 		effects int
 	}{{"201", 1}, {"422", 1}, {"502", 0}} {
-		r := send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
-		if r.status == 599 || !same.Load() {
-			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.body)
+		r := adaptertest.Send(t, "POST", base+"/pay/"+tc.status, "alice", "k-"+tc.status, `{}`)
+		if r.Status == 599 || !same.Load() {
+			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.Body)
 		}
 		if n := f.effects(t, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
@@ -338,7 +294,7 @@ func TestContextWithFallback(t *testing.T) {
 		}
 		c.Status(http.StatusCreated)
 	})
-	wantStatus(t, "fallback", send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	adaptertest.WantStatus(t, "fallback", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
 	if f.effects(t, "k") != 1 {
 		t.Fatal("the write through *gin.Context did not commit")
 	}
@@ -350,10 +306,10 @@ func TestStatusWithoutBody(t *testing.T) {
 	f := newFixture(t)
 	f.r.POST("/pay", authenticate, f.mw, func(c *gin.Context) { c.Status(http.StatusAccepted) })
 	base := f.start(t)
-	wantStatus(t, "first", send(t, "POST", base+"/pay", "alice", "k", `{}`), http.StatusAccepted)
-	r := send(t, "POST", base+"/pay", "alice", "k", `{}`)
-	wantStatus(t, "replay", r, http.StatusAccepted)
-	if r.header.Get(idem.ReplayedHeader) != "true" {
+	adaptertest.WantStatus(t, "first", adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`), http.StatusAccepted)
+	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`)
+	adaptertest.WantStatus(t, "replay", r, http.StatusAccepted)
+	if !r.Replayed() {
 		t.Fatal("not replayed")
 	}
 }
@@ -392,13 +348,13 @@ func TestWriterContract(t *testing.T) {
 		_, _, err = http.NewResponseController(w).Hijack()
 		check(err != nil, "ResponseController cannot reach the real connection")
 	})
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
 	close(problems)
 	for p := range problems {
 		t.Error(p)
 	}
-	if r.status != http.StatusAccepted || r.body != "abc" {
-		t.Fatalf("got %d %q", r.status, r.body)
+	if r.Status != http.StatusAccepted || string(r.Body) != "abc" {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
 }
 
@@ -411,9 +367,9 @@ func TestFlushThenFail(t *testing.T) {
 		c.Writer.Flush()
 		_ = c.AbortWithError(http.StatusServiceUnavailable, errors.New("provider down"))
 	})
-	r := send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
-	if r.status < 500 || strings.Contains(r.body, "partial") {
-		t.Fatalf("got %d %q", r.status, r.body)
+	r := adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`)
+	if r.Status < 500 || strings.Contains(string(r.Body), "partial") {
+		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
 	if f.records() != 0 {
 		t.Fatal("stored")
@@ -429,9 +385,9 @@ func TestEarlierHeadersSurvive(t *testing.T) {
 		authenticate, f.mw, pay(f, &runs))
 	base := f.start(t)
 	for _, key := range []string{"k", "k", ""} {
-		r := send(t, "POST", base+"/pay", "alice", key, `{}`)
-		if r.header.Get("Access-Control-Allow-Origin") != "*" {
-			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.status, r.header)
+		r := adaptertest.Send(t, "POST", base+"/pay", "alice", key, `{}`)
+		if r.Header.Get("Access-Control-Allow-Origin") != "*" {
+			t.Fatalf("key %q: status %d lost the CORS header: %v", key, r.Status, r.Header)
 		}
 	}
 }
@@ -448,7 +404,7 @@ func TestWriterAndRequestRestored(t *testing.T) {
 		_, hasTx := memstore.TxFrom(c.Request.Context())
 		restored.Store(c.Writer == w && c.Request == r && !hasTx)
 	}, authenticate, f.mw, pay(f, &runs))
-	wantStatus(t, "request", send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	adaptertest.WantStatus(t, "request", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
 	if !restored.Load() {
 		t.Fatal("c.Writer or c.Request was left pointing at the attempt")
 	}
