@@ -1,7 +1,6 @@
 package idemecho_test
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -51,15 +50,6 @@ func (f *fixture) start(t *testing.T) string {
 }
 
 func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
-
-func (f *fixture) effects(t *testing.T, id string) int {
-	t.Helper()
-	n, err := f.b.CountEffects(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
 
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
@@ -156,12 +146,12 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 	if !strings.Contains(string(r.Body), "provider down") {
 		t.Fatalf("the HTTPErrorHandler's rendering was lost: %q", r.Body)
 	}
-	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
+	if n := adaptertest.Effects(t, f.b, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
 	r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
 	adaptertest.WantStatus(t, "retry", r, http.StatusCreated)
-	if r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+	if r.Header.Get(idem.ReplayedHeader) != "" || adaptertest.Effects(t, f.b, "k-err") != 1 {
 		t.Fatal("the retry did not run the handler once more")
 	}
 }
@@ -227,15 +217,15 @@ func TestPanicWithEchoRecover(t *testing.T) {
 			if strings.Contains(string(r.Body), "half") || r.Header.Get("Location") != "" {
 				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
-			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
+			if adaptertest.Effects(t, f.b, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
 			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
 			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
 				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
-			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
-				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
+			if calls.Load() != 2 || adaptertest.Effects(t, f.b, "k-panic") != 1 {
+				t.Fatalf("calls %d effects %d", calls.Load(), adaptertest.Effects(t, f.b, "k-panic"))
 			}
 		})
 	}
@@ -267,7 +257,7 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		if r.Status == 599 {
 			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.Body)
 		}
-		if n := f.effects(t, tc.status); n != tc.effects {
+		if n := adaptertest.Effects(t, f.b, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
 		}
 	}

@@ -55,15 +55,6 @@ func (f *fixture) start(t *testing.T) string { t.Helper(); return serve(t, f.app
 
 func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
 
-func (f *fixture) effects(t *testing.T, id string) int {
-	t.Helper()
-	n, err := f.b.CountEffects(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201 with the key and principal
 // it saw.
@@ -163,11 +154,11 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 	if string(r.Body) != "provider down" {
 		t.Fatalf("body %q, want the ErrorHandler's rendering only", r.Body)
 	}
-	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
+	if n := adaptertest.Effects(t, f.b, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
 	r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
-	if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+	if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" || adaptertest.Effects(t, f.b, "k-err") != 1 {
 		t.Fatalf("retry: %d %q", r.Status, r.Body)
 	}
 }
@@ -234,15 +225,15 @@ func TestPanicWithFiberRecover(t *testing.T) {
 			if strings.Contains(string(r.Body), "half") || r.Header.Get("Location") != "" || r.Header.Get("Set-Cookie") != "" {
 				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
-			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
+			if adaptertest.Effects(t, f.b, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
 			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
 			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
 				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
-			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
-				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
+			if calls.Load() != 2 || adaptertest.Effects(t, f.b, "k-panic") != 1 {
+				t.Fatalf("calls %d effects %d", calls.Load(), adaptertest.Effects(t, f.b, "k-panic"))
 			}
 		})
 	}
@@ -286,7 +277,7 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		if r.Status >= 598 {
 			t.Fatalf("%s: %q", tc.status, r.Body)
 		}
-		if n := f.effects(t, tc.status); n != tc.effects {
+		if n := adaptertest.Effects(t, f.b, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
 		}
 		if !restored.Load() {
@@ -341,7 +332,7 @@ func TestReusedBuffers(t *testing.T) {
 		if !strings.Contains(string(first[i].Body), `"key":"`+key(i)+`"`) || !strings.Contains(string(first[i].Body), `"principal":"`+who(i)+`"`) {
 			t.Fatalf("first response %d: %s", i, first[i].Body)
 		}
-		if c := f.effects(t, key(i)); c != 1 {
+		if c := adaptertest.Effects(t, f.b, key(i)); c != 1 {
 			t.Fatalf("%s: %d effects", key(i), c)
 		}
 		rec, err := f.b.Store.Get(context.Background(), who(i), key(i))

@@ -53,15 +53,6 @@ func (f *fixture) start(t *testing.T) string {
 
 func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
 
-func (f *fixture) effects(t *testing.T, id string) int {
-	t.Helper()
-	n, err := f.b.CountEffects(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
 func pay(f *fixture, runs *atomic.Int64) gin.HandlerFunc {
@@ -162,12 +153,12 @@ func TestHandlerErrorIsReleased(t *testing.T) {
 	})
 	base := f.start(t)
 	adaptertest.WantStatus(t, "failing handler", adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`), http.StatusServiceUnavailable)
-	if n := f.effects(t, "k-err"); n != 0 || f.records() != 0 {
+	if n := adaptertest.Effects(t, f.b, "k-err"); n != 0 || f.records() != 0 {
 		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
 	}
 	r := adaptertest.Send(t, "POST", base+"/pay", "alice", "k-err", `{}`)
 	adaptertest.WantStatus(t, "retry", r, http.StatusCreated)
-	if r.Header.Get(idem.ReplayedHeader) != "" || f.effects(t, "k-err") != 1 {
+	if r.Header.Get(idem.ReplayedHeader) != "" || adaptertest.Effects(t, f.b, "k-err") != 1 {
 		t.Fatal("the retry did not run the handler once more")
 	}
 }
@@ -186,7 +177,7 @@ func TestErrorWithSuccessStatusIsNotStored(t *testing.T) {
 	if r.Status < 500 || r.ProblemType() != string(idem.ProblemCommitFailed) {
 		t.Fatalf("2xx with c.Errors answered %d %q", r.Status, r.Body)
 	}
-	if f.effects(t, "k") != 0 || f.records() != 0 {
+	if adaptertest.Effects(t, f.b, "k") != 0 || f.records() != 0 {
 		t.Fatal("an outcome with c.Errors was committed")
 	}
 }
@@ -230,15 +221,15 @@ func TestPanicWithGinRecovery(t *testing.T) {
 			if string(r.Body) != "" || r.Header.Get("Location") != "" {
 				t.Fatalf("the handler's partial response reached the client: %v %q", r.Header, r.Body)
 			}
-			if f.effects(t, "k-panic") != 0 || f.records() != 0 {
+			if adaptertest.Effects(t, f.b, "k-panic") != 0 || f.records() != 0 {
 				t.Fatal("a panic left effects or a record")
 			}
 			r = adaptertest.Send(t, "POST", base+"/pay", "alice", "k-panic", `{}`)
 			if r.Status != http.StatusCreated || string(r.Body) != "paid" || r.Header.Get(idem.ReplayedHeader) != "" {
 				t.Fatalf("retry after a panic: %d %q", r.Status, r.Body)
 			}
-			if calls.Load() != 2 || f.effects(t, "k-panic") != 1 {
-				t.Fatalf("calls %d effects %d", calls.Load(), f.effects(t, "k-panic"))
+			if calls.Load() != 2 || adaptertest.Effects(t, f.b, "k-panic") != 1 {
+				t.Fatalf("calls %d effects %d", calls.Load(), adaptertest.Effects(t, f.b, "k-panic"))
 			}
 		})
 	}
@@ -276,7 +267,7 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		if r.Status == 599 || !same.Load() {
 			t.Fatalf("%s: handler saw no transaction: %q", tc.status, r.Body)
 		}
-		if n := f.effects(t, tc.status); n != tc.effects {
+		if n := adaptertest.Effects(t, f.b, tc.status); n != tc.effects {
 			t.Fatalf("%s: %d committed effects, want %d", tc.status, n, tc.effects)
 		}
 	}
@@ -295,7 +286,7 @@ func TestContextWithFallback(t *testing.T) {
 		c.Status(http.StatusCreated)
 	})
 	adaptertest.WantStatus(t, "fallback", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
-	if f.effects(t, "k") != 1 {
+	if adaptertest.Effects(t, f.b, "k") != 1 {
 		t.Fatal("the write through *gin.Context did not commit")
 	}
 }

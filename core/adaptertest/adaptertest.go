@@ -123,13 +123,11 @@ func sendErr(ctx context.Context, base, principal, key, body string, extra ...st
 	return SendContext(ctx, http.MethodPost, base+"/payments", principal, key, body, extra...)
 }
 
+// effects counts the business effects of principal's request with key
+// (see effectID).
 func effects(t testing.TB, b storetest.Backend, principal, key string) int {
 	t.Helper()
-	n, err := b.CountEffects(context.Background(), "Bearer "+principal+"|"+key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return Effects(t, b, "Bearer "+principal+"|"+key)
 }
 
 const paymentBody = `{"amount":1000,"currency":"EUR","description":"coffee"}`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // Response is what a client got back from one round trip made with Send or
@@ -101,4 +102,15 @@ func WantProblem(t testing.TB, what string, r Response, status int, typ idem.Pro
 	if got := r.ProblemType(); got != string(typ) {
 		t.Fatalf("%s: problem type %q, want %q", what, got, typ)
 	}
+}
+
+// Effects returns how many business effects b has committed under id,
+// ending the test when b cannot count them.
+func Effects(t testing.TB, b storetest.Backend, id string) int {
+	t.Helper()
+	n, err := b.CountEffects(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
