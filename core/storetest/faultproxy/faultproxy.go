@@ -184,13 +184,21 @@ func (p *Proxy) upstream(l *link) {
 				p.cut(l)
 				return
 			}
-			if _, werr := l.server.Write(chunk); werr != nil {
-				p.end(l)
+			if t != nil {
+				// After: close the client side first, so no answer the
+				// server sends to this chunk can slip through, then forward
+				// the chunk and cut.
+				close(t.fired)
+				if p.drop(l) {
+					p.cuts.Add(1)
+				}
+				_ = l.client.Close()
+				_, _ = l.server.Write(chunk)
+				l.close()
 				return
 			}
-			if t != nil {
-				close(t.fired)
-				p.cut(l)
+			if _, werr := l.server.Write(chunk); werr != nil {
+				p.end(l)
 				return
 			}
 		}
