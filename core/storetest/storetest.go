@@ -127,6 +127,18 @@ func settleWithEffect(ctx context.Context, b Backend, lease idem.Lease, id strin
 	return tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp})
 }
 
+// claimAndBegin claims a fresh key for alice and begins its transaction.
+func claimAndBegin(t testing.TB, b Backend) (idem.ClaimRequest, context.Context, idem.Tx) {
+	t.Helper()
+	req := claimReq("alice", uniq("k"), "body")
+	mustClaim(t, b.Store, req)
+	txCtx, tx, err := b.Store.BeginTx(ctxT(t), leaseOf(req))
+	if err != nil {
+		t.Fatalf("BeginTx: %v", err)
+	}
+	return req, txCtx, tx
+}
+
 func effects(t testing.TB, b Backend, id string) int {
 	t.Helper()
 	n, err := b.CountEffects(ctxT(t), id)
@@ -468,12 +480,7 @@ func testExpiredRecordAbsent(t *testing.T, b Backend) {
 
 func testFailedCommit(t *testing.T, b Backend) {
 	ctx := ctxT(t)
-	req := claimReq("alice", uniq("k"), "body")
-	mustClaim(t, b.Store, req)
-	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
+	req, txCtx, tx := claimAndBegin(t, b)
 	defer func() { _ = tx.Rollback(ctx) }()
 	if err := b.WriteEffect(txCtx, req.Key); err != nil {
 		t.Fatal(err)
@@ -481,7 +488,7 @@ func testFailedCommit(t *testing.T, b Backend) {
 	if err := b.PoisonTx(txCtx); err != nil {
 		t.Fatal(err)
 	}
-	err = tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("x")})
+	err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("x")})
 	if err == nil {
 		t.Fatal("Settle reported success for a transaction that cannot commit")
 	}
@@ -502,12 +509,7 @@ func testFailedCommit(t *testing.T, b Backend) {
 
 func testRollback(t *testing.T, b Backend) {
 	ctx := ctxT(t)
-	req := claimReq("alice", uniq("k"), "body")
-	mustClaim(t, b.Store, req)
-	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
+	req, txCtx, tx := claimAndBegin(t, b)
 	if err := b.WriteEffect(txCtx, req.Key); err != nil {
 		t.Fatal(err)
 	}
@@ -540,12 +542,7 @@ func testRollback(t *testing.T, b Backend) {
 
 func testSettleFailed(t *testing.T, b Backend) {
 	ctx := ctxT(t)
-	req := claimReq("alice", uniq("k"), "body")
-	mustClaim(t, b.Store, req)
-	_, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
+	req, _, tx := claimAndBegin(t, b)
 	resp := idem.Response{Status: 400, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"bad amount"}`)}
 	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateFailed, Response: resp}); err != nil {
 		t.Fatal(err)
