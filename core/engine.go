@@ -192,13 +192,14 @@ func (e *Engine) retryAfter(lockedAt, now time.Time) int {
 	return max(secs, 1)
 }
 
+// replay marks the stored response as replayed. The record is the caller's
+// own copy (see Store.Claim), so its header map is changed in place.
 func replay(stored *Response) *Response {
-	h := make(http.Header, len(stored.Header)+1)
-	for k, v := range stored.Header {
-		h[k] = append([]string(nil), v...)
+	if stored.Header == nil {
+		stored.Header = make(http.Header, 1)
 	}
-	h.Set(ReplayedHeader, "true")
-	return &Response{Status: stored.Status, Header: h, Body: stored.Body}
+	stored.Header[ReplayedHeader] = []string{"true"}
+	return stored
 }
 
 func newToken() string {

@@ -123,6 +123,8 @@ type Store interface {
 	//   - otherwise: returns it unchanged and writes nothing.
 	// Each branch is decided by one atomic statement's own answer, never by
 	// a read followed by a write, and all times are the store's clock.
+	// The returned Record, its Response and header map belong to the
+	// caller, which may change them.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// BeginTx begins a transaction for the handler holding lease and
