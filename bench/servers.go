@@ -184,14 +184,7 @@ func NewPgxServer(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := store.Migrate(ctx); err != nil {
-		return nil, err
-	}
-	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
-	if err != nil {
-		return nil, err
-	}
-	insert := func(ctx context.Context, id, account string, p PaymentRequest) error {
+	return newServer(ctx, store, func(ctx context.Context, id, account string, p PaymentRequest) error {
 		tx, ok := idempgx.Tx(ctx)
 		if !ok {
 			return errors.New("no idempotency transaction")
@@ -199,8 +192,7 @@ func NewPgxServer(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error)
 		_, err := tx.Exec(ctx, `INSERT INTO `+PgxPayments+` (id, account, amount, currency, description)
 			VALUES ($1, $2, $3, $4, $5)`, id, account, p.Amount, p.Currency, p.Description)
 		return err
-	}
-	return mw(payHandler(insert)), nil
+	})
 }
 
 // NewGormServer is idemhttp + idemgorm (PostgreSQL) in front of the payment
@@ -210,20 +202,31 @@ func NewGormServer(ctx context.Context, db *gorm.DB) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := store.Migrate(ctx); err != nil {
-		return nil, err
-	}
-	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
-	if err != nil {
-		return nil, err
-	}
-	insert := func(ctx context.Context, id, account string, p PaymentRequest) error {
+	return newServer(ctx, store, func(ctx context.Context, id, account string, p PaymentRequest) error {
 		tx, ok := idemgorm.TxFrom(ctx)
 		if !ok {
 			return errors.New("no idempotency transaction")
 		}
 		return tx.Exec(`INSERT INTO `+GormPayments+` (id, account, amount, currency, description)
 			VALUES (?, ?, ?, ?, ?)`, id, account, p.Amount, p.Currency, p.Description).Error
+	})
+}
+
+// migratingStore is a Store that creates its own table.
+type migratingStore interface {
+	idem.Store
+	Migrate(ctx context.Context) error
+}
+
+// newServer migrates store and puts idemhttp with it in front of the
+// payment handler, which writes through insert.
+func newServer(ctx context.Context, store migratingStore, insert Insert) (http.Handler, error) {
+	if err := store.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
+	if err != nil {
+		return nil, err
 	}
 	return mw(payHandler(insert)), nil
 }
