@@ -161,7 +161,9 @@ type Tx interface {
 	// lost may have committed. The engine therefore follows a failed
 	// Settle with a fenced Release, which deletes the claim only if it is
 	// still in progress, so a retry either replays what committed or runs
-	// afresh. After Settle the Tx is finished.
+	// afresh. After Settle the Tx is finished. Settle must not keep
+	// outcome.Response's header map or body past its return: the adapter
+	// reuses them for the next request.
 	Settle(ctx context.Context, outcome Outcome) error
 	// Rollback abandons the transaction. It is safe to call after Settle
 	// and more than once.

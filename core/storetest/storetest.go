@@ -726,10 +726,26 @@ func testResponseRoundTrip(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp}); err != nil {
+	sent := idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: sent}); err != nil {
 		t.Fatal(err)
 	}
-	for _, rec := range []idem.Record{get(t, b, "alice", req.Key), mustClaim(t, b.Store, claimReq("alice", req.Key, "body")).Record} {
+	// Adapters reuse their header map and body buffer once Settle returns:
+	// the store must keep its own copy.
+	for _, v := range sent.Header {
+		v[0] = "scribbled"
+	}
+	sent.Header["X-Late"] = []string{"late"}
+	clear(sent.Body)
+	// Each read is checked, then changed: records belong to the caller (see
+	// Claim), so the next read must not see the change.
+	reads := []func() idem.Record{
+		func() idem.Record { return get(t, b, "alice", req.Key) },
+		func() idem.Record { return mustClaim(t, b.Store, claimReq("alice", req.Key, "body")).Record },
+		func() idem.Record { return get(t, b, "alice", req.Key) },
+	}
+	for _, read := range reads {
+		rec := read()
 		got := rec.Response
 		if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
 			t.Fatalf("stored response differs: status %v, body equal %v", got != nil && got.Status == resp.Status, got != nil && bytes.Equal(got.Body, body))
@@ -745,6 +761,10 @@ func testResponseRoundTrip(t *testing.T, b Backend) {
 		if rec.RequestID != req.RequestID || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
 			t.Fatalf("request id or fingerprint not kept: %+v", rec)
 		}
+		got.Header["Content-Type"][0] = "changed/by-caller"
+		got.Header["X-Caller"] = []string{"x"}
+		got.Body[3] ^= 0xff
+		rec.Fingerprint[0] ^= 0xff
 	}
 	// An empty body and no headers round-trip too.
 	empty := claimReq("alice", uniq("k"), "body")
