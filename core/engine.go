@@ -162,7 +162,8 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("begin: %w", err))
 	}
 	a.tx = tx
-	a.ctx, a.cancel = context.WithTimeout(txCtx, e.cfg.RequestTimeout)
+	a.hctx.init(txCtx, time.Now().Add(e.cfg.RequestTimeout))
+	a.ctx = &a.hctx
 
 	if res.Reclaimed && e.cfg.Reconcile != nil {
 		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
@@ -215,8 +216,11 @@ type Attempt struct {
 	lease       Lease
 	body        []byte
 	tx          Tx
-	ctx         context.Context
-	cancel      context.CancelFunc
+	ctx         context.Context // &hctx once the transaction has begun
+	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
+	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
+	resp        Response        // the handler's response, as Finish returns it
+	reqBody     restoredBody    // the body handed back to net/http handlers
 	ev          Event
 	start       time.Time
 	reclaimed   bool
@@ -271,7 +275,7 @@ func (a *Attempt) Finish(res Result) *Response {
 	if !a.finish() {
 		panic("idem: Attempt finished twice")
 	}
-	defer a.cancel()
+	defer a.hctx.cancel()
 	e := a.e
 	done := func(outcome OutcomeLabel, resp *Response, err error) *Response {
 		a.ev.Outcome, a.ev.Status, a.ev.Err = outcome, resp.Status, err
@@ -282,7 +286,8 @@ func (a *Attempt) Finish(res Result) *Response {
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
-	handlerResp := &Response{Status: res.Status, Header: res.Header, Body: res.Body}
+	a.resp = Response{Status: res.Status, Header: res.Header, Body: res.Body}
+	handlerResp := &a.resp
 
 	disp := e.cfg.Classify(res.Status, res.Err)
 	deadlineErr := a.ctx.Err()
@@ -318,8 +323,8 @@ func (a *Attempt) Finish(res Result) *Response {
 		state = StateFailed
 	}
 	out := Outcome{State: state, Response: Response{Status: res.Status, Header: e.storedHeader(res.Header), Body: res.Body}}
-	sctx, cancel := e.storeContext(a.ctx)
-	defer cancel()
+	sctx := a.storeContext(a.ctx)
+	defer a.sctx.cancel()
 	if err := a.tx.Settle(sctx, out); err != nil {
 		_ = a.tx.Rollback(sctx)
 		if errors.Is(err, ErrLeaseLost) {
@@ -341,34 +346,51 @@ func (a *Attempt) Finish(res Result) *Response {
 
 // release rolls back and deletes the claim, fenced by the lease.
 func (a *Attempt) release(ctx context.Context, cause error) {
-	sctx, cancel := a.e.storeContext(ctx)
-	defer cancel()
+	sctx := a.storeContext(ctx)
+	defer a.sctx.cancel()
 	if a.tx != nil {
 		_ = a.tx.Rollback(sctx)
 	}
-	if a.cancel != nil {
-		a.cancel()
+	if a.ctx != nil {
+		a.hctx.cancel()
 	}
 	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
 		a.ev.Err = errors.Join(cause, fmt.Errorf("release: %w", err))
 	}
 }
 
-// storeContext returns a context for store calls made after the handler:
-// not cancelled with the request (a client hanging up must not strand a
-// transaction), but bounded by StoreTimeout.
-func (e *Engine) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// storeContext returns the context for the store calls made after the
+// handler (settle, rollback, release): ctx's values without its
+// cancellation (a client hanging up must not strand a transaction), bounded
+// by StoreTimeout from now. An attempt ends through exactly one of Finish's
+// settle or release, so it needs one; the caller cancels a.sctx when done.
+func (a *Attempt) storeContext(ctx context.Context) context.Context {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+	a.sctx.init(context.WithoutCancel(ctx), time.Now().Add(a.e.cfg.StoreTimeout))
+	return &a.sctx
 }
 
+// storedHeader returns the part of h the store may keep: the allow-listed
+// names, canonicalised. When that is all of h, it returns h itself: stores
+// copy or serialise what they keep before Settle returns, so sharing the
+// adapter's map for the call is safe and saves a map per request.
 func (e *Engine) storedHeader(h http.Header) http.Header {
+	all := true
+	for k := range h {
+		if !e.stored[k] { // a non-canonical spelling of an allowed name also lands here
+			all = false
+			break
+		}
+	}
+	if all {
+		return h
+	}
 	out := make(http.Header, len(e.stored))
 	for k, v := range h {
 		if ck := http.CanonicalHeaderKey(k); e.stored[ck] {
-			out[ck] = v // stores copy or serialise what they keep
+			out[ck] = v
 		}
 	}
 	return out

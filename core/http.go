@@ -51,7 +51,7 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, principal str
 	defer att.Abort()
 	r2 := r.WithContext(att.Context())
 	// The body is what the client sent, so Content-Length stays right.
-	body := new(restoredBody)
+	body := &att.reqBody
 	body.Reset(att.Body())
 	r2.Body = body
 	r2.ContentLength = int64(len(att.Body()))
