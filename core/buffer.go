@@ -38,18 +38,49 @@ var buffers = sync.Pool{New: func() any { return new(ResponseBuffer) }}
 // maxPooledBody keeps the buffers of large responses out of the pool.
 const maxPooledBody = 64 << 10
 
+// maxPooledHeader keeps the header maps of unusual responses out of the
+// pool: a map does not shrink when it is cleared.
+const maxPooledHeader = 32
+
+// getBuffer returns a pooled buffer holding a copy of header. The pooled
+// header map is reused (it was cleared when put back), so a request whose
+// writer has no headers set yet, the common case, allocates no map.
 func getBuffer(header http.Header, limit int) *ResponseBuffer {
 	b := buffers.Get().(*ResponseBuffer)
-	b.header, b.limit = header.Clone(), limit
+	b.limit = limit
+	if b.header == nil {
+		b.header = make(http.Header, len(header))
+	}
+	if len(header) > 0 {
+		// As http.Header.Clone: one backing array for all the values.
+		n := 0
+		for _, v := range header {
+			n += len(v)
+		}
+		values := make([]string, n)
+		for k, v := range header {
+			n := copy(values, v)
+			b.header[k] = values[:n:n]
+			values = values[n:]
+		}
+	}
 	return b
 }
 
+// putBuffer returns b to the pool. Whatever the last response's header map
+// handed out (WriteResponse copies its entries, stores copy what they keep)
+// holds the value slices, which are never written again: clearing the map
+// only drops its references.
 func putBuffer(b *ResponseBuffer) {
 	if b.body.Cap() > maxPooledBody {
 		return
 	}
 	b.Reset()
-	b.header = nil
+	if len(b.header) > maxPooledHeader {
+		b.header = nil
+	} else {
+		clear(b.header)
+	}
 	buffers.Put(b)
 }
 
