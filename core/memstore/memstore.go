@@ -3,13 +3,17 @@
 // instances and loses everything on restart. It is bounded: past
 // MaxRecords it evicts expired records, and when none has expired it refuses
 // new claims with an error wrapping idem.ErrTransient instead of growing.
+//
+// Each record is kept by value, its variable-length parts (the settled
+// response included) encoded in one string, so that a store holding many
+// records costs the garbage collector little.
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -25,9 +29,13 @@ const DefaultMaxRecords = 100_000
 var ErrFull = errors.New("memstore: full")
 
 // Store is an in-memory idem.Store. The zero value is not usable; call New.
+//
+// The times in the records it returns are in the local time zone and carry
+// no monotonic clock reading: leases and expiry are measured on the wall
+// clock that WithClock sets.
 type Store struct {
 	mu      sync.Mutex
-	records map[recordKey]*idem.Record
+	records map[recordKey]entry
 	max     int
 	now     func() time.Time
 }
@@ -46,7 +54,7 @@ func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = no
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
-	s := &Store{records: make(map[recordKey]*idem.Record), max: DefaultMaxRecords, now: time.Now}
+	s := &Store{records: make(map[recordKey]entry), max: DefaultMaxRecords, now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
@@ -66,66 +74,65 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	t := now.UnixNano()
 	k := recordKey{req.Principal, req.Key}
-	fresh := &idem.Record{
-		Principal: req.Principal, Key: req.Key, Fingerprint: slices.Clone(req.Fingerprint),
-		State: idem.StateInProgress, LeaseToken: req.Token, RequestID: req.RequestID,
-		CreatedAt: now, LockedAt: now, ExpiresAt: now.Add(req.Retention),
-	}
-	rec, ok := s.records[k]
+	created, reclaimed := t, false
+	e, ok := s.records[k]
 	switch {
 	case !ok:
 		if len(s.records) >= s.max {
-			s.evictExpired(now, len(s.records)-s.max+1)
+			s.evictExpired(t, len(s.records)-s.max+1)
 		}
 		if len(s.records) >= s.max {
 			return idem.ClaimResult{}, fmt.Errorf("%w: %w (%d records)", idem.ErrTransient, ErrFull, s.max)
 		}
-	case !now.Before(rec.ExpiresAt):
+	case t >= e.expires:
 		// Expired: absent as far as correctness goes.
-	case rec.State == idem.StateInProgress && now.Sub(rec.LockedAt) >= req.Lease &&
-		string(rec.Fingerprint) == string(req.Fingerprint):
-		fresh.CreatedAt = rec.CreatedAt
-		s.records[k] = fresh
-		return idem.ClaimResult{Claimed: true, Reclaimed: true, Record: copyRecord(fresh), Now: now}, nil
+	case e.state == idem.StateInProgress && t-e.locked >= int64(req.Lease) &&
+		e.fingerprint() == string(req.Fingerprint):
+		created, reclaimed = e.created, true
 	default:
-		return idem.ClaimResult{Record: copyRecord(rec), Now: now}, nil
+		return idem.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
-	s.records[k] = fresh
-	// The caller gets the record by value; its fingerprint slice is the
-	// store's copy, which nothing mutates.
-	return idem.ClaimResult{Claimed: true, Record: *fresh, Now: now}, nil
+	e = newEntry(&req, created, t)
+	s.records[k] = e
+	// The store keeps its own copy, so the record can be made of the
+	// caller's request.
+	rec := e.meta(k)
+	rec.Fingerprint, rec.LeaseToken, rec.RequestID = req.Fingerprint, req.Token, req.RequestID
+	return idem.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
 }
 
-func (s *Store) evictExpired(now time.Time, n int) {
-	for k, r := range s.records {
+// evictExpired deletes at most n records expired at now. Callers hold s.mu.
+func (s *Store) evictExpired(now int64, n int) {
+	for k, e := range s.records {
 		if n == 0 {
 			return
 		}
-		if !now.Before(r.ExpiresAt) {
+		if now >= e.expires {
 			delete(s.records, k)
 			n--
 		}
 	}
 }
 
-// held returns the record lease holds, or nil. Callers hold s.mu.
-func (s *Store) held(l idem.Lease) *idem.Record {
-	rec, ok := s.records[recordKey{l.Principal, l.Key}]
-	if !ok || rec.State != idem.StateInProgress || rec.LeaseToken != l.Token {
-		return nil
-	}
-	return rec
+// held returns the key and entry of the record l holds, and whether there
+// is one. Callers hold s.mu.
+func (s *Store) held(l idem.Lease) (recordKey, entry, bool) {
+	k := recordKey{l.Principal, l.Key}
+	e, ok := s.records[k]
+	return k, e, ok && e.state == idem.StateInProgress && e.token() == l.Token
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(_ context.Context, l idem.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held(l) == nil {
+	k, _, ok := s.held(l)
+	if !ok {
 		return idem.ErrLeaseLost
 	}
-	delete(s.records, recordKey{l.Principal, l.Key})
+	delete(s.records, k)
 	return nil
 }
 
@@ -133,11 +140,12 @@ func (s *Store) Release(_ context.Context, l idem.Lease) error {
 func (s *Store) Get(_ context.Context, principal, key string) (idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[recordKey{principal, key}]
+	k := recordKey{principal, key}
+	e, ok := s.records[k]
 	if !ok {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return copyRecord(rec), nil
+	return e.record(k), nil
 }
 
 // PurgeExpired implements idem.Store.
@@ -145,36 +153,62 @@ func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	before := len(s.records)
-	s.evictExpired(s.now(), limit)
+	s.evictExpired(s.now().UnixNano(), limit)
 	return before - len(s.records), nil
 }
 
-// ListStale implements idem.Store.
+// ListStale implements idem.Store. It decodes only the records it returns.
 func (s *Store) ListStale(_ context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	var stale []idem.Record
-	for _, r := range s.records {
-		if r.State == idem.StateInProgress && now.Sub(r.LockedAt) >= olderThan {
-			stale = append(stale, copyRecord(r))
+	now := s.now().UnixNano()
+	type keyed struct {
+		k recordKey
+		e entry
+	}
+	var stale []keyed
+	for k, e := range s.records {
+		if e.state == idem.StateInProgress && now-e.locked >= int64(olderThan) {
+			stale = append(stale, keyed{k, e})
 		}
 	}
-	slices.SortFunc(stale, func(a, b idem.Record) int { return a.LockedAt.Compare(b.LockedAt) })
+	if len(stale) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(stale, func(a, b keyed) int { return cmp.Compare(a.e.locked, b.e.locked) })
 	if len(stale) > limit {
 		stale = stale[:limit]
 	}
-	return stale, nil
+	recs := make([]idem.Record, len(stale))
+	for i, r := range stale {
+		recs[i] = r.e.record(r.k)
+	}
+	return recs, nil
 }
 
 // BeginTx implements idem.Store. The transaction buffers nothing itself:
 // work registered with OnCommit runs atomically with the settle.
 func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
-	tx := &Tx{store: s, lease: l}
-	return context.WithValue(ctx, txKey{}, tx), tx, nil
+	c := &txContext{Context: ctx, tx: Tx{store: s, lease: l}}
+	return c, &c.tx, nil
+}
+
+// A txContext is the context BeginTx returns: its ctx, carrying the
+// transaction, which is allocated with it.
+type txContext struct {
+	context.Context
+	tx Tx
 }
 
 type txKey struct{}
+
+// Value returns the transaction for txKey and asks the parent otherwise.
+func (c *txContext) Value(key any) any {
+	if key == (txKey{}) {
+		return &c.tx
+	}
+	return c.Context.Value(key)
+}
 
 // Tx is a memstore transaction. Handlers reach it with TxFrom.
 type Tx struct {
@@ -208,7 +242,8 @@ func (tx *Tx) FailCommit(err error) {
 	tx.failWith = err
 }
 
-// Settle implements idem.Tx.
+// Settle implements idem.Tx. The store keeps a copy of the outcome's
+// response.
 func (tx *Tx) Settle(_ context.Context, out idem.Outcome) error {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
@@ -222,12 +257,12 @@ func (tx *Tx) Settle(_ context.Context, out idem.Outcome) error {
 	s := tx.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.held(tx.lease)
-	if rec == nil {
+	k, e, ok := s.held(tx.lease)
+	if !ok {
 		return idem.ErrLeaseLost
 	}
-	resp := copyResponse(&out.Response)
-	rec.State, rec.Response = out.State, resp
+	e.settle(out.State, &out.Response)
+	s.records[k] = e
 	for _, fn := range tx.onCommit {
 		fn()
 	}
@@ -241,24 +276,6 @@ func (tx *Tx) Rollback(context.Context) error {
 	tx.done = true
 	tx.onCommit = nil
 	return nil
-}
-
-func copyRecord(r *idem.Record) idem.Record {
-	c := *r
-	c.Fingerprint = slices.Clone(r.Fingerprint)
-	c.Response = copyResponse(r.Response)
-	return c
-}
-
-func copyResponse(r *idem.Response) *idem.Response {
-	if r == nil {
-		return nil
-	}
-	h := make(http.Header, len(r.Header))
-	for k, v := range r.Header {
-		h[k] = slices.Clone(v)
-	}
-	return &idem.Response{Status: r.Status, Header: h, Body: slices.Clone(r.Body)}
 }
 
 var _ idem.Store = (*Store)(nil)
