@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -524,4 +527,319 @@ func TestRequestCtxCarriesNoTransaction(t *testing.T) {
 		return c.Status(http.StatusCreated).SendString("ok")
 	})
 	adaptertest.WantStatus(t, "c.Context()", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+}
+
+// The middleware puts back the response set further out before writing the
+// final one, and with it fasthttp's per-response settings the app chose: a
+// first response looks like its replay and like the app without the
+// middleware.
+func TestAppResponseSettingsKept(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		app     fiber.Config
+		header  string // the header the app leaves out
+		handler fiber.Handler
+	}{
+		{"DisableDefaultContentType", fiber.Config{DisableDefaultContentType: true}, "Content-Type",
+			func(c *fiber.Ctx) error { return c.Status(http.StatusCreated).Send([]byte("paid")) }},
+		{"DisableDefaultDate", fiber.Config{DisableDefaultDate: true}, "Date",
+			func(c *fiber.Ctx) error { return c.Status(http.StatusCreated).SendString("paid") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.app)
+			f.app.Post("/plain", tc.handler)
+			f.app.Post("/pay", authenticate, f.mw, tc.handler)
+			base := f.start(t)
+			for _, r := range []struct {
+				what string
+				resp adaptertest.Response
+			}{
+				{"without the middleware", adaptertest.Send(t, "POST", base+"/plain", "alice", "", `{}`)},
+				{"first", adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`)},
+				{"replay", adaptertest.Send(t, "POST", base+"/pay", "alice", "k", `{}`)},
+			} {
+				adaptertest.WantStatus(t, r.what, r.resp, http.StatusCreated)
+				if v, ok := r.resp.Header[tc.header]; ok || string(r.resp.Body) != "paid" {
+					t.Errorf("%s: %s %q, body %q; want no %[2]s", r.what, tc.header, v, r.resp.Body)
+				}
+			}
+		})
+	}
+}
+
+// What a store is given must be the request's own: the principal (from
+// c.Locals, pointing into the request's buffer), the key and the request id
+// (c.Get), and the stored header values (the response's buffers), all of
+// which fasthttp reuses for the next request on the connection. A store
+// must not keep the header map or the body it settles, but it may keep the
+// strings, as keepingStore does. Each case sends n requests in sequence on
+// one connection, then checks what the store kept, the records and every
+// replay against their own request.
+func TestStoreGetsItsOwnStrings(t *testing.T) {
+	const n = 30
+	for _, tc := range []struct {
+		name   string
+		app    fiber.Config
+		stored []string // Config.StoredHeaders; nil for the default
+		set    func(c *fiber.Ctx, i string)
+		// want is the header stored for request i, exactly; first is
+		// what the first response carries besides.
+		want, first func(i string) http.Header
+	}{{
+		name: "default stored headers",
+		set: func(c *fiber.Ctx, i string) {
+			c.Set("Content-Type", "application/vnd.pay+json; v="+i)
+			c.Set("Location", "/payments/"+i)
+			c.Set("Cache-Control", "private, max-age="+i)
+			c.Set("X-Not-Stored", "x-"+i)
+			c.Cookie(&fiber.Cookie{Name: "s", Value: "c" + i})
+		},
+		want: func(i string) http.Header {
+			return http.Header{"Content-Type": {"application/vnd.pay+json; v=" + i}, "Location": {"/payments/" + i}, "Cache-Control": {"private, max-age=" + i}}
+		},
+		first: func(i string) http.Header {
+			return http.Header{"X-Not-Stored": {"x-" + i}, "Set-Cookie": {"s=c" + i + "; path=/; SameSite=Lax"}}
+		},
+	}, {
+		name:   "several values and names of the user's",
+		stored: []string{"Content-Type", "X-Payment-Id", "Vary", "Link"},
+		set: func(c *fiber.Ctx, i string) {
+			h := &c.Response().Header
+			h.Add("Vary", "Origin-"+i)
+			h.Add("X-Trace", "t-"+i)
+			h.Add("Vary", "Accept-"+i) // not next to the first Vary
+			h.Add("Link", "</a/"+i+">")
+			h.Add("Link", "</b/"+i+">")
+			h.Add("X-Payment-Id", "pay_"+i)
+			c.Cookie(&fiber.Cookie{Name: "a", Value: "1" + i})
+			c.Cookie(&fiber.Cookie{Name: "b", Value: "2" + i})
+		},
+		want: func(i string) http.Header {
+			return http.Header{"Content-Type": {fiber.MIMETextPlainCharsetUTF8}, "Vary": {"Origin-" + i, "Accept-" + i},
+				"Link": {"</a/" + i + ">", "</b/" + i + ">"}, "X-Payment-Id": {"pay_" + i}}
+		},
+		first: func(i string) http.Header {
+			return http.Header{"X-Trace": {"t-" + i}, "Set-Cookie": {"a=1" + i + "; path=/; SameSite=Lax", "b=2" + i + "; path=/; SameSite=Lax"}}
+		},
+	}, {
+		name:   "header names not normalised",
+		app:    fiber.Config{DisableHeaderNormalizing: true},
+		stored: []string{"X-Payment-Id"},
+		set: func(c *fiber.Ctx, i string) {
+			c.Response().Header.Add("x-payment-id", "pay_"+i)
+			c.Response().Header.Add("x-trace", "t-"+i)
+		},
+		want:  func(i string) http.Header { return http.Header{"X-Payment-Id": {"pay_" + i}} },
+		first: func(i string) http.Header { return http.Header{"X-Trace": {"t-" + i}} },
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var store *keepingStore
+			f := newFixture(t, tc.app, func(c *idemfiber.Config) {
+				store = &keepingStore{Store: c.Store}
+				c.Store, c.StoredHeaders = store, tc.stored
+			})
+			f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
+				i := c.Query("i")
+				tc.set(c, i)
+				return c.Status(http.StatusCreated).SendString("paid " + i)
+			})
+			base := f.start(t)
+			// Lengths vary with i, so a value read from a reused buffer
+			// is seen cut short or running on.
+			num := func(i int) string { return strings.Repeat("9", i%5) + fmt.Sprint(i) }
+			who := func(i int) string { return "acct-" + num(i) }
+			key := func(i int) string { return "key-" + num(i) }
+			send := func(i int) adaptertest.Response {
+				return adaptertest.Send(t, "POST", base+"/pay?i="+num(i), who(i), key(i), `{}`, "X-Request-Id", "req-"+num(i))
+			}
+			wantHeader := func(what string, got http.Header, want http.Header) {
+				t.Helper()
+				for k, v := range want {
+					if !slices.Equal(got[k], v) {
+						t.Errorf("%s: %s %q, want %q", what, k, got[k], v)
+					}
+				}
+			}
+			for i := range n {
+				r := send(i)
+				adaptertest.WantStatus(t, key(i), r, http.StatusCreated)
+				wantHeader(key(i)+" first response", r.Header, tc.want(num(i)))
+				wantHeader(key(i)+" first response", r.Header, tc.first(num(i)))
+			}
+			store.mu.Lock()
+			if len(store.claims) != n || len(store.settled) != n {
+				t.Fatalf("%d claims and %d settles for %d requests", len(store.claims), len(store.settled), n)
+			}
+			for i := range n {
+				if c, want := store.claims[i], (keptClaim{who(i), key(i), "req-" + num(i)}); c != want {
+					t.Errorf("claim %d: %q, want %q", i, c, want)
+				}
+				if s, want := store.settled[i], tc.want(num(i)); s.lease != (idem.Lease{Principal: who(i), Key: key(i), Token: s.lease.Token}) ||
+					!maps.EqualFunc(s.header, want, slices.Equal) {
+					t.Errorf("settle %d: %q %q, want %q", i, s.lease, s.header, want)
+				}
+			}
+			store.mu.Unlock()
+			for i := range n {
+				rec, err := f.b.Store.Get(context.Background(), who(i), key(i))
+				if err != nil {
+					t.Fatalf("%s: %v", key(i), err)
+				}
+				if rec.Principal != who(i) || rec.Key != key(i) || rec.RequestID != "req-"+num(i) || string(rec.Response.Body) != "paid "+num(i) {
+					t.Errorf("%s: record %q %q %q %q", key(i), rec.Principal, rec.Key, rec.RequestID, rec.Response.Body)
+				}
+				if want := tc.want(num(i)); !maps.EqualFunc(rec.Response.Header, want, slices.Equal) {
+					t.Errorf("%s: stored header %q, want %q", key(i), rec.Response.Header, want)
+				}
+				r := send(i)
+				if !r.Replayed() || string(r.Body) != "paid "+num(i) {
+					t.Errorf("%s: replay %d %q %v", key(i), r.Status, r.Body, r.Header)
+				}
+				wantHeader(key(i)+" replay", r.Header, tc.want(num(i)))
+				for k := range tc.first(num(i)) {
+					if v, ok := r.Header[k]; ok {
+						t.Errorf("%s: replay carries %s %q", key(i), k, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// keepingStore is a store that keeps the strings it is given, as the Store
+// contract allows: those of each claim, and the lease and the stored header
+// values of each settle (in maps and slices of its own).
+type keepingStore struct {
+	idem.Store
+	mu      sync.Mutex
+	claims  []keptClaim
+	settled []keptSettle
+}
+
+type keptClaim struct{ principal, key, requestID string }
+
+type keptSettle struct {
+	lease  idem.Lease
+	header http.Header
+}
+
+func (s *keepingStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+	s.mu.Lock()
+	s.claims = append(s.claims, keptClaim{req.Principal, req.Key, req.RequestID})
+	s.mu.Unlock()
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *keepingStore) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+	ctx, tx, err := s.Store.BeginTx(ctx, lease)
+	return ctx, &keepingTx{Tx: tx, s: s, lease: lease}, err
+}
+
+type keepingTx struct {
+	idem.Tx
+	s     *keepingStore
+	lease idem.Lease
+}
+
+func (tx *keepingTx) Settle(ctx context.Context, out idem.Outcome) error {
+	h := make(http.Header, len(out.Response.Header))
+	for k, vs := range out.Response.Header {
+		h[k] = slices.Clone(vs)
+	}
+	tx.s.mu.Lock()
+	tx.s.settled = append(tx.s.settled, keptSettle{tx.lease, h})
+	tx.s.mu.Unlock()
+	return tx.Tx.Settle(ctx, out)
+}
+
+// An Observer or a Logger may keep what it is given. Method, path and the
+// rest of an Event must then be the request's own, for standard methods
+// and for one the app adds.
+func TestObservedEventsOwnTheirStrings(t *testing.T) {
+	const n = 30
+	var (
+		mu   sync.Mutex
+		got  []seen
+		keep = func(s seen) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	)
+	observer := func(c *idemfiber.Config) {
+		c.Observer = idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
+			keep(seen{ev.Method, ev.Path, ev.Principal, ev.Key, ev.RequestID})
+		})
+	}
+	logger := func(c *idemfiber.Config) { c.Logger = slog.New(&keepingHandler{keep: keep}) }
+	custom := fiber.Config{RequestMethods: append(slices.Clone(fiber.DefaultMethods), "PAYOUT", "REFUND")}
+	for _, tc := range []struct {
+		name    string
+		methods []string // request i uses methods[i%len(methods)]
+		app     fiber.Config
+		observe func(*idemfiber.Config)
+	}{
+		{"observer", []string{http.MethodPost, http.MethodPut}, fiber.Config{}, observer},
+		{"observer, custom methods", []string{"PAYOUT", "REFUND"}, custom, observer},
+		{"logger", []string{http.MethodPatch, http.MethodPost}, fiber.Config{}, logger},
+		{"logger, custom methods", []string{"REFUND", "PAYOUT"}, custom, logger},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got = nil
+			f := newFixture(t, tc.app, tc.observe)
+			for _, m := range tc.methods {
+				f.app.Add(m, "/pay/:i", authenticate, f.mw, func(c *fiber.Ctx) error {
+					return c.Status(http.StatusCreated).SendString("paid")
+				})
+			}
+			base := f.start(t)
+			num := func(i int) string { return strings.Repeat("9", i%5) + fmt.Sprint(i) }
+			for i := range n {
+				r := adaptertest.Send(t, tc.methods[i%len(tc.methods)], base+"/pay/"+num(i)+"?q="+num(i), "acct-"+num(i), "key-"+num(i), `{}`, "X-Request-Id", "req-"+num(i))
+				adaptertest.WantStatus(t, num(i), r, http.StatusCreated)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != n {
+				t.Fatalf("%d events for %d requests", len(got), n)
+			}
+			for i, s := range got {
+				want := seen{tc.methods[i%len(tc.methods)], "/pay/" + num(i) + "?q=" + num(i), "acct-" + num(i), "key-" + num(i), "req-" + num(i)}
+				if s.principal == "" { // not logged
+					want.principal = ""
+				}
+				if s != want {
+					t.Errorf("event %d: %q, want %q", i, s, want)
+				}
+			}
+		})
+	}
+}
+
+// keepingHandler is a slog.Handler that keeps the strings of each record
+// it is given, as a handler writing asynchronously would.
+type keepingHandler struct {
+	keep func(seen)
+}
+
+// seen is what an Event or a log record said about a request.
+type seen struct{ method, path, principal, key, requestID string }
+
+func (*keepingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *keepingHandler) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h *keepingHandler) WithGroup(string) slog.Handler          { return h }
+
+func (h *keepingHandler) Handle(_ context.Context, r slog.Record) error {
+	var s seen
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "method":
+			s.method = a.Value.String()
+		case "path":
+			s.path = a.Value.String()
+		case "key":
+			s.key = a.Value.String()
+		case "request_id":
+			s.requestID = a.Value.String()
+		}
+		return true
+	})
+	h.keep(s)
+	return nil
 }

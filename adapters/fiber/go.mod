@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/valyala/fasthttp v1.51.0
 )
 
 require (
@@ -17,7 +18,6 @@ require (
 	github.com/mattn/go-runewidth v0.0.16 // indirect
 	github.com/rivo/uniseg v0.2.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
-	github.com/valyala/fasthttp v1.51.0 // indirect
 	github.com/valyala/tcplisten v1.0.0 // indirect
 	golang.org/x/sys v0.28.0 // indirect
 )
