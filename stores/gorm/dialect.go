@@ -187,10 +187,18 @@ func buildQueries(d dialect, t tableName) queries {
 	// which does not contain the CTE's own insert, so exactly one branch
 	// yields a row — or none, when the conflicting row committed after the
 	// snapshot was taken (the INSERT waited for it). Claim loops on that.
-	q.claimPG = "WITH ins AS (INSERT INTO " + T + " " + insertCols + " " + insertVals +
+	//
+	// The claim's own commit does not wait for a WAL flush
+	// (synchronous_commit off, for this statement's transaction only): the
+	// row is visible to other claims at once, and the settle's synchronous
+	// commit later flushes the WAL up to and including it. A claim lost in
+	// a database crash took its holder's transaction with it, so the retry
+	// runs afresh. A first request waits for one flush instead of two.
+	q.claimPG = "WITH durability AS (SELECT set_config('synchronous_commit', 'off', true))," +
+		" ins AS (INSERT INTO " + T + " " + insertCols + " " + insertVals +
 		" ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
-		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
+		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins, durability" +
+		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T + ", durability" +
 		" WHERE principal = ? AND " + K + " = ?"
 
 	// SQLite: the same decision, in two statements that each answer for
