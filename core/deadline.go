@@ -71,11 +71,14 @@ func (c *deadlineCtx) Deadline() (time.Time, bool) {
 
 func (c *deadlineCtx) Done() <-chan struct{} { return c.materialize().ctx.Done() }
 
-func (c *deadlineCtx) Err() error {
+func (c *deadlineCtx) Err() error { return c.errAt(time.Now()) }
+
+// errAt is Err with the clock already read: now instead of time.Now().
+func (c *deadlineCtx) errAt(now time.Time) error {
 	if r := c.real.Load(); r != nil {
 		return r.ctx.Err()
 	}
-	if c.over() {
+	if c.canceled.Load() || c.parent.Err() != nil || !now.Before(c.deadline) {
 		return c.materialize().ctx.Err()
 	}
 	return nil

@@ -21,19 +21,21 @@ import (
 // handler with the Attempt's context while buffering its response, and
 // call Finish. An Engine is safe for concurrent use.
 type Engine struct {
-	cfg    Config
-	stored map[string]bool // canonical header names in the allow-list
-	ignore [][]string      // Config.IgnoreFields, split once
+	cfg         Config
+	stored      map[string]bool // canonical header names in the allow-list
+	ignore      [][]string      // Config.IgnoreFields, split once
+	clockIsWall bool            // Config.Clock was left to default to time.Now
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
 // error wrapping ErrInvalidConfig when the configuration is inconsistent.
 func New(cfg Config) (*Engine, error) {
+	wall := cfg.Clock == nil
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields)}
+	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields), clockIsWall: wall}
 	for _, h := range cfg.StoredHeaders {
 		e.stored[http.CanonicalHeaderKey(h)] = true
 	}
@@ -89,8 +91,14 @@ type Result struct {
 func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	start := e.cfg.Clock()
 	ev := Event{Method: req.Method, Path: req.Path, Principal: req.Principal, RequestID: req.RequestID}
+	// end is the clock reading after the claim: the answers that follow it
+	// take no time worth another reading.
+	var end time.Time
 	reply := func(outcome OutcomeLabel, resp *Response, err error) (*Attempt, *Response) {
-		ev.Outcome, ev.Status, ev.Err, ev.Duration = outcome, resp.Status, err, e.cfg.Clock().Sub(start)
+		if end.IsZero() {
+			end = e.cfg.Clock()
+		}
+		ev.Outcome, ev.Status, ev.Err, ev.Duration = outcome, resp.Status, err, end.Sub(start)
 		e.emit(ctx, ev)
 		return nil, resp
 	}
@@ -132,7 +140,8 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	}
 	claimStart := e.cfg.Clock()
 	res, err := e.cfg.Store.Claim(ctx, creq)
-	ev.ClaimLatency = e.cfg.Clock().Sub(claimStart)
+	end = e.cfg.Clock()
+	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
 		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("claim: %w", err))
 	}
@@ -162,7 +171,10 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("begin: %w", err))
 	}
 	a.tx = tx
-	a.hctx.init(txCtx, time.Now().Add(e.cfg.RequestTimeout))
+	// The deadline counts from the claim's answer (or now, when the
+	// configured clock is not the wall clock): the lease covers
+	// RequestTimeout + StoreTimeout from the claim.
+	a.hctx.init(txCtx, e.wallClock(end).Add(e.cfg.RequestTimeout))
 	a.ctx = &a.hctx
 
 	if res.Reclaimed && e.cfg.Reconcile != nil {
@@ -290,7 +302,8 @@ func (a *Attempt) Finish(res Result) *Response {
 	handlerResp := &a.resp
 
 	disp := e.cfg.Classify(res.Status, res.Err)
-	deadlineErr := a.ctx.Err()
+	now := time.Now()
+	deadlineErr := a.hctx.errAt(now)
 	if deadlineErr != nil {
 		disp = Release
 	}
@@ -323,7 +336,7 @@ func (a *Attempt) Finish(res Result) *Response {
 		state = StateFailed
 	}
 	out := Outcome{State: state, Response: Response{Status: res.Status, Header: e.storedHeader(res.Header), Body: res.Body}}
-	sctx := a.storeContext(a.ctx)
+	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
 	if err := a.tx.Settle(sctx, out); err != nil {
 		_ = a.tx.Rollback(sctx)
@@ -346,7 +359,7 @@ func (a *Attempt) Finish(res Result) *Response {
 
 // release rolls back and deletes the claim, fenced by the lease.
 func (a *Attempt) release(ctx context.Context, cause error) {
-	sctx := a.storeContext(ctx)
+	sctx := a.storeContext(ctx, time.Now())
 	defer a.sctx.cancel()
 	if a.tx != nil {
 		_ = a.tx.Rollback(sctx)
@@ -364,12 +377,22 @@ func (a *Attempt) release(ctx context.Context, cause error) {
 // cancellation (a client hanging up must not strand a transaction), bounded
 // by StoreTimeout from now. An attempt ends through exactly one of Finish's
 // settle or release, so it needs one; the caller cancels a.sctx when done.
-func (a *Attempt) storeContext(ctx context.Context) context.Context {
+func (a *Attempt) storeContext(ctx context.Context, now time.Time) context.Context {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	a.sctx.init(context.WithoutCancel(ctx), time.Now().Add(a.e.cfg.StoreTimeout))
+	a.sctx.init(context.WithoutCancel(ctx), now.Add(a.e.cfg.StoreTimeout))
 	return &a.sctx
+}
+
+// wallClock returns t when it was read from the configured clock and that
+// clock is the wall clock, otherwise time.Now(): deadlines are always on the
+// wall clock, and one reading fewer per request is worth the check.
+func (e *Engine) wallClock(t time.Time) time.Time {
+	if e.clockIsWall && !t.IsZero() {
+		return t
+	}
+	return time.Now()
 }
 
 // storedHeader returns the part of h the store may keep: the allow-listed
