@@ -1,0 +1,34 @@
+package idemecho_test
+
+import (
+	"net/http"
+	"testing"
+
+	idemecho "github.com/idemgo/idem/adapters/echo"
+	"github.com/idemgo/idem/adapters/echo/idemechotest"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
+	"github.com/labstack/echo/v4"
+)
+
+// BenchmarkMiddleware is the engine overhead on Echo (see
+// adaptertest.Benchmarks):
+//
+//	go test -run '^$' -bench . -benchmem
+func BenchmarkMiddleware(b *testing.B) {
+	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
+		e := echo.New()
+		chain := []echo.MiddlewareFunc{idemechotest.Authenticate}
+		if cfg != nil {
+			mw, err := idemecho.New(idemecho.Config{Config: *cfg, Principal: idemechotest.Principal})
+			if err != nil {
+				b.Fatal(err)
+			}
+			chain = append(chain, mw)
+		}
+		e.POST("/payments", func(c echo.Context) error {
+			return c.JSONBlob(http.StatusCreated, adaptertest.BenchReply)
+		}, chain...)
+		return e
+	})
+}

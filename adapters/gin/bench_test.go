@@ -1,0 +1,35 @@
+package idemgin_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	idemgin "github.com/idemgo/idem/adapters/gin"
+	"github.com/idemgo/idem/adapters/gin/idemgintest"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
+)
+
+// BenchmarkMiddleware is the engine overhead on Gin (see
+// adaptertest.Benchmarks):
+//
+//	go test -run '^$' -bench . -benchmem
+func BenchmarkMiddleware(b *testing.B) {
+	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
+		r := gin.New()
+		chain := []gin.HandlerFunc{idemgintest.Authenticate}
+		if cfg != nil {
+			mw, err := idemgin.New(idemgin.Config{Config: *cfg, Principal: idemgintest.Principal})
+			if err != nil {
+				b.Fatal(err)
+			}
+			chain = append(chain, mw)
+		}
+		chain = append(chain, func(c *gin.Context) {
+			c.Data(http.StatusCreated, "application/json", adaptertest.BenchReply)
+		})
+		r.POST("/payments", chain...)
+		return r
+	})
+}
