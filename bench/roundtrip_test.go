@@ -30,35 +30,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type variant struct {
-		name string
-		open func(c *Counter) (http.Handler, func(), error)
-	}
-	variants := []variant{
-		{"idem + idempgx", func(c *Counter) (http.Handler, func(), error) {
-			pool, err := OpenPool(ctx, 2, c)
-			if err != nil {
-				return nil, nil, err
-			}
-			h, err := NewPgxServer(ctx, pool)
-			return h, pool.Close, err
-		}},
-		{"idem + idemgorm (PostgreSQL)", func(c *Counter) (http.Handler, func(), error) {
-			db, closeDB, err := OpenGorm(2, c)
-			if err != nil {
-				return nil, nil, err
-			}
-			h, err := NewGormServer(ctx, db)
-			return h, func() { _ = closeDB() }, err
-		}},
-		{"hand-written floor (pgx)", func(c *Counter) (http.Handler, func(), error) {
-			pool, err := OpenPool(ctx, 2, c)
-			if err != nil {
-				return nil, nil, err
-			}
-			return &Floor{Pool: pool}, pool.Close, nil
-		}},
-	}
+	variants := testVariants(ctx)
 
 	Hold = make(chan struct{})
 	defer func() { Hold = nil }()
@@ -148,4 +120,40 @@ func TestRoundTrips(t *testing.T) {
 		closeFn()
 	}
 	t.Logf("round trips per request (socket turns; the tracer's count in brackets where it differs):\n%s", table.String())
+}
+
+// variant is one server the round-trip and WAL tests measure.
+type variant struct {
+	name string
+	open func(c *Counter) (http.Handler, func(), error)
+}
+
+// testVariants returns idemhttp+idempgx, idemhttp+idemgorm and the floor,
+// each on its own small pool counted by c.
+func testVariants(ctx context.Context) []variant {
+	return []variant{
+		{"idem + idempgx", func(c *Counter) (http.Handler, func(), error) {
+			pool, err := OpenPool(ctx, 2, c)
+			if err != nil {
+				return nil, nil, err
+			}
+			h, err := NewPgxServer(ctx, pool)
+			return h, pool.Close, err
+		}},
+		{"idem + idemgorm (PostgreSQL)", func(c *Counter) (http.Handler, func(), error) {
+			db, closeDB, err := OpenGorm(2, c)
+			if err != nil {
+				return nil, nil, err
+			}
+			h, err := NewGormServer(ctx, db)
+			return h, func() { _ = closeDB() }, err
+		}},
+		{"hand-written floor (pgx)", func(c *Counter) (http.Handler, func(), error) {
+			pool, err := OpenPool(ctx, 2, c)
+			if err != nil {
+				return nil, nil, err
+			}
+			return &Floor{Pool: pool}, pool.Close, nil
+		}},
+	}
 }
