@@ -10,11 +10,6 @@ import (
 	"github.com/idemgo/idem/core/storetest"
 )
 
-// principal is the adapter's principal function the tests configure: the
-// one the suite's harness uses, reading what idemhttptest.Authenticate
-// stored.
-var principal = idemhttptest.Principal
-
 func TestAdapterSuite(t *testing.T) {
 	adaptertest.Run(t, idemhttptest.Harness, func(t testing.TB) storetest.Backend { return storetest.MemBackend(t) })
 }
