@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestRoundTrips counts, per HTTP request through a real server on
@@ -19,16 +21,7 @@ import (
 //
 //	go test -count=1 -v -run TestRoundTrips .
 func TestRoundTrips(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	setupPool, err := OpenPool(ctx, 2, nil)
-	if err != nil {
-		t.Fatalf("the benchmarks need PostgreSQL (IDEM_PG_DSN, default %s): %v", DefaultDSN, err)
-	}
-	defer setupPool.Close()
-	if err := Setup(ctx, setupPool); err != nil {
-		t.Fatal(err)
-	}
+	ctx, _ := setupTest(t)
 
 	variants := testVariants(ctx)
 
@@ -156,4 +149,21 @@ func testVariants(ctx context.Context) []variant {
 			return &Floor{Pool: pool}, pool.Close, nil
 		}},
 	}
+}
+
+// setupTest returns a context bounded to two minutes and a small pool on
+// which the benchmark tables exist (Setup), both cleaned up with t.
+func setupTest(t *testing.T) (context.Context, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	pool, err := OpenPool(ctx, 2, nil)
+	if err != nil {
+		t.Fatalf("the benchmarks need PostgreSQL (IDEM_PG_DSN, default %s): %v", DefaultDSN, err)
+	}
+	t.Cleanup(pool.Close)
+	if err := Setup(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, pool
 }

@@ -1,13 +1,11 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestWALPerRequest measures what PostgreSQL writes for each variant:
@@ -20,16 +18,7 @@ import (
 //	go test -count=1 -v -run TestWALPerRequest .
 func TestWALPerRequest(t *testing.T) {
 	const n = 200
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := OpenPool(ctx, 2, nil)
-	if err != nil {
-		t.Fatalf("the benchmarks need PostgreSQL (IDEM_PG_DSN, default %s): %v", DefaultDSN, err)
-	}
-	defer admin.Close()
-	if err := Setup(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
+	ctx, admin := setupTest(t)
 	lsn := func() int64 {
 		var v int64
 		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").Scan(&v); err != nil {
