@@ -46,7 +46,7 @@ bench: services
 	@set -e; for m in $(MODULES); do \
 		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...); \
 	done
-	cd bench && $(GO) test -count=1 -v -run TestRoundTrips . && $(GO) test -run '^$$' -bench Fiber -benchmem -benchtime 2000x . && (cd fiberv3 && GOWORK=off $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x .) && $(GO) run ./cmd/loadgen -duration 3s -warmup 500ms
+	cd bench && $(GO) test -count=1 -v -run 'TestRoundTrips|TestWALPerRequest' . && $(GO) test -run '^$$' -bench Fiber -benchmem -benchtime 2000x . && (cd fiberv3 && GOWORK=off $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x .) && $(GO) run ./cmd/loadgen -duration 3s -warmup 500ms
 
 ## soak: long crash and contention soaks, bounded by SOAKTIME.
 soak: services
