@@ -81,7 +81,9 @@ func itoa(n int) string {
 // and the answer was lost), and under a stale takeover. Claim runs again on
 // another connection and recognises its own token: the caller holds the key
 // instead of being locked out of it by its own orphaned claim until the
-// lease expires.
+// lease expires. A release is sent again the same way. A connection that
+// breaks under the handler's first statement (which carries BEGIN) fails
+// the request instead, leaving no effect and, after the release, no row.
 func TestBrokenConnectionIsRetried(t *testing.T) {
 	t.Parallel()
 	direct := newPool(t, 4, nil)
@@ -182,19 +184,37 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 			t.Fatalf("row after release with the cut %v: %v", when, err)
 		}
 	}
-	// BEGIN: sent again on another connection.
+	// BEGIN goes out with the handler's first statement. A connection that
+	// breaks there fails that statement: the server rolls the transaction
+	// back with the connection, the settle cannot store anything, and the
+	// release leaves the key free for the retry, with no effect.
 	req := claimReq("alice", "begin-"+randHex(4), "body", time.Minute)
 	if _, err := s.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	var tx idem.Tx
-	cut("begin isolation level read committed", faultproxy.Before, func() {
-		var err error
-		if _, tx, err = s.BeginTx(ctx, leaseOf(req)); err != nil {
-			t.Fatalf("BeginTx with a broken connection: %v", err)
-		}
-	})
-	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+	txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	htx, _ := idempgx.Tx(txCtx)
+	var stmtErr error
+	cut("begin isolation level read committed", faultproxy.Before, func() {
+		_, stmtErr = htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key)
+	})
+	if stmtErr == nil {
+		t.Fatal("the handler's first statement succeeded on a cut connection")
+	}
+	if err := tx.Settle(ctx, okResponse("ok")); err == nil {
+		t.Fatal("settle succeeded after the transaction's connection broke")
+	}
+	if err := s.Release(ctx, leaseOf(req)); err != nil {
+		t.Fatalf("release after the broken transaction: %v", err)
+	}
+	if got := e.mustCount(t, req.Key); got != 0 {
+		t.Fatalf("%d effects after the broken transaction, want 0", got)
+	}
+	if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("row after release: %v", err)
 	}
 }

@@ -5,10 +5,12 @@
 // fenced by the lease token, and commits. Either both the handler's writes
 // and the stored response commit, or neither does.
 //
-// Round trips in the common case: a first request costs the claim (1),
-// BEGIN (1) and the settle with its COMMIT (1, sent as one pipelined
-// batch), beyond the handler's own queries. A replay costs one round trip
-// and writes nothing: no transaction id, no WAL.
+// Round trips in the common case: a first request costs the claim (1) and
+// the settle with its COMMIT (1, one pipelined batch) beyond the handler's
+// own queries; BEGIN costs none, as it goes out pipelined with the
+// handler's first statement (or with the settle when there is none). A
+// replay costs one round trip and writes nothing: no transaction id, no
+// WAL.
 //
 // The claim and the other store calls run as single autocommit statements
 // on the pool, and the transaction is begun with an explicit READ

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -37,39 +38,29 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 	return t, true
 }
 
-// BeginTx implements idem.Store. It acquires a pool connection and runs
-// BEGIN ISOLATION LEVEL READ COMMITTED on a context detached from ctx's
-// cancellation (bounded by WithTxTimeout), so that a cancelled request
-// cannot strand the transaction half-way. The returned context carries the
-// transaction for Tx.
+// BeginTx implements idem.Store. It acquires a pool connection (on a
+// context detached from ctx's cancellation, bounded by WithTxTimeout) and
+// returns a context carrying the transaction for Tx. BEGIN ISOLATION LEVEL
+// READ COMMITTED is not sent on its own: it goes to the server in one
+// pipelined batch with the handler's first statement, or with the settle
+// when the handler sent none. A first request thus costs the claim, the
+// handler's statements and the settle with its COMMIT, and no round trip
+// for BEGIN.
 func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
 	defer cancel()
-	var (
-		conn *pgxpool.Conn
-		tx   pgx.Tx
-	)
-	// BEGIN is safe to repeat on another connection when one broke.
-	err := s.onConn(bctx, func() error {
-		c, err := s.pool.Acquire(bctx)
-		if err != nil {
-			return err
-		}
-		t, err := c.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		if err != nil {
-			c.Release() // destroyed by the pool unless idle
-			return err
-		}
-		conn, tx = c, t
-		return nil
-	})
+	conn, err := s.pool.Acquire(bctx)
 	if err != nil {
 		return ctx, nil, wrap("begin", err)
 	}
 	st := &storeTx{store: s, lease: l, conn: conn}
-	st.handler = &handlerTx{tx: tx, owner: st}
+	st.handler = &handlerTx{conn: conn.Conn(), owner: st}
 	return context.WithValue(ctx, txKey{}, st.handler), st, nil
 }
+
+// beginSQL starts every handler's transaction. READ COMMITTED is explicit:
+// the claim's concurrency argument needs it whatever the server's default.
+const beginSQL = "begin isolation level read committed"
 
 // storeTx is the idem.Tx the engine drives.
 type storeTx struct {
@@ -118,14 +109,24 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	}
 
 	b := &pgx.Batch{}
+	begin := !t.handler.began() // the handler sent no statement: BEGIN goes first
+	if begin {
+		b.Queue(beginSQL)
+	}
 	b.Queue(t.store.sql.settle, t.lease.Principal, t.lease.Key, t.lease.Token,
 		string(out.State), int32(out.Response.Status), string(headers), body)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
+	var updErr error
+	if begin {
+		_, updErr = br.Exec()
+	}
 	// The statement returns 1 or raises; there is no third answer, so a
 	// nil error here means exactly one row was updated.
 	var one int
-	updErr := br.QueryRow().Scan(&one)
+	if updErr == nil {
+		updErr = br.QueryRow().Scan(&one)
+	}
 	var commitTag pgconn.CommandTag
 	var commitErr error
 	if updErr == nil {
@@ -157,9 +158,8 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 		t.rollbackLocked(ctx)
 		return wrap("settle: commit", closeErr)
 	}
-	// Committed. pgx's own Tx still believes it is open; it is never used
-	// again (the handler's view is closed), and the connection is idle, so
-	// it goes back to the pool without another round trip.
+	// Committed. The connection is idle, so it goes back to the pool
+	// without another round trip.
 	t.conn.Release()
 	t.conn = nil
 	return nil
@@ -199,16 +199,20 @@ func (t *storeTx) rollbackLocked(ctx context.Context) error {
 	return wrap("rollback", err)
 }
 
-// handlerTx is the pgx.Tx a handler gets from Tx. It forwards to pgx's
-// transaction until the store finishes it, refuses Commit, and turns
-// Rollback into "store nothing".
+// handlerTx is the pgx.Tx a handler gets from Tx. It runs the handler's
+// statements on the transaction's connection, sending BEGIN in one
+// pipelined batch with the first of them; refuses Commit; and turns
+// Rollback into "store nothing". Savepoints are its own (savepointTx).
 type handlerTx struct {
-	tx    pgx.Tx
+	conn  *pgx.Conn
 	owner *storeTx
 
 	mu         sync.Mutex
-	closed     bool
-	rolledBack bool
+	begun      bool   // BEGIN was sent (and answered)
+	closed     bool   // the store finished the transaction, or the handler rolled back
+	rolledBack bool   // the handler called Rollback
+	savepoints int    // savepoints created, for their names
+	lo         pgx.Tx // pgx's own view of the transaction, for LargeObjects only
 }
 
 // close marks the handler's view finished and reports whether the handler
@@ -220,33 +224,86 @@ func (h *handlerTx) close() (rolledBack bool) {
 	return h.rolledBack
 }
 
-func (h *handlerTx) open() (pgx.Tx, error) {
+// began reports whether BEGIN was sent.
+func (h *handlerTx) began() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.begun
+}
+
+// use runs fn with the connection while the transaction is open. When
+// BEGIN has not been sent, fn gets begin = true and must send it first,
+// pipelined with its own statement, and report whether it did; otherwise
+// fn sends its statement as it is.
+func (h *handlerTx) use(fn func(begin bool) (begun bool)) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return nil, pgx.ErrTxClosed
+		return pgx.ErrTxClosed
 	}
-	return h.tx, nil
+	if fn(!h.begun) {
+		h.begun = true
+	}
+	return nil
+}
+
+// begin sends BEGIN on its own if it has not gone out yet, for the calls
+// that cannot carry it in a batch (CopyFrom, Prepare, savepoints, the
+// connection handed out by Conn).
+func (h *handlerTx) begin(ctx context.Context) error {
+	var err error
+	if uerr := h.use(func(begin bool) bool {
+		if !begin {
+			return true
+		}
+		_, err = h.conn.Exec(ctx, beginSQL)
+		return err == nil
+	}); uerr != nil {
+		return uerr
+	}
+	return err
+}
+
+// pipelinable reports whether args can go into a pgx.Batch as they are:
+// Exec and Query also take a QueryExecMode, a QueryRewriter or a result
+// format as their first argument, which a batch does not.
+func pipelinable(args []any) bool {
+	if len(args) == 0 {
+		return true
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryRewriter, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
 }
 
 // Begin starts a savepoint inside the store's transaction. The savepoint
 // is closed, like the transaction, once the store has finished it.
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := h.open()
-	if err != nil {
+	return h.savepoint(ctx)
+}
+
+func (h *handlerTx) savepoint(ctx context.Context) (pgx.Tx, error) {
+	if err := h.begin(ctx); err != nil {
 		return nil, err
 	}
-	sp, err := tx.Begin(ctx)
-	if err != nil {
+	h.mu.Lock()
+	h.savepoints++
+	name := "idem_sp_" + strconv.Itoa(h.savepoints)
+	h.mu.Unlock()
+	if _, err := h.Exec(ctx, "savepoint "+name); err != nil {
 		return nil, err
 	}
-	return &savepointTx{sp: sp, root: h}, nil
+	return &savepointTx{root: h, name: name}, nil
 }
 
 // Commit refuses: the store commits the transaction with the outcome.
 func (h *handlerTx) Commit(context.Context) error {
-	if _, err := h.open(); err != nil {
-		return err
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return pgx.ErrTxClosed
 	}
 	return ErrTxOwned
 }
@@ -265,151 +322,325 @@ func (h *handlerTx) Rollback(context.Context) error {
 }
 
 func (h *handlerTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	tx, err := h.open()
-	if err != nil {
+	if err := h.begin(ctx); err != nil {
 		return 0, err
 	}
-	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	var (
+		n   int64
+		err error
+	)
+	if uerr := h.use(func(bool) bool {
+		n, err = h.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
+		return true
+	}); uerr != nil {
+		return 0, uerr
+	}
+	return n, err
 }
 
 func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, err := h.open()
-	if err != nil {
+	var br pgx.BatchResults
+	if err := h.use(func(begin bool) bool {
+		if !begin {
+			br = h.conn.SendBatch(ctx, b)
+			return true
+		}
+		withBegin := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: beginSQL}}, b.QueuedQueries...)}
+		br = h.conn.SendBatch(ctx, withBegin)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			br = errBatch{err}
+			return false
+		}
+		return true
+	}); err != nil {
 		return errBatch{err}
 	}
-	return tx.SendBatch(ctx, b)
+	return br
 }
 
-func (h *handlerTx) LargeObjects() pgx.LargeObjects { return h.tx.LargeObjects() }
+// LargeObjects needs pgx's own transaction type, which only pgx's BeginTx
+// makes: it sends BEGIN (a round trip; inside a transaction begun by a
+// pipelined statement the server answers it with a warning). This rarely
+// used call is the only one that does. BeginTx fails only on a broken
+// connection; the handler then panics with the error, which releases the
+// key like any panic (LargeObjects has no error to return). After the
+// store finished the transaction the connection may serve another request,
+// so a first LargeObjects call then panics with pgx.ErrTxClosed.
+func (h *handlerTx) LargeObjects() pgx.LargeObjects {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lo == nil && h.closed {
+		panic(fmt.Errorf("idempgx: LargeObjects: %w", pgx.ErrTxClosed))
+	}
+	if h.lo == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), h.owner.store.txTimeout)
+		defer cancel()
+		tx, err := h.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			h.rolledBack = true
+			panic(fmt.Errorf("idempgx: LargeObjects: begin: %w", err))
+		}
+		h.lo, h.begun = tx, true
+	}
+	return h.lo.LargeObjects()
+}
 
 func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, err := h.open()
-	if err != nil {
-		return nil, err
+	var (
+		sd  *pgconn.StatementDescription
+		err error
+	)
+	if uerr := h.use(func(bool) bool {
+		// Preparing needs no transaction; BEGIN waits for a statement.
+		sd, err = h.conn.Prepare(ctx, name, sql)
+		return false
+	}); uerr != nil {
+		return nil, uerr
 	}
-	return tx.Prepare(ctx, name, sql)
+	return sd, err
 }
 
 func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, err := h.open()
-	if err != nil {
-		return pgconn.CommandTag{}, err
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if !pipelinable(args) {
+		if err := h.begin(ctx); err != nil {
+			return tag, err
+		}
 	}
-	return tx.Exec(ctx, sql, args...)
+	if uerr := h.use(func(begin bool) bool {
+		if !begin {
+			tag, err = h.conn.Exec(ctx, sql, args...)
+			return true
+		}
+		b := &pgx.Batch{}
+		b.Queue(beginSQL)
+		b.Queue(sql, args...)
+		br := h.conn.SendBatch(ctx, b)
+		_, berr := br.Exec()
+		if berr == nil {
+			tag, err = br.Exec()
+		} else {
+			err = berr
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return berr == nil
+	}); uerr != nil {
+		return tag, uerr
+	}
+	return tag, err
 }
 
 func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, err := h.open()
-	if err != nil {
-		return nil, err
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if !pipelinable(args) {
+		if err := h.begin(ctx); err != nil {
+			return nil, err
+		}
 	}
-	return tx.Query(ctx, sql, args...)
+	if uerr := h.use(func(begin bool) bool {
+		if !begin {
+			rows, err = h.conn.Query(ctx, sql, args...)
+			return true
+		}
+		b := &pgx.Batch{}
+		b.Queue(beginSQL)
+		b.Queue(sql, args...)
+		br := h.conn.SendBatch(ctx, b)
+		if _, err = br.Exec(); err != nil {
+			_ = br.Close()
+			return false
+		}
+		var inner pgx.Rows
+		if inner, err = br.Query(); err != nil {
+			_ = br.Close()
+			return true
+		}
+		rows = &batchRows{Rows: inner, br: br}
+		return true
+	}); uerr != nil {
+		return nil, uerr
+	}
+	return rows, err
 }
 
 func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, err := h.open()
+	rows, err := h.Query(ctx, sql, args...)
 	if err != nil {
 		return errRow{err}
 	}
-	return tx.QueryRow(ctx, sql, args...)
+	return queryRow{rows}
 }
 
-func (h *handlerTx) Conn() *pgx.Conn { return h.tx.Conn() }
+// Conn returns the transaction's connection, with BEGIN sent, so that what
+// the handler runs on it is part of the transaction. Do not keep it past
+// the handler.
+func (h *handlerTx) Conn() *pgx.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), h.owner.store.txTimeout)
+	defer cancel()
+	if err := h.begin(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		// Nothing run on the connection may commit on its own: the
+		// settle stores nothing for a handler whose BEGIN failed.
+		h.mu.Lock()
+		h.rolledBack = true
+		h.mu.Unlock()
+	}
+	return h.conn
+}
+
+// batchRows are the rows of a handler's first query, which went out
+// pipelined behind BEGIN: closing them also closes the batch, which must
+// happen before the connection can run anything else.
+type batchRows struct {
+	pgx.Rows
+	br     pgx.BatchResults
+	closed bool
+	err    error
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.br.Close()
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// queryRow is pgx's QueryRow over Rows: Scan reads the first row and
+// closes the rows.
+type queryRow struct{ rows pgx.Rows }
+
+func (r queryRow) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if err := r.rows.Err(); err != nil {
+		return err
+	}
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
 
 // savepointTx is a savepoint inside a handlerTx: Commit releases it and
-// Rollback rolls back to it, as in pgx, while the store's transaction is
-// open; afterwards every method returns pgx.ErrTxClosed.
+// Rollback rolls back to it, as pgx's savepoints do, while the store's
+// transaction is open; afterwards, or once it is released or rolled back,
+// every method returns pgx.ErrTxClosed.
 type savepointTx struct {
-	sp   pgx.Tx
-	root *handlerTx
+	root   *handlerTx
+	name   string
+	mu     sync.Mutex
+	closed bool
 }
 
-func (s *savepointTx) inner() (pgx.Tx, error) {
-	if _, err := s.root.open(); err != nil {
-		return nil, err
+func (s *savepointTx) open() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return pgx.ErrTxClosed
 	}
-	return s.sp, nil
+	return nil
+}
+
+func (s *savepointTx) end(ctx context.Context, sql string) error {
+	if err := s.open(); err != nil {
+		return err
+	}
+	_, err := s.root.Exec(ctx, sql+s.name)
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return err
 }
 
 func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return nil, err
 	}
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &savepointTx{sp: sp, root: s.root}, nil
+	return s.root.savepoint(ctx)
 }
 
-func (s *savepointTx) Commit(ctx context.Context) error {
-	tx, err := s.inner()
-	if err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
-}
+func (s *savepointTx) Commit(ctx context.Context) error { return s.end(ctx, "release savepoint ") }
 
 func (s *savepointTx) Rollback(ctx context.Context) error {
-	tx, err := s.inner()
-	if err != nil {
-		return err
-	}
-	return tx.Rollback(ctx)
+	return s.end(ctx, "rollback to savepoint ")
 }
 
 func (s *savepointTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return 0, err
 	}
-	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	return s.root.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
 func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return errBatch{err}
 	}
-	return tx.SendBatch(ctx, b)
+	return s.root.SendBatch(ctx, b)
 }
 
-func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.sp.LargeObjects() }
+func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.root.LargeObjects() }
 
 func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return nil, err
 	}
-	return tx.Prepare(ctx, name, sql)
+	return s.root.Prepare(ctx, name, sql)
 }
 
 func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return tx.Exec(ctx, sql, args...)
+	return s.root.Exec(ctx, sql, args...)
 }
 
 func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return nil, err
 	}
-	return tx.Query(ctx, sql, args...)
+	return s.root.Query(ctx, sql, args...)
 }
 
 func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, err := s.inner()
-	if err != nil {
+	if err := s.open(); err != nil {
 		return errRow{err}
 	}
-	return tx.QueryRow(ctx, sql, args...)
+	return s.root.QueryRow(ctx, sql, args...)
 }
 
-func (s *savepointTx) Conn() *pgx.Conn { return s.sp.Conn() }
+func (s *savepointTx) Conn() *pgx.Conn { return s.root.Conn() }
 
 type errRow struct{ err error }
 
