@@ -1,7 +1,8 @@
 -- idempgx's first request as PostgreSQL sees it (the statements of
--- stores/pgx/store.go newStatements; keep them in step): the claim, BEGIN,
--- the payment INSERT, then the fenced settle and COMMIT pipelined, four
--- round trips. Table from the pgx store's Migrate (idem_bench.pgx_keys).
+-- stores/pgx/store.go newStatements and tx.go; keep them in step): the
+-- claim, then BEGIN pipelined with the payment INSERT, then the fenced
+-- settle and COMMIT pipelined: three round trips. Table from the pgx
+-- store's Migrate (idem_bench.pgx_keys).
 \set k random(1, 2000000000)
 WITH durability AS (
 	SELECT set_config('synchronous_commit', 'off', true)
@@ -16,9 +17,11 @@ SELECT true, principal, key, fingerprint, state, lease_token, request_id, create
 UNION ALL
 SELECT false, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM idem_bench.pgx_keys, durability
 WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND NOT EXISTS (SELECT 1 FROM ins);
+\startpipeline
 begin isolation level read committed;
 INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
 VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
+\endpipeline
 \startpipeline
 WITH u AS (
 	UPDATE idem_bench.pgx_keys SET state = 'completed', status = 201,
