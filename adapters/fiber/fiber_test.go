@@ -259,7 +259,9 @@ func TestTransactionCommitsWithRecord(t *testing.T) {
 		if c.UserContext().Value(traceKey{}) != "trace-1" {
 			return c.Status(598).SendString("user context from further out lost")
 		}
-		if err := f.b.WriteEffect(c.UserContext(), c.Params("status")); err != nil {
+		// The effect's id outlives the request: c.Params points into a
+		// buffer the next request reuses.
+		if err := f.b.WriteEffect(c.UserContext(), utils.CopyString(c.Params("status"))); err != nil {
 			return c.Status(599).SendString(err.Error())
 		}
 		switch c.Params("status") {
