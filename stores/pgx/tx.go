@@ -264,6 +264,21 @@ func (h *handlerTx) begin(ctx context.Context) error {
 	return err
 }
 
+// withBegin sends BEGIN and sql in one batch and reads BEGIN's answer.
+// The caller reads sql's result from br and closes it; on an error br is
+// already closed.
+func (h *handlerTx) withBegin(ctx context.Context, sql string, args []any) (br pgx.BatchResults, err error) {
+	b := &pgx.Batch{}
+	b.Queue(beginSQL)
+	b.Queue(sql, args...)
+	br = h.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return br, nil
+}
+
 // pipelinable reports whether args can go into a pgx.Batch as they are:
 // Exec and Query also take a QueryExecMode, a QueryRewriter or a result
 // format as their first argument, which a batch does not.
@@ -416,20 +431,16 @@ func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 			tag, err = h.conn.Exec(ctx, sql, args...)
 			return true
 		}
-		b := &pgx.Batch{}
-		b.Queue(beginSQL)
-		b.Queue(sql, args...)
-		br := h.conn.SendBatch(ctx, b)
-		_, berr := br.Exec()
-		if berr == nil {
-			tag, err = br.Exec()
-		} else {
+		br, berr := h.withBegin(ctx, sql, args)
+		if berr != nil {
 			err = berr
+			return false
 		}
+		tag, err = br.Exec()
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
-		return berr == nil
+		return true
 	}); uerr != nil {
 		return tag, uerr
 	}
@@ -451,12 +462,9 @@ func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 			rows, err = h.conn.Query(ctx, sql, args...)
 			return true
 		}
-		b := &pgx.Batch{}
-		b.Queue(beginSQL)
-		b.Queue(sql, args...)
-		br := h.conn.SendBatch(ctx, b)
-		if _, err = br.Exec(); err != nil {
-			_ = br.Close()
+		br, berr := h.withBegin(ctx, sql, args)
+		if berr != nil {
+			err = berr
 			return false
 		}
 		var inner pgx.Rows
