@@ -85,6 +85,9 @@ func TestFirstStatementCarriesBegin(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// A failed check must still hand the connection back, or the
+				// pool's cleanup waits for it forever.
+				defer func() { _ = tx.Rollback(ctx) }()
 				htx, _ := idempgx.Tx(txCtx)
 				if err := w.first(txCtx, htx, req.Key); err != nil {
 					t.Fatal(err)
