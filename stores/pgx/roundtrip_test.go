@@ -289,8 +289,8 @@ func benchEnv(b *testing.B) (*env, *counter) {
 	return newEnv(b, pool), c
 }
 
-// BenchmarkFirstRequest: claim + begin + the handler's insert + settle and
-// commit, one connection, sequential.
+// BenchmarkFirstRequest: the claim, the handler's insert (carrying BEGIN),
+// the settle with its COMMIT: one connection, sequential.
 func BenchmarkFirstRequest(b *testing.B) {
 	e, c := benchEnv(b)
 	ctx := context.Background()
