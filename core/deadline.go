@@ -56,10 +56,10 @@ func (c *deadlineCtx) materialize() *realDeadline {
 	return r
 }
 
-// over reports whether the lazy form is done: cancelled, past its
-// deadline, or its parent done.
-func (c *deadlineCtx) over() bool {
-	return c.canceled.Load() || c.parent.Err() != nil || !time.Now().Before(c.deadline)
+// overAt reports whether the lazy form is done at now: cancelled, past
+// its deadline, or its parent done.
+func (c *deadlineCtx) overAt(now time.Time) bool {
+	return c.canceled.Load() || c.parent.Err() != nil || !now.Before(c.deadline)
 }
 
 func (c *deadlineCtx) Deadline() (time.Time, bool) {
@@ -78,7 +78,7 @@ func (c *deadlineCtx) errAt(now time.Time) error {
 	if r := c.real.Load(); r != nil {
 		return r.ctx.Err()
 	}
-	if c.canceled.Load() || c.parent.Err() != nil || !now.Before(c.deadline) {
+	if c.overAt(now) {
 		return c.materialize().ctx.Err()
 	}
 	return nil
@@ -88,7 +88,7 @@ func (c *deadlineCtx) Value(key any) any {
 	if r := c.real.Load(); r != nil {
 		return r.ctx.Value(key)
 	}
-	if c.over() {
+	if c.overAt(time.Now()) {
 		return c.materialize().ctx.Value(key)
 	}
 	return c.parent.Value(key)
