@@ -101,7 +101,7 @@ type Config struct {
 	// KeyOptional lets requests without a key through without idempotency.
 	// By default a missing key is a 400.
 	KeyOptional bool
-	// MaxKeyLength bounds the key. Default 255.
+	// MaxKeyLength bounds the key, 1 to MaxKeyLengthLimit. Default 255.
 	MaxKeyLength int
 	// MaxBodyBytes bounds the request body read for the fingerprint; a
 	// larger body gets 413. Default 1 MiB.
@@ -140,8 +140,16 @@ type Config struct {
 	Reconcile Reconciler
 	// Observer receives one Event per request. Optional.
 	Observer Observer
-	// Logger, when set, logs one line per request with its outcome.
+	// Logger, when set, logs one line per request with its outcome. When
+	// it is nil, the outcomes an operator must see (a store error, a
+	// misconfigured store, a transaction the handler ended, an
+	// authentication error) still go to slog.Default().
 	Logger *slog.Logger
+	// WarnTxUnused logs a warning when a handler answers 2xx without
+	// having used the store's transaction: its writes, if any, went around
+	// the guarantee (through the pool instead of the transaction).
+	// Event.TxUsed says the same for every request.
+	WarnTxUnused bool
 	// Clock measures latencies. Default time.Now. Expiry and leases always
 	// use the store's clock.
 	Clock func() time.Time
@@ -197,7 +205,8 @@ func (c *Config) validate() error {
 		}
 	}
 	check(c.Store != nil, "Store is required")
-	check(c.MaxKeyLength > 0, "MaxKeyLength must be positive, got %d", c.MaxKeyLength)
+	check(c.MaxKeyLength > 0 && c.MaxKeyLength <= MaxKeyLengthLimit,
+		"MaxKeyLength must be 1 to %d (what every store's index holds), got %d", MaxKeyLengthLimit, c.MaxKeyLength)
 	check(c.MaxBodyBytes > 0, "MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)
 	check(c.MaxResponseBytes > 0, "MaxResponseBytes must be positive, got %d", c.MaxResponseBytes)
 	check(c.RequestTimeout > 0, "RequestTimeout must be positive, got %v", c.RequestTimeout)

@@ -112,6 +112,9 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	if req.Principal == "" {
 		return reply(OutcomeUnauthenticated, NewProblem(ProblemUnauthenticated).Response(0), nil)
 	}
+	if err := checkPrincipal(req.Principal); err != nil {
+		return reply(OutcomePrincipalInvalid, NewProblem(ProblemPrincipalInvalid).Response(0), err)
+	}
 	switch {
 	case errors.Is(keyErr, ErrKeyMissing):
 		return reply(OutcomeKeyMissing, NewProblem(ProblemKeyMissing).Response(0), nil)
@@ -136,14 +139,14 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 
 	creq := ClaimRequest{
 		Principal: req.Principal, Key: key, Fingerprint: fp, Token: newToken(),
-		RequestID: req.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		RequestID: boundRequestID(req.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
 	res, err := e.cfg.Store.Claim(ctx, creq)
 	end = e.cfg.Clock()
 	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
-		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("claim: %w", err))
+		return reply(OutcomeStoreError, storeProblem(err), fmt.Errorf("claim: %w", err))
 	}
 
 	if !res.Claimed {
@@ -168,7 +171,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
 		a.release(ctx, nil)
-		return reply(OutcomeStoreError, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("begin: %w", err))
+		return reply(OutcomeStoreError, storeProblem(err), fmt.Errorf("begin: %w", err))
 	}
 	a.tx = tx
 	// The deadline counts from the claim's answer (or now, when the
@@ -291,6 +294,7 @@ func (a *Attempt) Finish(res Result) *Response {
 	e := a.e
 	done := func(outcome OutcomeLabel, resp *Response, err error) *Response {
 		a.ev.Outcome, a.ev.Status, a.ev.Err = outcome, resp.Status, err
+		a.ev.TxUsed = a.tx != nil && a.tx.Used()
 		a.ev.Duration = e.cfg.Clock().Sub(a.start)
 		e.emit(a.ctx, a.ev)
 		return resp
@@ -316,10 +320,7 @@ func (a *Attempt) Finish(res Result) *Response {
 	default:
 		a.release(a.ctx, res.Err)
 		if deadlineErr != nil {
-			p := NewProblem(ProblemStoreUnavailable)
-			p.Status, p.Title = http.StatusServiceUnavailable, "Request timed out"
-			p.Detail = "The request did not finish within its deadline and was rolled back. Retrying is safe."
-			return done(OutcomeReleased, p.Response(1), deadlineErr)
+			return done(OutcomeReleased, NewProblem(ProblemTimeout).Response(1), deadlineErr)
 		}
 		if res.Status < 400 {
 			// Rolled back: a 2xx here would claim an effect that did not
@@ -340,21 +341,46 @@ func (a *Attempt) Finish(res Result) *Response {
 	defer a.sctx.cancel()
 	if err := a.tx.Settle(sctx, out); err != nil {
 		_ = a.tx.Rollback(sctx)
-		if errors.Is(err, ErrLeaseLost) {
+		switch {
+		case errors.Is(err, ErrLeaseLost):
 			return done(OutcomeLeaseLost, NewProblem(ProblemLeaseLost).Response(1), err)
+		case errors.Is(err, ErrTxEnded):
+			// Part of the handler's work may have committed without the
+			// outcome: releasing would let a retry run it again. The claim
+			// stays in progress until its lease expires, when a takeover
+			// asks Reconcile what happened.
+			leaseLeft := e.cfg.Lease - time.Since(a.start)
+			return done(OutcomeTxEnded, NewProblem(ProblemTxEnded).Response(max(int(math.Ceil(leaseLeft.Seconds())), 1)),
+				fmt.Errorf("settle: %w", err))
 		}
 		// The commit failed: nothing of the handler's work stands, so the
-		// key is released for the retry.
-		if rerr := e.cfg.Store.Release(sctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		// key is released for the retry. The settle may have used up its
+		// context's time, so the release gets its own.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
+		defer cancel()
+		if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("release after failed settle: %w", rerr))
 		}
-		return done(OutcomeStoreError, NewProblem(ProblemCommitFailed).Response(1), fmt.Errorf("settle: %w", err))
+		p := NewProblem(ProblemCommitFailed)
+		if errors.Is(err, ErrMisconfigured) {
+			p = NewProblem(ProblemMisconfigured)
+		}
+		return done(OutcomeStoreError, p.Response(1), fmt.Errorf("settle: %w", err))
 	}
 	outcome := OutcomeClaimed
 	if a.reclaimed {
 		outcome = OutcomeStaleReclaimed
 	}
 	return done(outcome, handlerResp, nil)
+}
+
+// storeProblem is the answer to a store error before the handler ran:
+// retrying is safe unless the store is misconfigured.
+func storeProblem(err error) *Response {
+	if errors.Is(err, ErrMisconfigured) {
+		return NewProblem(ProblemMisconfigured).Response(0)
+	}
+	return NewProblem(ProblemStoreUnavailable).Response(1)
 }
 
 // release rolls back and deletes the claim, fenced by the lease.

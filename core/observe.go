@@ -27,7 +27,9 @@ const (
 	OutcomeBodyUnreadable      OutcomeLabel = "body_unreadable"
 	OutcomeReplayForbidden     OutcomeLabel = "replay_forbidden"
 	OutcomeResponseTooLarge    OutcomeLabel = "response_too_large"
-	OutcomeNoKey               OutcomeLabel = "no_key" // optional key absent: passed through
+	OutcomeNoKey               OutcomeLabel = "no_key"   // optional key absent: passed through
+	OutcomeTxEnded             OutcomeLabel = "tx_ended" // the handler ended the transaction; the key stays in progress
+	OutcomePrincipalInvalid    OutcomeLabel = "principal_invalid"
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -35,7 +37,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
-	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey,
+	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
 }
 
 // Event describes one request's passage through the engine.
@@ -53,9 +55,13 @@ type Event struct {
 	ClaimLatency time.Duration
 	// Duration is the time from Begin to the response being decided.
 	Duration time.Duration
-	// Err is the error behind a store_error, lease_lost or released
-	// outcome, if any.
+	// Err is the error behind a store_error, lease_lost, tx_ended or
+	// released outcome, if any.
 	Err error
+	// TxUsed reports whether the handler ran anything through the store's
+	// transaction. It is false when no handler ran. A 2xx with TxUsed
+	// false means the handler's writes, if any, went around the guarantee.
+	TxUsed bool
 }
 
 // Observer receives one Event per request. Implementations must be safe for
@@ -74,13 +80,28 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	if e.cfg.Observer != nil {
 		e.cfg.Observer.Observe(ctx, ev)
 	}
-	if e.cfg.Logger == nil {
-		return
-	}
-	level := slog.LevelInfo
+	logger, level := e.cfg.Logger, slog.LevelInfo
 	switch ev.Outcome {
-	case OutcomeStoreError, OutcomeLeaseLost, OutcomeResponseTooLarge:
+	case OutcomeStoreError, OutcomeTxEnded:
+		level = slog.LevelError
+	case OutcomeLeaseLost, OutcomeResponseTooLarge:
 		level = slog.LevelWarn
+	}
+	unusedTx := e.cfg.WarnTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&
+		(ev.Outcome == OutcomeClaimed || ev.Outcome == OutcomeStaleReclaimed)
+	if unusedTx {
+		level = slog.LevelWarn
+	}
+	if logger == nil {
+		// What an operator must see is logged even without a Logger.
+		if level < slog.LevelError && !unusedTx {
+			return
+		}
+		logger = slog.Default()
+	}
+	msg := "idempotency"
+	if unusedTx {
+		msg = "idempotency: the handler answered 2xx without using the store's transaction; its writes are outside the guarantee"
 	}
 	attrs := []slog.Attr{
 		slog.String("outcome", string(ev.Outcome)),
@@ -101,5 +122,5 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
 	}
-	e.cfg.Logger.LogAttrs(ctx, level, "idempotency", attrs...)
+	logger.LogAttrs(ctx, level, msg, attrs...)
 }

@@ -27,6 +27,10 @@ const (
 	ProblemLeaseLost        ProblemType = ProblemTypeBase + "lease-lost"
 	ProblemStoreUnavailable ProblemType = ProblemTypeBase + "store-unavailable"
 	ProblemCommitFailed     ProblemType = ProblemTypeBase + "commit-failed"
+	ProblemTimeout          ProblemType = ProblemTypeBase + "timeout"
+	ProblemTxEnded          ProblemType = ProblemTypeBase + "transaction-ended"
+	ProblemMisconfigured    ProblemType = ProblemTypeBase + "store-misconfigured"
+	ProblemPrincipalInvalid ProblemType = ProblemTypeBase + "principal-invalid"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -76,6 +80,15 @@ var problems = map[ProblemType]Problem{
 		Detail: "The idempotency store could not be reached. Nothing was stored; retrying is safe."},
 	ProblemCommitFailed: {Status: http.StatusInternalServerError, Title: "Commit failed",
 		Detail: "The request could not be committed, so it was rolled back. Retrying is safe."},
+	ProblemTimeout: {Status: http.StatusServiceUnavailable, Title: "Request timed out",
+		Detail: "The request did not finish within its deadline and was rolled back. Retrying is safe."},
+	ProblemTxEnded: {Status: http.StatusInternalServerError, Title: "Transaction ended by the handler",
+		Detail: "The handler ended the request's transaction itself, so part of its work may have been committed without its stored response. " +
+			"The key stays locked until it is reconciled; a retry after Retry-After gets the reconciled result."},
+	ProblemMisconfigured: {Status: http.StatusInternalServerError, Title: "Idempotency store misconfigured",
+		Detail: "The idempotency store is not set up correctly (a missing table, column or permission). Nothing was stored; retrying will not help until it is fixed."},
+	ProblemPrincipalInvalid: {Status: http.StatusBadRequest, Title: "Principal cannot be stored",
+		Detail: "The authenticated principal is empty, too long or not valid UTF-8, so an idempotent request cannot be recorded for it."},
 }
 
 // NewProblem returns the standard problem for t. It panics on an unknown type,

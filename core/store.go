@@ -42,6 +42,28 @@ var (
 	// store. Stores wrap such errors so that errors.Is(err, ErrTransient)
 	// holds; the engine releases the key instead of storing anything.
 	ErrTransient = errors.New("idem: transient store error")
+	// ErrMisconfigured marks store errors that retrying cannot fix: a
+	// missing table or column, a permission the database user lacks.
+	// Stores wrap such errors so that errors.Is(err, ErrMisconfigured)
+	// holds; the engine answers a 500 store-misconfigured problem instead
+	// of telling the client that retrying is safe, and logs the error even
+	// when Config.Logger is nil.
+	ErrMisconfigured = errors.New("idem: store misconfigured")
+	// ErrTxOwned is returned by a store's transaction handle when the
+	// handler tries to end the transaction (Commit, Rollback, or a
+	// transaction-control statement such as COMMIT): the store owns it and
+	// ends it after the handler returns, together with the stored outcome.
+	// Stores return it, or an error wrapping it, and refuse before anything
+	// reaches the database.
+	ErrTxOwned = errors.New("idem: the transaction belongs to the idempotency store; return from the handler to commit, or return an error to roll back")
+	// ErrTxEnded is wrapped by the error Tx.Settle returns when the
+	// handler's transaction ended under the handler by a route the store
+	// could not refuse (a raw connection, a server-side rollback the store
+	// noticed only afterwards). Part of the handler's work may have
+	// committed without the outcome, so the engine does not release the
+	// key: it stays in progress until its lease expires, when a takeover
+	// asks Config.Reconcile what happened.
+	ErrTxEnded = errors.New("idem: the transaction ended outside the store's control")
 )
 
 // Lease identifies one holder's claim on a key. Settle and Release are
@@ -161,11 +183,19 @@ type Tx interface {
 	// lost may have committed. The engine therefore follows a failed
 	// Settle with a fenced Release, which deletes the claim only if it is
 	// still in progress, so a retry either replays what committed or runs
-	// afresh. After Settle the Tx is finished. Settle must not keep
+	// afresh. The exception is an error wrapping ErrTxEnded: the handler's
+	// transaction ended outside the store's control, so part of its work
+	// may have committed, and the engine leaves the claim in progress for a
+	// takeover and Config.Reconcile. After Settle the Tx is finished. Settle must not keep
 	// outcome.Response's header map or body past its return: the adapter
 	// reuses them for the next request.
 	Settle(ctx context.Context, outcome Outcome) error
 	// Rollback abandons the transaction. It is safe to call after Settle
 	// and more than once.
 	Rollback(ctx context.Context) error
+	// Used reports whether the handler ran anything through the
+	// transaction's handle. A handler that answers 2xx without using it
+	// wrote, if anything, outside the guarantee (through the pool); the
+	// engine records it in Event.TxUsed.
+	Used() bool
 }

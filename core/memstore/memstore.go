@@ -190,7 +190,8 @@ func (s *Store) ListStale(_ context.Context, olderThan time.Duration, limit int)
 // work registered with OnCommit runs atomically with the settle.
 func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
 	c := &txContext{Context: ctx, tx: Tx{store: s, lease: l}}
-	return c, &c.tx, nil
+	c.st.tx = &c.tx
+	return c, &c.st, nil
 }
 
 // A txContext is the context BeginTx returns: its ctx, carrying the
@@ -198,6 +199,7 @@ func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, ide
 type txContext struct {
 	context.Context
 	tx Tx
+	st storeTx
 }
 
 type txKey struct{}
@@ -210,7 +212,10 @@ func (c *txContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// Tx is a memstore transaction. Handlers reach it with TxFrom.
+// Tx is the handle a handler gets to a memstore transaction, through
+// TxFrom. It can add work to the transaction and make it fail, but not end
+// it: the store commits it with the stored outcome after the handler
+// returns, or rolls it back.
 type Tx struct {
 	store    *Store
 	lease    idem.Lease
@@ -218,6 +223,7 @@ type Tx struct {
 	onCommit []func()
 	failWith error
 	done     bool
+	used     bool
 }
 
 // TxFrom returns the memstore transaction carried by ctx, if any.
@@ -227,11 +233,15 @@ func TxFrom(ctx context.Context) (*Tx, bool) {
 }
 
 // OnCommit registers fn to run when the transaction commits, atomically
-// with the settle: the in-memory stand-in for a business write.
+// with the settle: the in-memory stand-in for a business write. Once the
+// store has finished the transaction, fn is dropped.
 func (tx *Tx) OnCommit(fn func()) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
-	tx.onCommit = append(tx.onCommit, fn)
+	tx.used = true
+	if !tx.done {
+		tx.onCommit = append(tx.onCommit, fn)
+	}
 }
 
 // FailCommit makes the commit fail with err, as a database does after a
@@ -239,16 +249,21 @@ func (tx *Tx) OnCommit(fn func()) {
 func (tx *Tx) FailCommit(err error) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
+	tx.used = true
 	tx.failWith = err
 }
 
+// storeTx is the idem.Tx the engine drives; the handler never sees it.
+type storeTx struct{ tx *Tx }
+
 // Settle implements idem.Tx. The store keeps a copy of the outcome's
 // response.
-func (tx *Tx) Settle(_ context.Context, out idem.Outcome) error {
+func (st *storeTx) Settle(_ context.Context, out idem.Outcome) error {
+	tx := st.tx
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	if tx.done {
-		return errors.New("memstore: transaction already finished")
+		return errors.New("memstore: settle: transaction already finished")
 	}
 	tx.done = true
 	if tx.failWith != nil {
@@ -270,12 +285,20 @@ func (tx *Tx) Settle(_ context.Context, out idem.Outcome) error {
 }
 
 // Rollback implements idem.Tx.
-func (tx *Tx) Rollback(context.Context) error {
+func (st *storeTx) Rollback(context.Context) error {
+	tx := st.tx
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.done = true
 	tx.onCommit = nil
 	return nil
+}
+
+// Used implements idem.Tx.
+func (st *storeTx) Used() bool {
+	st.tx.mu.Lock()
+	defer st.tx.mu.Unlock()
+	return st.tx.used
 }
 
 var _ idem.Store = (*Store)(nil)

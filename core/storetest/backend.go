@@ -31,6 +31,30 @@ type Backend struct {
 	// suite never holds one open while it expects another write to go
 	// through.
 	SingleWriter bool
+
+	// The hostile-handler section (RunHostile, part of Run) plays a handler
+	// that misbehaves with the handle the store gave it. The fields below
+	// are that handle's levers; a store whose handle lacks one declares
+	// the cases that need it not applicable by leaving it nil, and the
+	// suite reports them as skipped with the reason.
+
+	// Dialect is the SQL dialect of the handle: "postgres", "mysql" or
+	// "sqlite"; "" for a store whose handle runs no SQL (memstore, Redis).
+	// It selects the statements the section sends.
+	Dialect string
+	// Exec runs sql with args through the handle the store gave the
+	// handler (pgx.Tx.Exec, gorm's db.Exec), as a handler would, and
+	// returns its error. Required when Dialect is set.
+	Exec func(ctx context.Context, sql string, args ...any) error
+	// EndHandle calls the handle's own Commit (commit true) or Rollback,
+	// as a handler would, and returns its error. Nil when the handle has
+	// no such methods.
+	EndHandle func(ctx context.Context, commit bool) error
+	// EndTxAround ends the transaction by a route the handle cannot refuse
+	// beforehand (the raw connection pgx.Tx.Conn returns; a deadlock the
+	// server resolves by rolling the transaction back), so the store can
+	// only notice afterwards. Nil when the store has no such route.
+	EndTxAround func(ctx context.Context) error
 }
 
 // NewBackend makes a fresh Backend for one test; it registers its own

@@ -60,6 +60,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 			tc.fn(t, b)
 		})
 	}
+	RunHostile(t, newBackend)
 }
 
 func ctxT(t testing.TB) context.Context {
