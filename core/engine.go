@@ -25,6 +25,8 @@ type Engine struct {
 	stored      map[string]bool // canonical header names in the allow-list
 	ignore      [][]string      // Config.IgnoreFields, split once
 	clockIsWall bool            // Config.Clock was left to default to time.Now
+	// keyMissing and keyInvalid name the configured header and limit.
+	keyMissing, keyInvalid Problem
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
@@ -39,6 +41,11 @@ func New(cfg Config) (*Engine, error) {
 	for _, h := range cfg.StoredHeaders {
 		e.stored[http.CanonicalHeaderKey(h)] = true
 	}
+	e.keyMissing = NewProblem(ProblemKeyMissing)
+	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
+	e.keyInvalid = NewProblem(ProblemKeyInvalid)
+	e.keyInvalid.Detail = fmt.Sprintf("The %s header must be 1 to %d visible ASCII characters, bare or as a quoted string.",
+		cfg.Header, cfg.MaxKeyLength)
 	return e, nil
 }
 
@@ -117,9 +124,9 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	}
 	switch {
 	case errors.Is(keyErr, ErrKeyMissing):
-		return reply(OutcomeKeyMissing, NewProblem(ProblemKeyMissing).Response(0), nil)
+		return reply(OutcomeKeyMissing, e.keyMissing.Response(0), nil)
 	case keyErr != nil:
-		return reply(OutcomeKeyInvalid, NewProblem(ProblemKeyInvalid).Response(0), keyErr)
+		return reply(OutcomeKeyInvalid, e.keyInvalid.Response(0), keyErr)
 	}
 	ev.Key = key
 
@@ -361,11 +368,11 @@ func (a *Attempt) Finish(res Result) *Response {
 		if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("release after failed settle: %w", rerr))
 		}
-		p := NewProblem(ProblemCommitFailed)
+		resp := NewProblem(ProblemCommitFailed).Response(1)
 		if errors.Is(err, ErrMisconfigured) {
-			p = NewProblem(ProblemMisconfigured)
+			resp = NewProblem(ProblemMisconfigured).Response(0)
 		}
-		return done(OutcomeStoreError, p.Response(1), fmt.Errorf("settle: %w", err))
+		return done(OutcomeStoreError, resp, fmt.Errorf("settle: %w", err))
 	}
 	outcome := OutcomeClaimed
 	if a.reclaimed {

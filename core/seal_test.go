@@ -1,0 +1,309 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+)
+
+// faultyStore is a memstore whose Claim and Settle can be made to fail
+// with a chosen error, and which records how the engine treats the key
+// afterwards.
+type faultyStore struct {
+	*memstore.Store
+	claimErr  error
+	settleErr error
+	settleDur time.Duration // Settle waits this long (bounded by its ctx) before failing
+
+	mu          sync.Mutex
+	releaseErrs []error // ctx.Err() at each Release
+}
+
+func (s *faultyStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+	if s.claimErr != nil {
+		return idem.ClaimResult{}, s.claimErr
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *faultyStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+	ctx, tx, err := s.Store.BeginTx(ctx, l)
+	return ctx, faultyTx{Tx: tx, s: s}, err
+}
+
+func (s *faultyStore) Release(ctx context.Context, l idem.Lease) error {
+	s.mu.Lock()
+	s.releaseErrs = append(s.releaseErrs, ctx.Err())
+	s.mu.Unlock()
+	return s.Store.Release(ctx, l)
+}
+
+type faultyTx struct {
+	idem.Tx
+	s *faultyStore
+}
+
+func (t faultyTx) Settle(ctx context.Context, out idem.Outcome) error {
+	if t.s.settleErr == nil {
+		return t.Tx.Settle(ctx, out)
+	}
+	if t.s.settleDur > 0 {
+		select {
+		case <-time.After(t.s.settleDur):
+		case <-ctx.Done():
+		}
+	}
+	_ = t.Tx.Rollback(ctx)
+	return t.s.settleErr
+}
+
+func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		err         error
+		wantStatus  int
+		wantType    idem.ProblemType
+		wantOutcome idem.OutcomeLabel
+		wantState   idem.State // "" means released
+	}{
+		{"transaction ended behind the store", fmt.Errorf("idemtest: settle: %w", idem.ErrTxEnded),
+			500, idem.ProblemTxEnded, idem.OutcomeTxEnded, idem.StateInProgress},
+		{"misconfigured store", fmt.Errorf("idemtest: settle: %w: no table", idem.ErrMisconfigured),
+			500, idem.ProblemMisconfigured, idem.OutcomeStoreError, ""},
+		{"commit failed", errors.New("idemtest: settle: connection reset"),
+			500, idem.ProblemCommitFailed, idem.OutcomeStoreError, ""},
+		{"lease lost", idem.ErrLeaseLost, 409, idem.ProblemLeaseLost, idem.OutcomeLeaseLost, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: memstore.New(), settleErr: tc.err}
+			var ev idem.Event
+			e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler),
+				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att, _ := e.Begin(context.Background(), request("alice", "k"))
+			resp := att.Finish(idem.Result{Status: 201, Body: []byte(`{}`)})
+			if resp.Status != tc.wantStatus || !bytes.Contains(resp.Body, []byte(tc.wantType)) {
+				t.Fatalf("answered %d %s, want %d %s", resp.Status, resp.Body, tc.wantStatus, tc.wantType)
+			}
+			if ev.Outcome != tc.wantOutcome {
+				t.Fatalf("outcome %q, want %q", ev.Outcome, tc.wantOutcome)
+			}
+			rec, err := store.Get(context.Background(), "alice", "k")
+			switch {
+			case tc.wantState == "" && tc.err != idem.ErrLeaseLost && !errors.Is(err, idem.ErrNotFound):
+				t.Fatalf("key not released: %+v, %v", rec, err)
+			case tc.wantState != "" && (err != nil || rec.State != tc.wantState):
+				t.Fatalf("record %+v, %v; want it kept %s", rec, err, tc.wantState)
+			}
+			if tc.wantType == idem.ProblemTxEnded && resp.Header.Get("Retry-After") == "" {
+				t.Fatal("a tx-ended answer carries no Retry-After")
+			}
+		})
+	}
+}
+
+// A settle that used up the store timeout must not leave the release with
+// an expired context: the key would stay blocked for the whole lease.
+func TestReleaseAfterTimedOutSettleGetsItsOwnTime(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: memstore.New(), settleErr: errors.New("idemtest: settle timed out"), settleDur: time.Hour}
+	e, err := idem.New(idem.Config{Store: store, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "k"))
+	att.Finish(idem.Result{Status: 201, Body: []byte(`{}`)})
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if len(store.releaseErrs) != 1 || store.releaseErrs[0] != nil {
+		t.Fatalf("Release contexts' errors at call time = %v, want one live context", store.releaseErrs)
+	}
+	if _, err := store.Get(context.Background(), "alice", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("key not released after the failed settle: %v", err)
+	}
+}
+
+func TestMisconfiguredClaimIsNotRetryable(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: memstore.New(), claimErr: fmt.Errorf("idemtest: claim: %w: relation does not exist", idem.ErrMisconfigured)}
+	var logged bytes.Buffer
+	e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, resp := e.Begin(context.Background(), request("alice", "k"))
+	if resp.Status != 500 || !bytes.Contains(resp.Body, []byte(idem.ProblemMisconfigured)) || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("answered %d %v %s, want 500 %s without Retry-After", resp.Status, resp.Header, resp.Body, idem.ProblemMisconfigured)
+	}
+	if !strings.Contains(logged.String(), "relation does not exist") || !strings.Contains(logged.String(), "level=ERROR") {
+		t.Fatalf("log = %q, want the store's error at ERROR", logged.String())
+	}
+}
+
+// Without a Logger, what an operator must see still reaches slog.Default;
+// the normal outcomes do not.
+func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
+	var logged bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	ok, err := idem.New(idem.Config{Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := ok.Begin(context.Background(), request("alice", "fine"))
+	att.Finish(idem.Result{Status: 201})
+	if logged.Len() != 0 {
+		t.Fatalf("a normal request logged %q without a Logger", logged.String())
+	}
+	broken, err := idem.New(idem.Config{Store: &faultyStore{Store: memstore.New(),
+		claimErr: fmt.Errorf("idemtest: claim: %w: permission denied", idem.ErrMisconfigured)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken.Begin(context.Background(), request("alice", "k"))
+	if !strings.Contains(logged.String(), "permission denied") {
+		t.Fatalf("default log = %q, want the store error", logged.String())
+	}
+}
+
+func TestWarnTxUnused(t *testing.T) {
+	t.Parallel()
+	var logged bytes.Buffer
+	e, err := idem.New(idem.Config{Store: memstore.New(), WarnTxUnused: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, used := range []bool{true, false} {
+		logged.Reset()
+		att, _ := e.Begin(context.Background(), request("alice", fmt.Sprint("k", used)))
+		if used {
+			tx, _ := memstore.TxFrom(att.Context())
+			tx.OnCommit(func() {})
+		}
+		att.Finish(idem.Result{Status: 201})
+		if warned := strings.Contains(logged.String(), "level=WARN"); warned == used {
+			t.Fatalf("handler used the transaction: %v; log %q", used, logged.String())
+		}
+	}
+}
+
+func TestPrincipalAndRequestIDBounds(t *testing.T) {
+	t.Parallel()
+	var ev idem.Event
+	store := memstore.New()
+	e, err := idem.New(idem.Config{Store: store, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		principal string
+		ok        bool
+	}{
+		{"at the limit", strings.Repeat("p", idem.MaxPrincipalLength), true},
+		{"one byte over", strings.Repeat("p", idem.MaxPrincipalLength+1), false},
+		{"3000 bytes", strings.Repeat("p", 3000), false},
+		{"invalid UTF-8", "alice\xff", false},
+		{"NUL byte", "ali\x00ce", false},
+	} {
+		att, resp := e.Begin(context.Background(), request(tc.principal, "k-"+tc.name[:2]))
+		if tc.ok {
+			if att == nil {
+				t.Fatalf("%s: refused with %d %s", tc.name, resp.Status, resp.Body)
+			}
+			att.Finish(idem.Result{Status: 201})
+			continue
+		}
+		if att != nil || resp.Status != 400 || !bytes.Contains(resp.Body, []byte(idem.ProblemPrincipalInvalid)) || ev.Outcome != idem.OutcomePrincipalInvalid {
+			t.Fatalf("%s: attempt %v, answer %+v, outcome %q; want 400 %s", tc.name, att != nil, resp, ev.Outcome, idem.ProblemPrincipalInvalid)
+		}
+	}
+	for _, tc := range []struct{ sent, stored string }{
+		{"plain-id", "plain-id"},
+		{strings.Repeat("é", 200), strings.Repeat("é", 127)}, // 400 bytes cut at a character boundary
+		{"a\x00b\xffc", "a\uFFFDb\uFFFDc"},
+	} {
+		key := fmt.Sprintf("rid-%d", len(tc.sent))
+		req := request("alice", key)
+		req.RequestID = tc.sent
+		att, _ := e.Begin(context.Background(), req)
+		att.Finish(idem.Result{Status: 201})
+		rec, err := store.Get(context.Background(), "alice", key)
+		if err != nil || rec.RequestID != tc.stored {
+			t.Fatalf("request id %q stored as %q (%v), want %q", tc.sent, rec.RequestID, err, tc.stored)
+		}
+	}
+	if _, err := idem.New(idem.Config{Store: store, MaxKeyLength: idem.MaxKeyLengthLimit + 1}); !errors.Is(err, idem.ErrInvalidConfig) {
+		t.Fatalf("MaxKeyLength over what stores hold: New = %v", err)
+	}
+}
+
+func TestProblemsNameTheConfiguredHeader(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{Store: memstore.New(), Header: "X-Request-Key", MaxKeyLength: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, missing := e.Begin(context.Background(), request("alice", ""))
+	_, invalid := e.Begin(context.Background(), request("alice", strings.Repeat("k", 65)))
+	for _, resp := range []*idem.Response{missing, invalid} {
+		if !bytes.Contains(resp.Body, []byte("X-Request-Key")) || bytes.Contains(resp.Body, []byte("Idempotency-Key")) {
+			t.Fatalf("problem %s does not name the configured header", resp.Body)
+		}
+	}
+	if !bytes.Contains(invalid.Body, []byte("1 to 64")) {
+		t.Fatalf("problem %s does not name the configured limit", invalid.Body)
+	}
+}
+
+func TestTimeoutHasItsOwnProblem(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{Store: memstore.New(), RequestTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "slow"))
+	<-att.Context().Done()
+	resp := att.Finish(idem.Result{Status: 201})
+	if resp.Status != 503 || !bytes.Contains(resp.Body, []byte(idem.ProblemTimeout)) {
+		t.Fatalf("a handler past its deadline: %d %s, want 503 %s", resp.Status, resp.Body, idem.ProblemTimeout)
+	}
+}
+
+func TestTxUsedInEvent(t *testing.T) {
+	t.Parallel()
+	var ev idem.Event
+	e, err := idem.New(idem.Config{Store: memstore.New(), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "unused"))
+	att.Finish(idem.Result{Status: http.StatusCreated})
+	if ev.TxUsed {
+		t.Fatal("TxUsed for a handler that never touched the transaction")
+	}
+	att, _ = e.Begin(context.Background(), request("alice", "used"))
+	tx, _ := memstore.TxFrom(att.Context())
+	tx.OnCommit(func() {})
+	att.Finish(idem.Result{Status: http.StatusCreated})
+	if !ev.TxUsed {
+		t.Fatal("TxUsed false for a handler that wrote through the transaction")
+	}
+}
