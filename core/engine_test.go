@@ -185,6 +185,34 @@ func TestSweeperPurgesExpired(t *testing.T) {
 	}
 }
 
+// contendedPurger deletes at most half of each batch, as a store does when
+// another sweeper deletes the rest of the same batch first.
+type contendedPurger struct{ *memstore.Store }
+
+func (p contendedPurger) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	return p.Store.PurgeExpired(ctx, max(limit/2, 1))
+}
+
+func TestSweeperGoesOnAfterAShortBatch(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	store := memstore.New(memstore.WithClock(clk.Now))
+	for i := range 40 {
+		if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: fmt.Sprint(i), Token: "t", Lease: time.Second, Retention: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(2 * time.Minute)
+	s := idem.Sweeper{Store: contendedPurger{store}, BatchSize: 10}
+	res, err := s.Sweep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Purged != 40 || store.Len() != 0 {
+		t.Fatalf("purged %d, %d left; want every expired record purged although each batch came back short", res.Purged, store.Len())
+	}
+}
+
 func TestBodyLimitIgnoresTheDeclaredLength(t *testing.T) {
 	t.Parallel()
 	e, err := idem.New(idem.Config{Store: memstore.New(), MaxBodyBytes: 100})

@@ -37,7 +37,10 @@ type SweepResult struct {
 }
 
 // Sweep runs one sweep: purge expired records batch by batch until a batch
-// comes back short (or MaxBatches), then list stale claims.
+// deletes nothing (or MaxBatches), then list stale claims. A short batch
+// does not end the sweep: with several sweepers at once, one's batch comes
+// back short because another deleted part of it, while expired records
+// remain.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	batch, maxBatches := s.BatchSize, s.MaxBatches
 	if batch <= 0 {
@@ -53,7 +56,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		if err != nil {
 			return res, fmt.Errorf("idem: sweep: %w", err)
 		}
-		if n < batch {
+		if n == 0 {
 			break
 		}
 	}
