@@ -26,9 +26,11 @@ services:
 $(BIN)/staticcheck:
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-## lint: go vet, gofmt and staticcheck on every module.
+## lint: go vet, gofmt and staticcheck on every module; the modules require
+## their siblings at one release version and go mod tidy changes nothing.
 lint: $(BIN)/staticcheck
 	@set -e; out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@bash scripts/release.sh --check
 	@set -e; for m in $(MODULES); do \
 		echo "== lint $$m"; \
 		(cd $$m && $(GO) vet ./... && $(BIN)/staticcheck ./...); \

@@ -4,11 +4,11 @@ go 1.26.8
 
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
-	github.com/idemgo/idem/adapters/fiber v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/gorm v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/pgx v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/adapters/fiber v0.1.0
+	github.com/idemgo/idem/adapters/nethttp v0.1.0
+	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/gorm v0.1.0
+	github.com/idemgo/idem/stores/pgx v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/valyala/fasthttp v1.51.0
 	gorm.io/driver/postgres v1.6.3

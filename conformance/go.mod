@@ -3,13 +3,13 @@ module github.com/idemgo/idem/conformance
 go 1.26.8
 
 require (
-	github.com/idemgo/idem/adapters/echo v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/fiber v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/gin v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/gorm v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/pgx v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/adapters/echo v0.1.0
+	github.com/idemgo/idem/adapters/fiber v0.1.0
+	github.com/idemgo/idem/adapters/gin v0.1.0
+	github.com/idemgo/idem/adapters/nethttp v0.1.0
+	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/gorm v0.1.0
+	github.com/idemgo/idem/stores/pgx v0.1.0
 )
 
 require (

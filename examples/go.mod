@@ -7,13 +7,13 @@ require (
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.8.1
 	github.com/gofiber/fiber/v2 v2.52.15
-	github.com/idemgo/idem/adapters/echo v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/fiber v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/gin v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/adapters/nethttp v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/gorm v0.0.0-00010101000000-000000000000
-	github.com/idemgo/idem/stores/pgx v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/adapters/echo v0.1.0
+	github.com/idemgo/idem/adapters/fiber v0.1.0
+	github.com/idemgo/idem/adapters/gin v0.1.0
+	github.com/idemgo/idem/adapters/nethttp v0.1.0
+	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/gorm v0.1.0
+	github.com/idemgo/idem/stores/pgx v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.4
 	gorm.io/driver/mysql v1.6.0
@@ -53,7 +53,6 @@ require (
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

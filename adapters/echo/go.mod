@@ -3,15 +3,15 @@ module github.com/idemgo/idem/adapters/echo
 go 1.26.8
 
 require (
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/core v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 )
 
 require (
-	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	golang.org/x/crypto v0.53.0 // indirect

@@ -4,14 +4,13 @@ go 1.26.8
 
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/core v0.1.0
 	github.com/valyala/fasthttp v1.51.0
 )
 
 require (
 	github.com/andybalholm/brotli v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/klauspost/compress v1.17.9 // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect

@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.8.1
-	github.com/idemgo/idem/core v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem/core v0.1.0
 	github.com/jackc/pgx/v5 v5.10.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
