@@ -2,9 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
@@ -56,4 +58,183 @@ func ExampleDownstreamKey() {
 	key, _ := idem.DownstreamKey(att.Context(), "charge")
 	fmt.Println(len(key))
 	// Output: 64
+}
+
+// serve runs one request for key through engine with handler, as an adapter
+// does, and returns what the client gets.
+func serve(engine *idem.Engine, key string, handler func(ctx context.Context) idem.Result) *idem.Response {
+	att, resp := engine.Begin(context.Background(), idem.Request{
+		Method: "POST", Path: "/payments", Principal: "acct_1", Key: key,
+		ContentType: "application/json", Body: strings.NewReader(`{"amount":1000}`),
+	})
+	if att == nil {
+		return resp
+	}
+	defer att.Abort()
+	return att.Finish(handler(att.Context()))
+}
+
+// ExampleConfig_classify stores a 409 the handler answers for a business
+// conflict (a duplicate order number) as a failed outcome to replay, while
+// every other 409 is released so the retry runs again.
+func ExampleConfig_classify() {
+	errDuplicateOrder := errors.New("duplicate order number")
+	engine, _ := idem.New(idem.Config{
+		Store: memstore.New(),
+		Classify: func(status int, err error) idem.Disposition {
+			if status == http.StatusConflict && errors.Is(err, errDuplicateOrder) {
+				return idem.Fail
+			}
+			return idem.DefaultClassifier(status, err)
+		},
+	})
+	runs := 0
+	conflict := func(context.Context) idem.Result {
+		runs++
+		return idem.Result{Status: http.StatusConflict, Body: []byte(`{"error":"duplicate order"}`), Err: errDuplicateOrder}
+	}
+	first, retry := serve(engine, "k1", conflict), serve(engine, "k1", conflict)
+	fmt.Println(first.Status, retry.Status, retry.Header.Get(idem.ReplayedHeader), "runs:", runs)
+	// Output: 409 409 true runs: 1
+}
+
+// ExampleDefaultClassifier shows which outcomes are stored and which are
+// released for the retry to run again.
+func ExampleDefaultClassifier() {
+	names := map[idem.Disposition]string{idem.Complete: "complete", idem.Fail: "fail", idem.Release: "release"}
+	for _, status := range []int{200, 303, 400, 404, 408, 429, 500, 503} {
+		fmt.Println(status, names[idem.DefaultClassifier(status, nil)])
+	}
+	fmt.Println("201 with an error:", names[idem.DefaultClassifier(201, errors.New("boom"))])
+	// Output:
+	// 200 complete
+	// 303 complete
+	// 400 fail
+	// 404 fail
+	// 408 release
+	// 429 release
+	// 500 release
+	// 503 release
+	// 201 with an error: release
+}
+
+// ExampleConfig_reconcile charges a provider with the key DownstreamKey
+// derives. The first attempt's process dies after the charge; when its
+// lease has run out, the retry takes the key over and Reconcile asks the
+// provider, which already charged that downstream key: the provider's
+// answer is stored and replayed, and the customer is charged once.
+func ExampleConfig_reconcile() {
+	provider := map[string]string{} // downstream key -> charge id
+	charge := func(ctx context.Context) (string, error) {
+		key, err := idem.DownstreamKey(ctx, "charge")
+		if err != nil {
+			return "", err
+		}
+		if id, ok := provider[key]; ok {
+			return id, nil // the provider deduplicates on the key
+		}
+		provider[key] = fmt.Sprintf("ch_%d", len(provider)+1)
+		return provider[key], nil
+	}
+	now := time.Unix(1_750_000_000, 0)
+	clock := func() time.Time { return now }
+	engine, _ := idem.New(idem.Config{
+		Store:          memstore.New(memstore.WithClock(clock)),
+		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
+		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
+			id, err := charge(ctx) // same downstream key as the dead attempt
+			if err != nil {
+				return nil, err
+			}
+			return &idem.Response{Status: http.StatusCreated, Body: []byte(`{"charge":"` + id + `"}`)}, nil
+		},
+	})
+	req := idem.Request{Method: "POST", Path: "/payments", Principal: "acct_1", Key: "order-42"}
+	crashed, _ := engine.Begin(context.Background(), req)
+	_, _ = charge(crashed.Context()) // charged, then the process died before the commit
+
+	now = now.Add(4 * time.Second) // the lease has run out
+	_, resp := engine.Begin(context.Background(), req)
+	fmt.Println(resp.Status, string(resp.Body), "charges:", len(provider))
+	// Output: 201 {"charge":"ch_1"} charges: 1
+}
+
+// ExampleSweeper deletes records past their retention. Run it in the
+// background with Sweeper.Run; one sweep is shown here.
+func ExampleSweeper() {
+	now := time.Unix(1_750_000_000, 0)
+	store := memstore.New(memstore.WithClock(func() time.Time { return now }))
+	engine, _ := idem.New(idem.Config{Store: store, Retention: time.Hour})
+	for _, key := range []string{"a", "b", "c"} {
+		serve(engine, key, func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} })
+	}
+	now = now.Add(2 * time.Hour)
+	sweeper := idem.Sweeper{Store: store, BatchSize: 100}
+	res, err := sweeper.Sweep(context.Background())
+	fmt.Println(res.Purged, err, store.Len())
+	// Output: 3 <nil> 0
+}
+
+// ExampleObserverFunc counts outcomes, the way a metrics back-end does.
+func ExampleObserverFunc() {
+	counts := map[idem.OutcomeLabel]int{}
+	engine, _ := idem.New(idem.Config{
+		Store:    memstore.New(),
+		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { counts[ev.Outcome]++ }),
+	})
+	ok := func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} }
+	serve(engine, "k1", ok)
+	serve(engine, "k1", ok)
+	serve(engine, "", ok)
+	fmt.Println(counts[idem.OutcomeClaimed], counts[idem.OutcomeReplayed], counts[idem.OutcomeKeyMissing])
+	// Output: 1 1 1
+}
+
+// ExampleParseKey shows the two forms of a key and what is refused.
+func ExampleParseKey() {
+	for _, raw := range []string{`7f3a`, `"7f3a"`, `"unterminated`, "tab\tinside", ""} {
+		key, err := idem.ParseKey(raw, 0)
+		fmt.Printf("%q %q %v\n", raw, key, err != nil)
+	}
+	// Output:
+	// "7f3a" "7f3a" false
+	// "\"7f3a\"" "7f3a" false
+	// "\"unterminated" "" true
+	// "tab\tinside" "" true
+	// "" "" true
+}
+
+// ExampleCanonicalJSON shows why a retry whose JSON differs only in key
+// order, white space or an ignored field has the same fingerprint.
+func ExampleCanonicalJSON() {
+	a, _ := idem.CanonicalJSON([]byte(`{"currency":"EUR", "amount":1000, "sent_at":"10:00"}`), []string{"sent_at"})
+	b, _ := idem.CanonicalJSON([]byte(`{"amount":1000,"currency":"EUR","sent_at":"10:05"}`), []string{"sent_at"})
+	fmt.Println(string(a), string(a) == string(b))
+	// Output: {"amount":1000,"currency":"EUR"} true
+}
+
+// ExampleNewProblem renders one of the library's problem responses.
+func ExampleNewProblem() {
+	resp := idem.NewProblem(idem.ProblemKeyInUse).Response(3)
+	fmt.Println(resp.Status, resp.Header.Get("Content-Type"), resp.Header.Get("Retry-After"))
+	// Output: 409 application/problem+json 3
+}
+
+// ExampleWrapStoreError is how a store wraps its driver's errors, so that
+// the engine tells a transient error (503, retry) from a misconfigured
+// store (500, fix it).
+func ExampleWrapStoreError() {
+	missingTable := errors.New(`relation "idempotency_keys" does not exist`)
+	err := idem.WrapStoreError("idemexample", "claim", idem.ClassMisconfigured, missingTable)
+	fmt.Println(errors.Is(err, idem.ErrMisconfigured), errors.Is(err, missingTable))
+	// Output: true true
+}
+
+// ExampleEncodeHeader keeps header values byte for byte, whatever they
+// contain.
+func ExampleEncodeHeader() {
+	h := http.Header{"Content-Type": {"application/json"}, "X-Odd": {"nul\x00and\xffbyte"}}
+	back, err := idem.DecodeHeader(idem.EncodeHeader(h))
+	fmt.Printf("%q %v\n", back.Get("X-Odd"), err)
+	// Output: "nul\x00and\xffbyte" <nil>
 }

@@ -1,0 +1,78 @@
+// Package idem makes HTTP endpoints idempotent the way payment companies do:
+// a client sends an Idempotency-Key header, the server claims the key
+// atomically, runs the handler inside a database transaction that also
+// stores the outcome, and answers every retry with the same response. Each
+// request has exactly one effect, also when retries race each other, the
+// process dies half way, or a dependency fails for a moment.
+//
+// # What an application writes
+//
+// Three things, and nothing else from this package is needed to start:
+//
+//  1. A store, which keeps the records and owns the transaction the handler
+//     writes in: idempgx.New(pool) for PostgreSQL through pgx,
+//     idemgorm.New(db) for GORM (PostgreSQL, MySQL/MariaDB, SQLite), or
+//     memstore.New() for tests. Create its table with the store's Migrate.
+//  2. The middleware of your framework's adapter (idemhttp, idemgin,
+//     idemecho, idemfiber), configured with a [Config] and a Principal
+//     function, and placed after your authentication on the routes that
+//     must be idempotent. Config is validated when the middleware is built:
+//     a misconfiguration fails at start-up, not on the first request.
+//  3. Handlers that write through the store's transaction, which the
+//     store's accessor takes from the request's context
+//     (idempgx.Tx(ctx), idemgorm.Tx(ctx)). The store commits it together
+//     with the stored response after the handler returns; the handler does
+//     not commit, and cannot: Commit, Rollback and statements such as
+//     COMMIT are refused with [ErrTxOwned]. To abandon the work, return an
+//     error or a 5xx.
+//
+// For effects outside the database (a payment provider), send the provider
+// the key [DownstreamKey] derives, and set [Config.Reconcile] to ask the
+// provider what became of an attempt whose process died. Run a [Sweeper] to
+// delete expired records and report stale claims, and an [Observer] to count
+// outcomes.
+//
+// # What happens to one request
+//
+// The middleware authenticates (no principal: 401), parses the key (missing
+// or invalid: 400), fingerprints the request (method, path, principal and
+// the body, JSON canonicalised), and claims (principal, key) with one atomic
+// statement on the database clock. Then:
+//
+//   - Claimed: the handler runs with a deadline ([Config.RequestTimeout])
+//     and a buffered response. A 2xx/3xx is stored as completed and a
+//     deterministic 4xx as failed, in the handler's transaction, fenced by
+//     the lease token; then the buffered response is sent. Anything else (a
+//     5xx, an error, a panic, the deadline, a failed commit) rolls back and
+//     releases the key, so the retry really retries.
+//   - Held by another attempt: 409 with Retry-After. Held past its lease
+//     (the holder died): taken over, after asking Config.Reconcile.
+//   - Completed or failed: the stored response, with Idempotent-Replayed:
+//     true, and the handler does not run.
+//   - Same key, different request: 422.
+//
+// Every response the library produces itself is an RFC 9457 problem whose
+// type is one of the [ProblemType] constants; the [Event] of each request
+// carries its [OutcomeLabel].
+//
+// # For adapter and store authors
+//
+// The rest of the package is the contract between the engine and the
+// adapters and stores; applications do not call it.
+//
+// An adapter turns its framework's request into a [Request], calls
+// [Engine.Begin], runs the handler with the [Attempt]'s context and body
+// while buffering its response (see [ResponseBuffer]), and hands the
+// [Result] to [Attempt.Finish], whose [Response] it writes. Adapters built
+// on net/http use [Engine.HandleHTTP], which does all of that. Package
+// adaptertest is the suite every adapter passes.
+//
+// A store implements [Store] and [Tx] (claim, begin, settle, release, get,
+// purge, list stale), returns [ErrLeaseLost], [ErrNotFound], and wraps its
+// errors with [WrapStoreError] so that [ErrTransient] and [ErrMisconfigured]
+// are recognised. Its handler handle refuses to end the transaction
+// ([ErrTxOwned]) and reports a transaction that ended anyway ([ErrTxEnded]).
+// It keeps headers with [EncodeHeader]. Package storetest is the suite every
+// store passes, hostile handlers included; docs/stores.md says what a store
+// looks like.
+package idem
