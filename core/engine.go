@@ -153,7 +153,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	end = e.cfg.Clock()
 	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
-		return reply(OutcomeStoreError, storeProblem(err), fmt.Errorf("claim: %w", err))
+		return reply(OutcomeStoreError, storeProblem(err), err)
 	}
 
 	if !res.Claimed {
@@ -178,7 +178,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
 		a.release(ctx, nil)
-		return reply(OutcomeStoreError, storeProblem(err), fmt.Errorf("begin: %w", err))
+		return reply(OutcomeStoreError, storeProblem(err), err)
 	}
 	a.tx = tx
 	// The deadline counts from the claim's answer (or now, when the
@@ -357,8 +357,8 @@ func (a *Attempt) Finish(res Result) *Response {
 			// stays in progress until its lease expires, when a takeover
 			// asks Reconcile what happened.
 			leaseLeft := e.cfg.Lease - time.Since(a.start)
-			return done(OutcomeTxEnded, NewProblem(ProblemTxEnded).Response(max(int(math.Ceil(leaseLeft.Seconds())), 1)),
-				fmt.Errorf("settle: %w", err))
+			retryAfter := max(int(math.Ceil(leaseLeft.Seconds())), 1)
+			return done(OutcomeTxEnded, NewProblem(ProblemTxEnded).Response(retryAfter), err)
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its
@@ -366,13 +366,13 @@ func (a *Attempt) Finish(res Result) *Response {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
 		defer cancel()
 		if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
-			err = errors.Join(err, fmt.Errorf("release after failed settle: %w", rerr))
+			err = errors.Join(err, rerr)
 		}
 		resp := NewProblem(ProblemCommitFailed).Response(1)
 		if errors.Is(err, ErrMisconfigured) {
 			resp = NewProblem(ProblemMisconfigured).Response(0)
 		}
-		return done(OutcomeStoreError, resp, fmt.Errorf("settle: %w", err))
+		return done(OutcomeStoreError, resp, err)
 	}
 	outcome := OutcomeClaimed
 	if a.reclaimed {
@@ -401,7 +401,7 @@ func (a *Attempt) release(ctx context.Context, cause error) {
 		a.hctx.cancel()
 	}
 	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
-		a.ev.Err = errors.Join(cause, fmt.Errorf("release: %w", err))
+		a.ev.Err = errors.Join(cause, err)
 	}
 }
 
