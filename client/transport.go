@@ -1,0 +1,200 @@
+package idemclient
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Transport is an http.RoundTripper that makes a request with one of the
+// configured methods safe to retry: it gives the request an idempotency
+// key, once, and retries it with that same key while the answer says that
+// retrying can help and the budget allows. Requests with other methods go
+// to Config.Base unchanged.
+//
+// For one request (one call of RoundTrip, so one http.Client.Do):
+//
+//   - The key is the request's own key header when it has one, else the
+//     key WithKey put in its context, else a fresh Config.NewKey(), chosen
+//     before the first attempt. Every attempt sends that key; no answer of
+//     the server, and no error, makes it send another (FuzzNoSecondKey).
+//   - An attempt is retried after a transport error, and after the answers
+//     classifyResponse lists (409 in progress, 429, 500 unless the problem
+//     type says retrying cannot help, 502, 503, 504), never after 422 or
+//     another 4xx, and never after a replay (Idempotent-Replayed: true).
+//   - The wait before a retry is the answer's Retry-After (seconds or an
+//     HTTP date), at most Config.MaxRetryAfter; without one it is drawn
+//     from [0, min(MaxDelay, BaseDelay·2ⁿ⁻¹)] before the n-th retry (full
+//     jitter).
+//   - No retry is made after Config.MaxAttempts attempts, or when its wait
+//     would end past Config.MaxElapsed from the start or at or past the
+//     context's deadline: then the last answer is returned as it came (its
+//     body unread), or the last error. A context that ends during a wait
+//     ends the request with its error.
+//   - A body that cannot be produced again (no GetBody, and larger than
+//     Config.MaxBufferedBody) is sent once and never retried.
+//
+// Info tells the caller the key, the attempts and whether the answer was a
+// replay; an error is an *Error carrying the key and the attempts. A
+// Transport is safe for concurrent use.
+type Transport struct {
+	cfg    Config
+	header string // cfg.Header, canonical
+}
+
+// New returns a Transport for cfg, or an error wrapping ErrInvalidConfig
+// that names every field it refuses.
+func New(cfg Config) (*Transport, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Transport{cfg: cfg, header: http.CanonicalHeaderKey(cfg.Header)}, nil
+}
+
+// RoundTrip sends req, retrying as the Transport's comment says. It does
+// not modify req; every attempt is a shallow copy of it with the key header
+// added and a fresh copy of the body.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !slices.Contains(t.cfg.Methods, req.Method) {
+		return t.cfg.Base.RoundTrip(req)
+	}
+	key, header, err := t.key(req)
+	if err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, &Error{Err: err}
+	}
+	b, err := prepareBody(req, t.cfg.MaxBufferedBody)
+	if err != nil {
+		return nil, &Error{Key: key, Err: err}
+	}
+	ctx := &infoCtx{Context: req.Context(), result: Result{Key: key}}
+	start := t.cfg.Now()
+	for attempt := 1; ; attempt++ {
+		r := req.WithContext(ctx)
+		r.Header, r.ContentLength, r.GetBody = header, b.contentLength, b.getBody
+		r.Body = b.first
+		if attempt > 1 && b.getBody != nil {
+			if r.Body, err = b.getBody(); err != nil {
+				return nil, &Error{Key: key, Attempts: attempt - 1, Err: fmt.Errorf("idemclient: GetBody: %w", err)}
+			}
+		}
+		resp, err := t.cfg.Base.RoundTrip(r)
+		ctx.result.Attempts = attempt
+		var retry bool
+		if err != nil {
+			retry = ctx.Err() == nil && retryableError(err)
+		} else {
+			retry = classifyResponse(resp)
+		}
+		var wait time.Duration
+		if retry {
+			retry, wait = t.budget(ctx, resp, attempt, start, b.replayable)
+		}
+		if !retry {
+			if err != nil {
+				return nil, &Error{Key: key, Attempts: attempt, Err: err}
+			}
+			ctx.result.Replayed = isReplayed(resp)
+			resp.Request = r // Info finds the result through its context
+			return resp, nil
+		}
+		if resp != nil {
+			discard(resp)
+		}
+		if err := t.cfg.Sleep(ctx, wait); err != nil {
+			return nil, &Error{Key: key, Attempts: attempt, Err: err}
+		}
+	}
+}
+
+// budget decides whether a retry the answer asks for is made, and after
+// which wait: not after MaxAttempts attempts, not with a body that cannot
+// be sent again, not when the wait would end past MaxElapsed from start or
+// at or past the context's deadline.
+func (t *Transport) budget(ctx *infoCtx, resp *http.Response, attempt int, start time.Time, replayable bool) (bool, time.Duration) {
+	if attempt >= t.cfg.MaxAttempts || !replayable {
+		return false, 0
+	}
+	now := t.cfg.Now()
+	var wait time.Duration
+	if ra, ok := retryAfter(resp, now); ok {
+		wait = min(ra, t.cfg.MaxRetryAfter)
+	} else {
+		wait = t.backoff(attempt)
+	}
+	end := now.Add(wait)
+	if end.After(start.Add(t.cfg.MaxElapsed)) {
+		return false, 0
+	}
+	if dl, ok := ctx.Deadline(); ok && !end.Before(dl) {
+		return false, 0
+	}
+	return true, wait
+}
+
+func retryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
+	if resp == nil {
+		return 0, false
+	}
+	return parseRetryAfter(resp.Header.Get("Retry-After"), now)
+}
+
+// backoff returns the wait before retry number n (the n+1-th attempt):
+// full jitter under min(MaxDelay, BaseDelay·2ⁿ⁻¹).
+func (t *Transport) backoff(n int) time.Duration {
+	ceiling := t.cfg.BaseDelay
+	for i := 1; i < n && ceiling < t.cfg.MaxDelay; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, t.cfg.MaxDelay)
+	return min(max(t.cfg.Jitter(ceiling), 0), ceiling)
+}
+
+// key returns the request's key and the header to send it in: the
+// request's own when it carries the key header, else one with the key
+// from the context or a new one added.
+func (t *Transport) key(req *http.Request) (string, http.Header, error) {
+	if k := req.Header.Get(t.header); k != "" {
+		return k, req.Header, nil
+	}
+	for name, v := range req.Header { // a name set without canonicalising it
+		if len(v) > 0 && v[0] != "" && strings.EqualFold(name, t.header) {
+			return v[0], req.Header, nil
+		}
+	}
+	k := keyFrom(req.Context())
+	if k == "" {
+		if k = t.cfg.NewKey(); !validKey(k) {
+			return "", nil, fmt.Errorf("idemclient: Config.NewKey returned %q, not 1 to %d visible ASCII characters", k, MaxKeyLength)
+		}
+	}
+	h := make(http.Header, len(req.Header)+1)
+	for name, v := range req.Header {
+		h[name] = v // values are not modified: sharing the slices is safe
+	}
+	h[t.header] = []string{k}
+	return k, h, nil
+}
+
+// CloseIdleConnections closes the idle connections of Config.Base, when it
+// has such a method (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.cfg.Base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// discard reads a little of an answer that is not returned, so that its
+// connection can be reused, and closes it.
+func discard(resp *http.Response) {
+	if resp.Body != nil {
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+		_ = resp.Body.Close()
+	}
+}
