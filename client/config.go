@@ -18,6 +18,7 @@ const (
 	DefaultMaxDelay        = 5 * time.Second
 	DefaultMaxRetryAfter   = 10 * time.Second
 	DefaultMaxBufferedBody = 1 << 20
+	DefaultMaxBufferedResp = 1 << 20
 )
 
 // DefaultMethods are the methods a Transport gives a key and retries when
@@ -69,6 +70,14 @@ type Config struct {
 	// made by http.NewRequest from a *bytes.Buffer, *bytes.Reader or
 	// *strings.Reader have GetBody and are never buffered.)
 	MaxBufferedBody int64
+	// MaxBufferedResponse is the largest answer body, by its
+	// Content-Length, that is read to the end before RoundTrip returns the
+	// answer. A connection cut in the middle of such a body is then retried
+	// like any other cut, and the retry gets the stored response, instead
+	// of the caller's read failing after the server has committed. Answers
+	// without a Content-Length (streams) or with a larger one are returned
+	// unread. A negative value reads none. Default 1 MiB.
+	MaxBufferedResponse int64
 	// Now is the clock for Retry-After dates, MaxElapsed and the context's
 	// deadline. Default time.Now.
 	Now func() time.Time
@@ -114,6 +123,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxBufferedBody == 0 {
 		c.MaxBufferedBody = DefaultMaxBufferedBody
+	}
+	if c.MaxBufferedResponse == 0 {
+		c.MaxBufferedResponse = DefaultMaxBufferedResp
 	}
 	if c.Now == nil {
 		c.Now = time.Now

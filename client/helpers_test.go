@@ -71,6 +71,10 @@ type answer struct {
 	readBody int
 	// hook runs when the answer is given (to cancel a context).
 	hook func()
+	// truncated, when positive, is the Content-Length announced for a
+	// body that breaks off after body: the connection was cut in the
+	// middle of the answer.
+	truncated int
 }
 
 func resp(status int, kv ...string) answer {
@@ -148,9 +152,14 @@ func (s *scripted) RoundTrip(r *http.Request) (*http.Response, error) {
 	if h == nil {
 		h = http.Header{}
 	}
+	var rd io.Reader = strings.NewReader(a.body)
+	length := int64(len(a.body))
+	if a.truncated > 0 {
+		rd, length = io.MultiReader(rd, errReader{io.ErrUnexpectedEOF}), int64(a.truncated)
+	}
 	return &http.Response{
 		Status: http.StatusText(a.status), StatusCode: a.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(strings.NewReader(a.body)), ContentLength: int64(len(a.body)), Request: r,
+		Header: h, Body: io.NopCloser(rd), ContentLength: length, Request: r,
 	}, nil
 }
 
@@ -183,3 +192,7 @@ func oneKey(t testing.TB, keys [][]string) string {
 	}
 	return keys[0][0]
 }
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

@@ -1,6 +1,7 @@
 package idemclient
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -87,10 +88,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.cfg.Base.RoundTrip(r)
 		ctx.result.Attempts = attempt
 		var retry bool
+		if err == nil {
+			if retry = classifyResponse(resp); !retry {
+				if err = t.readBody(resp); err != nil {
+					resp = nil
+				}
+			}
+		}
 		if err != nil {
 			retry = ctx.Err() == nil && retryableError(err)
-		} else {
-			retry = classifyResponse(resp)
 		}
 		var wait time.Duration
 		if retry {
@@ -187,6 +193,43 @@ func (t *Transport) key(req *http.Request) (string, http.Header, error) {
 func (t *Transport) CloseIdleConnections() {
 	if c, ok := t.cfg.Base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
+	}
+}
+
+// readBody reads the body of the answer about to be returned into memory
+// when its Content-Length is at most MaxBufferedResponse, so that a cut in
+// the middle of it is an attempt's error, which may be retried, rather than
+// the caller's. On error the body is closed.
+func (t *Transport) readBody(resp *http.Response) error {
+	if resp.ContentLength < 0 || resp.ContentLength > t.cfg.MaxBufferedResponse ||
+		resp.Body == nil || resp.Body == http.NoBody {
+		return nil
+	}
+	buf := make([]byte, 0, resp.ContentLength)
+	buf, err := readAll(resp.Body, buf)
+	_ = resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("idemclient: reading the answer's body: %w", err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(buf))
+	return nil
+}
+
+// readAll appends r's bytes to buf up to EOF (io.ReadAll into a buffer
+// sized by the Content-Length).
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
 }
 
