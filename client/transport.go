@@ -211,9 +211,16 @@ func (t *Transport) readBody(resp *http.Response) error {
 	if err != nil {
 		return fmt.Errorf("idemclient: reading the answer's body: %w", err)
 	}
-	resp.Body = io.NopCloser(bytes.NewReader(buf))
+	mb := new(memBody)
+	mb.Reset(buf)
+	resp.Body = mb
 	return nil
 }
+
+// memBody is an answer's body read into memory.
+type memBody struct{ bytes.Reader }
+
+func (*memBody) Close() error { return nil }
 
 // readAll appends r's bytes to buf up to EOF (io.ReadAll into a buffer
 // sized by the Content-Length).
