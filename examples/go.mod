@@ -11,6 +11,7 @@ require (
 	github.com/idemgo/idem/adapters/fiber v0.1.0
 	github.com/idemgo/idem/adapters/gin v0.1.0
 	github.com/idemgo/idem/adapters/nethttp v0.1.0
+	github.com/idemgo/idem/client v0.1.0
 	github.com/idemgo/idem/core v0.1.0
 	github.com/idemgo/idem/stores/gorm v0.1.0
 	github.com/idemgo/idem/stores/pgx v0.1.0
@@ -94,6 +95,7 @@ replace (
 	github.com/idemgo/idem/adapters/fiber => ../adapters/fiber
 	github.com/idemgo/idem/adapters/gin => ../adapters/gin
 	github.com/idemgo/idem/adapters/nethttp => ../adapters/nethttp
+	github.com/idemgo/idem/client => ../client
 	github.com/idemgo/idem/core => ../core
 	github.com/idemgo/idem/stores/gorm => ../stores/gorm
 	github.com/idemgo/idem/stores/pgx => ../stores/pgx
