@@ -196,7 +196,7 @@ func TestServerFailures(t *testing.T) {
 		steps      []step
 		cutAccepts int32 // connections closed before the request
 		config     func(*Config)
-		requests   int   // requests the server got
+		requests   int // requests the server got
 		attempts   int
 		replayed   bool
 		sleeps     []time.Duration
@@ -221,7 +221,7 @@ func TestServerFailures(t *testing.T) {
 		{name: "every failure in turn",
 			steps: []step{hangUp, cutBody, status(503), problemStep(409, "key-in-use", "Retry-After", "1"),
 				status(502), status(429), problemStep(500, "commit-failed"), okReplay},
-			config: func(c *Config) { c.MaxAttempts = 10; c.MaxElapsed = time.Hour },
+			config:   func(c *Config) { c.MaxAttempts = 10; c.MaxElapsed = time.Hour },
 			requests: 8, attempts: 8, replayed: true,
 			sleeps: []time.Duration{250 * ms, 500 * ms, 1000 * ms, time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}},
 	} {
