@@ -11,14 +11,14 @@ import (
 
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultHeader          = "Idempotency-Key"
-	DefaultMaxAttempts     = 5
-	DefaultMaxElapsed      = 30 * time.Second
-	DefaultBaseDelay       = 250 * time.Millisecond
-	DefaultMaxDelay        = 5 * time.Second
-	DefaultMaxRetryAfter   = 10 * time.Second
-	DefaultMaxBufferedBody = 1 << 20
-	DefaultMaxBufferedResp = 1 << 20
+	DefaultHeader              = "Idempotency-Key"
+	DefaultMaxAttempts         = 5
+	DefaultMaxElapsed          = 30 * time.Second
+	DefaultBaseDelay           = 250 * time.Millisecond
+	DefaultMaxDelay            = 5 * time.Second
+	DefaultMaxRetryAfter       = 10 * time.Second
+	DefaultMaxBufferedBody     = 1 << 20
+	DefaultMaxBufferedResponse = 1 << 20
 )
 
 // DefaultMethods are the methods a Transport gives a key and retries when
@@ -125,7 +125,7 @@ func (c *Config) setDefaults() {
 		c.MaxBufferedBody = DefaultMaxBufferedBody
 	}
 	if c.MaxBufferedResponse == 0 {
-		c.MaxBufferedResponse = DefaultMaxBufferedResp
+		c.MaxBufferedResponse = DefaultMaxBufferedResponse
 	}
 	if c.Now == nil {
 		c.Now = time.Now

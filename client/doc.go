@@ -16,14 +16,17 @@
 // # What it guarantees
 //
 // One request — one call of Do — sends one key on every attempt: the
-// request's own Idempotency-Key header if it has one, else the key
-// [WithKey] put in its context, else a new random key ([NewKey], a UUIDv4)
-// drawn once, before the first attempt. A retry after a lost connection or
-// a 503 therefore reaches the server as the same operation, and the server
-// runs it at most once; minting a key per attempt, a known bug of SDKs,
-// would turn every retry into a new charge. To keep one key across calls of
-// Do (your own retry loop, or a retry after your process restarted), store
-// a key and pass it with WithKey every time.
+// request's own key header (Idempotency-Key, or [Config.Header]) if it has
+// one, else the key [WithKey] put in its context, else a new random key
+// ([NewKey], a UUIDv4) drawn once, before the first attempt. A retry after
+// a lost connection or a 503 therefore reaches the server as the same
+// operation, and the server runs it at most once; minting a key per
+// attempt, a known bug of SDKs, would turn every retry into a new charge.
+// To keep one key across calls of Do (your own retry loop, or a retry
+// after your process restarted), store a key and pass it with WithKey
+// every time. The same goes for a 307 or 308 redirect that http.Client
+// follows: it is a new request to another URL, and gets a new key unless
+// the key came from WithKey.
 //
 // It retries after transport errors (when the body can be sent again), 409
 // while another attempt with the key is running, 429, 502, 503, 504 and 500

@@ -6,8 +6,8 @@ import (
 	"encoding/hex"
 )
 
-// MaxKeyLength is the longest key a Transport generates: what idem, and
-// most servers, accept.
+// MaxKeyLength is the longest key Config.NewKey may return: what idem,
+// and most servers, accept.
 const MaxKeyLength = 255
 
 // NewKey returns a random UUIDv4 in its 36-character text form

@@ -37,6 +37,10 @@ import (
 //     ends the request with its error.
 //   - A body that cannot be produced again (no GetBody, and larger than
 //     Config.MaxBufferedBody) is sent once and never retried.
+//   - The answer returned is read to its end first when its Content-Length
+//     is at most Config.MaxBufferedResponse, so that a connection cut in
+//     the middle of a committed answer is retried (and replayed) rather
+//     than failing the caller's read.
 //
 // Info tells the caller the key, the attempts and whether the answer was a
 // replay; an error is an *Error carrying the key and the attempts. A
