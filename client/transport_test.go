@@ -597,3 +597,30 @@ func TestConfigNotShared(t *testing.T) {
 		t.Error("the Transport shares the caller's Methods slice")
 	}
 }
+
+// TestRedirect: a 307 that http.Client follows is a new request, with a
+// new key, unless the key came from WithKey; the body goes along.
+func TestRedirect(t *testing.T) {
+	for _, withKey := range []bool{false, true} {
+		srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/v2/payments", http.StatusTemporaryRedirect)
+		}, jsonStep(201, `{}`))
+		c := &http.Client{Transport: newTransport(t, newFakeClock(), nil)}
+		ctx := context.Background()
+		if withKey {
+			ctx = WithKey(ctx, "order-7")
+		}
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
+		res, _, err := send(c, req)
+		if err != nil || res.StatusCode != 201 {
+			t.Fatal(res, err)
+		}
+		s := srv.Seen()
+		if len(s) != 2 || s[1].body != payBody || len(s[0].keys) != 1 || len(s[1].keys) != 1 {
+			t.Fatalf("%+v", s)
+		}
+		if same := s[0].keys[0] == s[1].keys[0]; same != withKey {
+			t.Errorf("WithKey %v: keys %q and %q", withKey, s[0].keys[0], s[1].keys[0])
+		}
+	}
+}
