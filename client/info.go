@@ -25,11 +25,15 @@ type Result struct {
 
 type infoKey struct{}
 
-// infoCtx is each attempt's context: the request's, plus the Result that
-// Info reads back from resp.Request. One allocation for both.
+// infoCtx is one request's state, allocated once: each attempt's context
+// (the request's, plus the Result that Info reads back from resp.Request),
+// the key header's value, and the returned answer's body when it was read
+// into memory. All of it lives as long as the answer.
 type infoCtx struct {
 	context.Context
-	result Result
+	result   Result
+	keyValue [1]string
+	body     memBody
 }
 
 func (c *infoCtx) Value(key any) any {

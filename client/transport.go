@@ -67,7 +67,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !slices.Contains(t.cfg.Methods, req.Method) {
 		return t.cfg.Base.RoundTrip(req)
 	}
-	key, header, err := t.key(req)
+	ctx := &infoCtx{Context: req.Context()}
+	key, header, err := t.key(req, ctx)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
@@ -78,7 +79,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, &Error{Key: key, Err: err}
 	}
-	ctx := &infoCtx{Context: req.Context(), result: Result{Key: key}}
+	ctx.result.Key = key
 	start := t.cfg.Now()
 	for attempt := 1; ; attempt++ {
 		r := req.WithContext(ctx)
@@ -94,7 +95,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var retry bool
 		if err == nil {
 			if retry = classifyResponse(resp); !retry {
-				if err = t.readBody(resp); err != nil {
+				if err = t.readBody(resp, &ctx.body); err != nil {
 					resp = nil
 				}
 			}
@@ -167,9 +168,9 @@ func (t *Transport) backoff(n int) time.Duration {
 }
 
 // key returns the request's key and the header to send it in: the
-// request's own when it carries the key header, else one with the key
-// from the context or a new one added.
-func (t *Transport) key(req *http.Request) (string, http.Header, error) {
+// request's own when it carries the key header, else a copy with the key
+// from the context or a new one added (its value kept in st).
+func (t *Transport) key(req *http.Request, st *infoCtx) (string, http.Header, error) {
 	if k := req.Header.Get(t.header); k != "" {
 		return k, req.Header, nil
 	}
@@ -188,7 +189,8 @@ func (t *Transport) key(req *http.Request) (string, http.Header, error) {
 	for name, v := range req.Header {
 		h[name] = v // values are not modified: sharing the slices is safe
 	}
-	h[t.header] = []string{k}
+	st.keyValue[0] = k
+	h[t.header] = st.keyValue[:]
 	return k, h, nil
 }
 
@@ -203,8 +205,8 @@ func (t *Transport) CloseIdleConnections() {
 // readBody reads the body of the answer about to be returned into memory
 // when its Content-Length is at most MaxBufferedResponse, so that a cut in
 // the middle of it is an attempt's error, which may be retried, rather than
-// the caller's. On error the body is closed.
-func (t *Transport) readBody(resp *http.Response) error {
+// the caller's. The bytes go to mb. On error the body is closed.
+func (t *Transport) readBody(resp *http.Response, mb *memBody) error {
 	if resp.ContentLength < 0 || resp.ContentLength > t.cfg.MaxBufferedResponse ||
 		resp.Body == nil || resp.Body == http.NoBody {
 		return nil
@@ -215,7 +217,6 @@ func (t *Transport) readBody(resp *http.Response) error {
 	if err != nil {
 		return fmt.Errorf("idemclient: reading the answer's body: %w", err)
 	}
-	mb := new(memBody)
 	mb.Reset(buf)
 	resp.Body = mb
 	return nil
