@@ -27,7 +27,8 @@ const (
 var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
 
 // Config configures a Transport. Zero fields take the documented defaults;
-// New rejects inconsistent values.
+// New rejects inconsistent values. The functions in it are called by every
+// request, concurrently when requests run at once.
 type Config struct {
 	// Base sends each attempt. Default http.DefaultTransport.
 	Base http.RoundTripper
