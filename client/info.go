@@ -63,9 +63,14 @@ func Info(resp *http.Response) (r Result, ok bool) {
 // the attempts, for the log; http.Client returns it inside a *url.Error,
 // so reach it with errors.As. Attempts is 0 when nothing was sent.
 type Error struct {
-	Key      string
+	// Key is the idempotency key the attempts sent ("" when NewKey gave
+	// none that could be sent).
+	Key string
+	// Attempts is how many attempts were sent.
 	Attempts int
-	Err      error
+	// Err is what ended the request: the last attempt's error, the
+	// context's, or what kept the first attempt from being sent.
+	Err error
 }
 
 // Error says the key, the attempts and the underlying error.
