@@ -272,3 +272,61 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswerBodyRead: the answer returned is read into memory when its
+// Content-Length allows, whole also when a Base's body runs past it; a
+// body cut short of it is an attempt's error, retried.
+func TestAnswerBodyRead(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		body     string
+		length   int64
+		limit    int64
+		attempts int
+		want     string
+	}{
+		{name: "as announced", body: "0123456789", length: 10, attempts: 1, want: "0123456789"},
+		{name: "longer than announced", body: "0123456789abc", length: 10, attempts: 1, want: "0123456789abc"},
+		{name: "empty", body: "", length: 0, attempts: 1, want: ""},
+		{name: "no Content-Length: a stream, unread", body: "0123456789", length: -1, attempts: 1, want: "0123456789"},
+		{name: "over MaxBufferedResponse: unread", body: "0123456789", length: 10, limit: 5, attempts: 1, want: "0123456789"},
+		{name: "shorter than announced: retried", body: "01234", length: 10, attempts: 5, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls int
+			base := rtFunc(func(r *http.Request) (*http.Response, error) {
+				calls++
+				return &http.Response{StatusCode: 201, Header: http.Header{}, ContentLength: tc.length, Request: r,
+					Body: io.NopCloser(strings.NewReader(tc.body))}, nil
+			})
+			cfg := testConfig(newFakeClock(), base)
+			cfg.MaxBufferedResponse = tc.limit
+			rt, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest("POST", "http://example.test/", nil)
+			res, err := rt.RoundTrip(req)
+			if calls != tc.attempts {
+				t.Errorf("%d attempts, want %d", calls, tc.attempts)
+			}
+			if tc.want == "" && tc.length > int64(len(tc.body)) {
+				if !errors.Is(err, io.ErrUnexpectedEOF) {
+					t.Fatalf("%v, want io.ErrUnexpectedEOF", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, inMemory := res.Body.(*memBody)
+			if b, _ := io.ReadAll(res.Body); string(b) != tc.want || inMemory != (tc.length >= 0 && tc.limit == 0) {
+				t.Errorf("body %q (in memory %v), want %q", b, inMemory, tc.want)
+			}
+		})
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

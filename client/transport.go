@@ -211,8 +211,25 @@ func (t *Transport) readBody(resp *http.Response, mb *memBody) error {
 		resp.Body == nil || resp.Body == http.NoBody {
 		return nil
 	}
-	buf := make([]byte, 0, resp.ContentLength)
-	buf, err := readAll(resp.Body, buf)
+	// One byte more than announced, to see the end without another
+	// allocation: net/http's body ends at its Content-Length, another
+	// Base's may go on.
+	n := resp.ContentLength
+	buf := make([]byte, n+1)
+	_, err := io.ReadFull(resp.Body, buf[:n])
+	if err == nil {
+		m, rerr := resp.Body.Read(buf[n:])
+		switch {
+		case m == 0 && rerr == io.EOF:
+			buf = buf[:n]
+		case m == 0 && rerr != nil:
+			err = rerr
+		default:
+			var rest []byte
+			rest, err = io.ReadAll(resp.Body)
+			buf = append(buf[:n+int64(m)], rest...)
+		}
+	}
 	_ = resp.Body.Close()
 	if err != nil {
 		return fmt.Errorf("idemclient: reading the answer's body: %w", err)
@@ -226,24 +243,6 @@ func (t *Transport) readBody(resp *http.Response, mb *memBody) error {
 type memBody struct{ bytes.Reader }
 
 func (*memBody) Close() error { return nil }
-
-// readAll appends r's bytes to buf up to EOF (io.ReadAll into a buffer
-// sized by the Content-Length).
-func readAll(r io.Reader, buf []byte) ([]byte, error) {
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-}
 
 // discard reads a little of an answer that is not returned, so that its
 // connection can be reused, and closes it.
