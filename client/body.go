@@ -12,7 +12,7 @@ import (
 // can.
 type body struct {
 	first         io.ReadCloser
-	getBody       func() (io.ReadCloser, error) // nil: no attempt after the first may be made
+	getBody       func() (io.ReadCloser, error) // nil: no body (every attempt sends first), or one that cannot be sent again
 	contentLength int64
 	replayable    bool
 }

@@ -81,9 +81,10 @@ func classifyResponse(resp *http.Response) (retry bool) {
 }
 
 // retryableError reports whether an attempt that failed with err (no
-// response) may be tried again: every transport error except those that the next attempt would meet again (a certificate that does
-// not verify, a TLS handshake with a plain HTTP server, a host that does
-// not exist). The request context's end is checked by the loop.
+// response) may be tried again: every transport error except those that
+// the next attempt would meet again (a certificate that does not verify,
+// a TLS handshake with a plain HTTP server, a host that does not exist).
+// The request context's end is checked by the loop.
 func retryableError(err error) bool {
 	var (
 		certErr  *tls.CertificateVerificationError
