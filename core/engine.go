@@ -153,6 +153,16 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	end = e.cfg.Clock()
 	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
+		// The claim may have committed although its answer was lost (the
+		// client hung up and cancelled ctx, the connection broke after the
+		// statement ran). Release it, fenced by this attempt's own token,
+		// so the key is not blocked for a whole lease; a claim that did
+		// not commit matches nothing.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+		if rerr := e.cfg.Store.Release(rctx, Lease{Principal: creq.Principal, Key: creq.Key, Token: creq.Token}); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, rerr)
+		}
+		cancel()
 		return reply(OutcomeStoreError, storeProblem(err), err)
 	}
 

@@ -21,15 +21,21 @@ import (
 // afterwards.
 type faultyStore struct {
 	*memstore.Store
-	claimErr  error
-	settleErr error
-	settleDur time.Duration // Settle waits this long (bounded by its ctx) before failing
+	claimErr error
+	// claimAnswerLost: the claim commits, then its caller sees an error.
+	claimAnswerLost bool
+	settleErr       error
+	settleDur       time.Duration // Settle waits this long (bounded by its ctx) before failing
 
 	mu          sync.Mutex
 	releaseErrs []error // ctx.Err() at each Release
 }
 
 func (s *faultyStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+	if s.claimAnswerLost {
+		_, _ = s.Store.Claim(ctx, req)
+		return idem.ClaimResult{}, context.Canceled
+	}
 	if s.claimErr != nil {
 		return idem.ClaimResult{}, s.claimErr
 	}
@@ -305,5 +311,32 @@ func TestTxUsedInEvent(t *testing.T) {
 	att.Finish(idem.Result{Status: http.StatusCreated})
 	if !ev.TxUsed {
 		t.Fatal("TxUsed false for a handler that wrote through the transaction")
+	}
+}
+
+// A claim that committed while its caller saw an error (the client hung up
+// mid-claim) must not block the key for a whole lease: the engine releases
+// it, fenced by the attempt's own token.
+func TestClaimWhoseAnswerWasLostIsReleased(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: memstore.New(), claimAnswerLost: true}
+	e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, resp := e.Begin(context.Background(), request("alice", "k")); resp == nil || resp.Status != 503 {
+		t.Fatalf("answer to a lost claim: %+v", resp)
+	}
+	if rec, err := store.Get(context.Background(), "alice", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the lost claim still holds the key: %+v, %v", rec, err)
+	}
+	// Another attempt's claim is not touched by the release.
+	store.claimAnswerLost = false
+	held, _ := e.Begin(context.Background(), request("alice", "held"))
+	defer held.Abort()
+	store.claimAnswerLost = true
+	e.Begin(context.Background(), request("alice", "held"))
+	if rec, err := store.Get(context.Background(), "alice", "held"); err != nil || rec.State != idem.StateInProgress {
+		t.Fatalf("a lost claim on a key another attempt holds released that attempt's claim: %+v, %v", rec, err)
 	}
 }
