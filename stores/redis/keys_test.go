@@ -3,6 +3,7 @@ package idemredis_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -87,4 +88,52 @@ func TestKeysShareASlot(t *testing.T) {
 		t.Fatalf("%d records landed on %d primaries of %d", len(all), len(nodes), len(idemredistest.ClusterAddrs()))
 	}
 	t.Logf("%d pairs: record and index in one slot each, spread over %d primaries", len(all), len(nodes))
+}
+
+// TestIndexHoldsOnlyInProgress: the in-progress index has exactly the
+// records in progress; settle and release take theirs out in the same
+// script, and ListStale removes the entry of a record that expired in
+// progress.
+func TestIndexHoldsOnlyInProgress(t *testing.T) {
+	ctx := testCtx(t)
+	env := newEnv(t)
+	s, c := env.Store, env.Client
+	indexed := func(keys []string) int64 {
+		t.Helper()
+		var n int64
+		for _, k := range keys {
+			_, idx, member := s.KeysFor("alice", k)
+			if _, err := c.ZScore(ctx, idx, member).Result(); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	var all []string
+	for i := range 20 {
+		req := claimReq("alice", "ix-"+idemredistest.RandHex(4), "body", time.Hour)
+		if i == 19 {
+			req.Retention = 50 * time.Millisecond // expires in progress
+		}
+		_, err := s.Claim(ctx, req)
+		mustNil(t, err)
+		all = append(all, req.Key)
+		switch {
+		case i < 10:
+			_, tx, _ := s.BeginTx(ctx, leaseOf(req))
+			mustNil(t, tx.Settle(ctx, okOutcome("{}")))
+		case i < 15:
+			mustNil(t, s.Release(ctx, leaseOf(req)))
+		}
+	}
+	if n := indexed(all); n != 5 {
+		t.Fatalf("%d index entries for 5 records in progress (and one about to expire), want 5", n)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := s.ListStale(ctx, 0, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := indexed(all); n != 4 {
+		t.Fatalf("%d index entries after ListStale met the expired record, want 4", n)
+	}
 }
