@@ -909,5 +909,5 @@ func testSweepersUnderTraffic(t *testing.T, b Backend) {
 		}
 		return true
 	})
-	t.Logf("2 sweepers purged %d expired rows once while %d live requests settled", expired, n)
+	t.Logf("2 sweepers purged %d of %d expired rows (SelfExpiring %v) while %d live requests settled", purged.Load(), expired, b.SelfExpiring, n)
 }
