@@ -3,6 +3,7 @@ package idemredis_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,4 +130,42 @@ func waitFor(t testing.TB, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestWaitCost measures what WithWaitReplicas(1) adds to a claim on a
+// primary with one replica (this test's own servers, on this machine):
+// claims with and without WAIT alternate, so both see the same load, and
+// the test logs their latency percentiles for BENCHMARKS.md. It asserts
+// nothing about them: on a shared two-core machine they are figures, not
+// a property.
+func TestWaitCost(t *testing.T) {
+	ctx := testCtx(t)
+	primary, _ := primaryWithReplica(t)
+	c := primary.client(t, nil)
+	plain := idemredistest.NewEnv(t, c).Store
+	waiting := idemredistest.NewEnv(t, c, idemredis.WithWaitReplicas(1, 500*time.Millisecond)).Store
+	const n = 1000
+	lat := map[bool][]time.Duration{}
+	for i := range 2 * n {
+		wait := i%2 == 1
+		s := plain
+		if wait {
+			s = waiting
+		}
+		start := time.Now()
+		if _, err := s.Claim(ctx, claimReq("alice", "cost-"+strconv.Itoa(i), "body", time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		lat[wait] = append(lat[wait], time.Since(start))
+	}
+	pct := func(d []time.Duration, p float64) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[int(p*float64(len(s)-1))].Round(time.Microsecond)
+	}
+	for _, wait := range []bool{false, true} {
+		d := lat[wait]
+		t.Logf("claim, WAIT %v: p50 %v  p90 %v  p99 %v  (n=%d, alternating)", wait, pct(d, .5), pct(d, .9), pct(d, .99), len(d))
+	}
+	t.Logf("WAIT 1 adds %v at the median", pct(lat[true], .5)-pct(lat[false], .5))
 }
