@@ -415,10 +415,9 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 		return nil, nil
 	}
 	type entry struct {
-		shard          int
-		member         string
-		score, cutoff  int64
-		principal, key string
+		shard         int
+		member        string
+		score, cutoff int64
 	}
 	var cmds []*redis.Cmd
 	err := s.pipelinedScript(ctx, staleScript, func(p redis.Pipeliner, eval func(redis.Scripter, []string, ...any) *redis.Cmd) {
