@@ -33,6 +33,9 @@ func NewResponseBuffer(header http.Header, limit int) *ResponseBuffer {
 	return &ResponseBuffer{header: header.Clone(), limit: limit}
 }
 
+// buffers pools the buffers ServeHTTP uses. The pool saves 4 allocations per
+// first request, 2 of them the reused header map; both are measured against
+// NewResponseBuffer per request in BENCHMARKS.md, "Tricks kept, and why".
 var buffers = sync.Pool{New: func() any { return new(ResponseBuffer) }}
 
 // maxPooledBody keeps the buffers of large responses out of the pool.

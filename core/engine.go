@@ -431,7 +431,9 @@ func (e *Engine) wallClock(t time.Time) time.Time {
 // storedHeader returns the part of h the store may keep: the allow-listed
 // names, canonicalised. When that is all of h, it returns h itself: stores
 // copy or serialise what they keep before Settle returns, so sharing the
-// adapter's map for the call is safe and saves a map per request.
+// adapter's map for the call is safe and saves a map per request: 2 of 40
+// allocations on a first request through net/http (BENCHMARKS.md, "Tricks
+// kept, and why").
 func (e *Engine) storedHeader(h http.Header) http.Header {
 	all := true
 	for k := range h {

@@ -15,6 +15,11 @@ import (
 // times as Unix nanoseconds on the store's clock and everything of variable
 // length in one string. A record thus costs the garbage collector its key
 // strings and one object, however many headers its response has.
+//
+// Against idem.Record values with deep copies this saves 6 of 9 allocations
+// on claim, begin and settle, and a quarter of the instructions of a first
+// request through net/http once the garbage collector is counted
+// (BENCHMARKS.md, "Tricks kept, and why").
 type entry struct {
 	state   idem.State
 	created int64

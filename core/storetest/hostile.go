@@ -479,8 +479,8 @@ func testLimits(t *testing.T, b Backend) {
 		}
 		bodies = append(bodies, resp.Body)
 	}
-	if n := effects(t, b, key); n != 1 {
-		t.Fatalf("%d business writes for the longest key, want 1 (the second request must replay)", n)
+	if n := effects(t, b, key); n != 1 || !bytes.Equal(bodies[0], bodies[1]) {
+		t.Fatalf("%d business writes for the longest key and bodies %s, %s: want 1 write and the second request replaying the first", n, bodies[0], bodies[1])
 	}
 	// The request id is stored as it is at the limit.
 	req := claimReq(principal, uniq("rid"), "body")
