@@ -47,6 +47,22 @@ func benchStore(b *testing.B, s *idemredis.Store) {
 			}
 		}
 	})
+	b.Run("ListStale", func(b *testing.B) {
+		// One sweep's report: every shard's index in one pipeline, with
+		// 100 stale claims spread over the shards.
+		for i := range 100 {
+			_, err := s.Claim(ctx, claimReq("stale", "bs-"+strconv.Itoa(i), "body", time.Millisecond))
+			mustNil(b, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		b.ResetTimer()
+		for range b.N {
+			recs, err := s.ListStale(ctx, time.Millisecond, 500)
+			if err != nil || len(recs) < 100 {
+				b.Fatal(len(recs), err)
+			}
+		}
+	})
 	b.Run("FirstRequest", func(b *testing.B) {
 		eng, err := idem.New(idem.Config{Store: s})
 		mustNil(b, err)
