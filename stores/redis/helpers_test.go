@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -58,6 +57,7 @@ type server struct {
 	t    testing.TB
 	port int
 	args []string
+	dir  string // its working directory: a replica's sync files land there
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
@@ -75,7 +75,7 @@ func startServer(t testing.TB, args ...string) *server {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	s := &server{t: t, port: port, args: args}
+	s := &server{t: t, port: port, args: args, dir: t.TempDir()}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -86,7 +86,7 @@ func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 func (s *server) start() {
 	s.t.Helper()
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", os.TempDir(), "--dbfilename", "idemredis-test-" + strconv.Itoa(s.port) + ".rdb"}, s.args...)
+		"--dir", s.dir}, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
