@@ -1,6 +1,6 @@
 # One Go module per folder; `go test ./...` does not work at a workspace
 # root, so every target walks the modules.
-MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber stores/pgx stores/gorm conformance examples
+MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber stores/pgx stores/gorm stores/redis conformance examples
 GO      ?= go
 BIN     := $(CURDIR)/bin
 STATICCHECK_VERSION := v0.8.2
@@ -19,7 +19,7 @@ test: services
 		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
 	done
 
-## services: make sure PostgreSQL, MariaDB and Redis are up (installs them if missing).
+## services: make sure PostgreSQL, MariaDB, Redis and a three-node Redis Cluster are up (installs them if missing).
 services:
 	@bash scripts/services.sh
 

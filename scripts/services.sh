@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # services.sh makes sure the servers the tests use are up on 127.0.0.1:
 # PostgreSQL :5432 (trust auth, databases test/root/postgres), MariaDB :3306
-# (root, empty password, database test) and Redis :6379. For each one it
+# (root, empty password, database test), Redis :6379 and a three-node Redis
+# Cluster on :7001-7003 (IDEM_REDIS_CLUSTER_PORTS). For each one it
 # checks the port, starts the server when it is installed but down, installs
 # it with apt-get when it is missing, and exits non-zero with a clear message
 # when none of that works. Tests never skip a missing service: they fail.
@@ -97,6 +98,66 @@ ensure_redis() {
 	log "Redis ok"
 }
 
+# The Redis Cluster the idemredis tests use: three primaries, no replicas, no
+# persistence, started from the installed redis-server. It is left alone when
+# it is up and healthy; a cluster that is up but not (or no longer) formed is
+# reset and created again; a node that is down is started afresh (it kept no
+# data). Anything else is fatal.
+cluster_ports=(${IDEM_REDIS_CLUSTER_PORTS:-7001 7002 7003})
+
+cluster_healthy() {
+	local p info
+	for p in "${cluster_ports[@]}"; do
+		info=$(redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null) || return 1
+		grep -q '^cluster_state:ok' <<<"$info" || return 1
+		grep -q '^cluster_slots_assigned:16384' <<<"$info" || return 1
+		grep -q "^cluster_known_nodes:${#cluster_ports[@]}" <<<"$info" || return 1
+	done
+}
+
+ensure_redis_cluster() {
+	command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
+	if cluster_healthy; then
+		log "Redis Cluster ok (${cluster_ports[*]})"
+		return
+	fi
+	local p dir started=""
+	for p in "${cluster_ports[@]}"; do
+		port_open "$p" && continue
+		dir=/var/lib/redis-cluster/$p
+		rm -rf "$dir" && mkdir -p "$dir" /var/log/redis
+		log "starting Redis Cluster node :$p"
+		redis-server --daemonize yes --bind 127.0.0.1 --port "$p" --cluster-enabled yes \
+			--cluster-config-file "$dir/nodes.conf" --cluster-node-timeout 5000 \
+			--save "" --appendonly no --dir "$dir" --logfile "/var/log/redis/cluster-$p.log" >&2
+		started=1
+	done
+	for p in "${cluster_ports[@]}"; do
+		wait_port "$p" "Redis Cluster node" 20 || die "Redis Cluster node did not come up on 127.0.0.1:$p (see /var/log/redis/cluster-$p.log)"
+		redis-cli -h 127.0.0.1 -p "$p" cluster info >/dev/null 2>&1 ||
+			die "127.0.0.1:$p answers but is not a cluster-enabled Redis: stop whatever listens there, or set IDEM_REDIS_CLUSTER_PORTS"
+	done
+	# Up but not formed, or formed wrongly (a node restarted empty): the
+	# nodes keep no data, so reset them all and form the cluster anew.
+	local addrs=()
+	for p in "${cluster_ports[@]}"; do
+		[ -n "$started" ] || log "Redis Cluster unhealthy: resetting node :$p"
+		redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null 2>&1 || true
+		redis-cli -h 127.0.0.1 -p "$p" cluster reset hard >/dev/null || die "cannot reset Redis Cluster node :$p"
+		addrs+=("127.0.0.1:$p")
+	done
+	log "creating Redis Cluster ${addrs[*]}"
+	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >&2 ||
+		die "redis-cli --cluster create ${addrs[*]} failed"
+	local i
+	for ((i = 0; i < 80; i++)); do
+		cluster_healthy && { log "Redis Cluster ok (${cluster_ports[*]})"; return; }
+		sleep 0.25
+	done
+	die "Redis Cluster on ${cluster_ports[*]} did not reach cluster_state:ok"
+}
+
 ensure_postgres
 ensure_mariadb
 ensure_redis
+ensure_redis_cluster

@@ -24,13 +24,27 @@ type Backend struct {
 	// CountEffects returns the number of committed business writes for id.
 	CountEffects func(ctx context.Context, id string) (int, error)
 	// PoisonTx makes the transaction that ctx carries fail at commit, the
-	// way a failed statement aborts a PostgreSQL transaction.
+	// way a failed statement aborts a PostgreSQL transaction. Nil only with
+	// NoSharedTx.
 	PoisonTx func(ctx context.Context) error
 	// SingleWriter is set for databases with one writer at a time
 	// (SQLite): an open write transaction blocks every other write, so the
 	// suite never holds one open while it expects another write to go
 	// through.
 	SingleWriter bool
+	// NoSharedTx is set for stores that hand the handler no database
+	// transaction (Redis): the handler's own writes are not atomic with the
+	// stored outcome, so a failed or lost settle cannot undo them. The
+	// tests and checks that need a shared transaction are reported as
+	// skipped ("not applicable: …"), every other one runs, and PoisonTx may
+	// be nil.
+	NoSharedTx bool
+	// SelfExpiring is set for stores whose records disappear by themselves
+	// at ExpiresAt (Redis key expiry), so PurgeExpired has nothing to
+	// delete and reports 0. The purge tests then check that the expired
+	// records are gone, the live ones kept and nothing reported purged,
+	// instead of counting deletions.
+	SelfExpiring bool
 
 	// The hostile-handler section (RunHostile, part of Run) plays a handler
 	// that misbehaves with the handle the store gave it. The fields below

@@ -1,0 +1,129 @@
+package idemredis
+
+import "github.com/redis/go-redis/v9"
+
+// The Lua scripts. Each runs atomically on the server, declares every key it
+// touches in KEYS (the record and its shard's index, which share a hash tag
+// and so a Cluster slot), and reads the time from the server's TIME, never
+// from the application. Times are microseconds since the Unix epoch, which a
+// Lua number (a double) holds exactly.
+//
+// A record is one hash:
+//
+//	f     fingerprint (bytes)
+//	s     state: in_progress, completed or failed
+//	t     lease token of the current holder
+//	q     request id of the attempt that created the record
+//	c     created at (µs)
+//	l     locked at: when the current lease was taken (µs)
+//	x     expires at (µs); the hash's PEXPIREAT is x rounded up to the ms
+//	r     1 when the current lease was taken over from a stale holder
+//	code  stored status (settled records only)
+//	h     stored headers, idem.EncodeHeader (settled records only)
+//	b     stored body (settled records only)
+//
+// The index of a shard is a sorted set of the shard's in-progress records,
+// member "escaped principal:escaped key", score their locked-at time.
+
+// scriptPrelude is shared by the scripts that need the server's clock.
+const scriptPrelude = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function int(n) return string.format('%d', n) end
+`
+
+// claimScript: KEYS record, index; ARGV member, fingerprint, token, request
+// id, lease (µs), retention (µs). It returns {claimed, reclaimed, now,
+// field, value, …} with the record as stored after the script.
+//
+//   - absent (or past x, which Redis is about to delete): a fresh record.
+//   - in progress with this very token: the same script ran already and its
+//     answer was lost (the client retried it); answer as the first run did.
+//   - in progress, lease older than ARGV lease, same fingerprint: taken over
+//     with the new token, a new lease and a new expiry. The check and the
+//     write are one atomic script, so the token it replaces cannot change
+//     in between: the takeover is fenced by atomicity.
+//   - anything else: returned as it is, and nothing is written. A replay
+//     costs this one read.
+var claimScript = redis.NewScript(scriptPrelude + `
+local rec = redis.call('HGETALL', KEYS[1])
+local f = {}
+for i = 1, #rec, 2 do f[rec[i]] = rec[i + 1] end
+local function answer(claimed, reclaimed, fields)
+	local out = {claimed, reclaimed, int(now)}
+	for i = 1, #fields do out[#out + 1] = fields[i] end
+	return out
+end
+local function grant(reclaimed, created)
+	local x = now + tonumber(ARGV[6])
+	redis.call('DEL', KEYS[1])
+	redis.call('HSET', KEYS[1], 'f', ARGV[2], 's', 'in_progress', 't', ARGV[3], 'q', ARGV[4],
+		'c', int(created), 'l', int(now), 'x', int(x), 'r', tostring(reclaimed))
+	redis.call('PEXPIREAT', KEYS[1], int(math.ceil(x / 1000)))
+	redis.call('ZADD', KEYS[2], int(now), ARGV[1])
+	return answer(1, reclaimed, redis.call('HGETALL', KEYS[1]))
+end
+if f['s'] == nil or now >= tonumber(f['x']) then
+	return grant(0, now)
+end
+if f['s'] == 'in_progress' and f['t'] == ARGV[3] then
+	return answer(1, tonumber(f['r']) or 0, rec)
+end
+if f['s'] == 'in_progress' and now - tonumber(f['l']) >= tonumber(ARGV[5]) and f['f'] == ARGV[2] then
+	return grant(1, tonumber(f['c']))
+end
+return answer(0, 0, rec)
+`)
+
+// settleScript: KEYS record, index; ARGV member, token, state, status,
+// headers, body. Returns 1 when it stored the outcome, 2 when this token had
+// stored that state already (a retried settle whose first answer was lost),
+// 0 when the fence missed: the record is gone, settled, or held by another
+// token. The record keeps the expiry its claim set.
+var settleScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 's', 't')
+if v[2] ~= ARGV[2] then return 0 end
+if v[1] == 'in_progress' then
+	redis.call('HSET', KEYS[1], 's', ARGV[3], 'code', ARGV[4], 'h', ARGV[5], 'b', ARGV[6])
+	redis.call('ZREM', KEYS[2], ARGV[1])
+	return 1
+end
+if v[1] == ARGV[3] then return 2 end
+return 0
+`)
+
+// releaseScript: KEYS record, index; ARGV member, token. Deletes the record
+// and its index entry when it is in progress under token; returns 1, or 0
+// when the fence missed.
+var releaseScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 's', 't')
+if v[1] == 'in_progress' and v[2] == ARGV[2] then
+	redis.call('DEL', KEYS[1])
+	redis.call('ZREM', KEYS[2], ARGV[1])
+	return 1
+end
+return 0
+`)
+
+// staleScript: KEYS index; ARGV older than (µs), limit. Returns {now,
+// member, score, …}: at most limit index entries locked at or before now
+// minus older than, oldest first. It reads only.
+var staleScript = redis.NewScript(scriptPrelude + `
+local r = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now - tonumber(ARGV[1])),
+	'WITHSCORES', 'LIMIT', '0', ARGV[2])
+table.insert(r, 1, int(now))
+return r
+`)
+
+// pruneScript: KEYS record, index; ARGV member. Removes an index entry whose
+// record is no longer in progress (it expired while in progress, its
+// holder's claim never settled). Returns 1 when it removed the entry.
+var pruneScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 's') ~= 'in_progress' then
+	return redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return 0
+`)
+
+// scripts is every script, for Check to load.
+var scripts = []*redis.Script{claimScript, settleScript, releaseScript, staleScript, pruneScript}
