@@ -71,7 +71,7 @@ func New(cfg Config) (echo.MiddlewareFunc, error) {
 			var unbuffered error
 			// The final response goes through echo's Response, so the
 			// middleware further out (a logger) sees its status and size.
-			eng.ServeHTTP(res, req, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			eng.HandleHTTP(res, req, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 				if buf == nil {
 					unbuffered = next(c)
 					return nil

@@ -75,7 +75,7 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 		}
 		orig, origReq := c.Writer, c.Request
 		ran := false
-		eng.ServeHTTP(orig, origReq, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+		eng.HandleHTTP(orig, origReq, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 			ran = true
 			if buf == nil {
 				c.Next()

@@ -50,7 +50,7 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 			if err != nil {
 				principal = ""
 			}
-			eng.ServeHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			eng.HandleHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 				if buf == nil {
 					next.ServeHTTP(w, r2)
 					return nil
