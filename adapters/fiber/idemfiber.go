@@ -61,30 +61,25 @@ type Config struct {
 // outcome is released, not stored; the middleware then returns nil. A
 // panic releases the key and goes on to the recover middleware.
 func New(cfg Config) (fiber.Handler, error) {
-	if cfg.Principal == nil {
-		return nil, fmt.Errorf("idemfiber: %w: Principal is required", idem.ErrInvalidConfig)
-	}
-	eng, err := idem.New(cfg.Config)
+	a, err := idem.NewAdapter("idemfiber", cfg.Config, cfg.Principal)
 	if err != nil {
-		return nil, fmt.Errorf("idemfiber: %w", err)
+		return nil, err
 	}
-	ecfg := eng.Config()
+	ecfg := a.Config()
 	m := &middleware{
-		eng:       eng,
-		cfg:       ecfg,
-		principal: cfg.Principal,
-		names:     headerNames(ecfg),
-		observed:  ecfg.Observer != nil || ecfg.Logger != nil,
+		eng:      a,
+		cfg:      ecfg,
+		names:    headerNames(ecfg),
+		observed: ecfg.Observer != nil || ecfg.Logger != nil,
 	}
 	return m.handle, nil
 }
 
 // middleware is one New's handler and what it prepared once.
 type middleware struct {
-	eng       *idem.Engine
-	cfg       idem.Config // with defaults
-	principal func(c *fiber.Ctx) (string, error)
-	names     map[string]headerName // response header names, see headerNames
+	eng   *idem.Adapter[*fiber.Ctx]
+	cfg   idem.Config           // with defaults
+	names map[string]headerName // response header names, see headerNames
 	// observed is true when an Observer or a Logger receives the engine's
 	// Events, which may outlive the request.
 	observed bool
@@ -92,11 +87,9 @@ type middleware struct {
 
 // handle is the middleware: it runs one request through the engine.
 func (m *middleware) handle(c *fiber.Ctx) error {
-	principal, err := m.principal(c)
-	if err != nil {
-		principal = ""
-	}
+	principal, perr := m.eng.Principal(c)
 	req, br := m.request(c, principal)
+	req.PrincipalErr = perr
 	streamed := br == nil
 	att, resp := m.eng.Begin(c.UserContext(), req)
 	if !streamed {
