@@ -44,10 +44,11 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of the request, as the
-	// auth middleware before this one left it (c.Locals, a JWT claim). An
-	// empty result or an error answers 401 and claims nothing. The result
-	// is copied, so it may alias Fiber's buffers. Required.
+	// Principal returns the authenticated caller of the request, as the auth
+	// middleware before this one left it (c.Locals, a JWT claim). An empty
+	// result or an error answers 401 and claims nothing; the error goes into
+	// the Event and is logged at Warn. The result is copied, so it may alias
+	// Fiber's buffers. Required.
 	Principal func(c *fiber.Ctx) (string, error)
 }
 

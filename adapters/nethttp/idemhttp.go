@@ -26,9 +26,10 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of r, as the auth
-	// middleware before this one left it. An empty result or an error
-	// answers 401 and claims nothing. Required.
+	// Principal returns the authenticated caller of r, as the auth middleware
+	// before this one left it. An empty result or an error answers 401 and
+	// claims nothing; the error goes into the Event and is logged at Warn.
+	// Required.
 	Principal func(r *http.Request) (string, error)
 }
 
