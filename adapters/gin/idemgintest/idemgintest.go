@@ -4,7 +4,8 @@
 // middleware or, wrongly, before it), under Gin's own Recovery, on a real
 // server on 127.0.0.1. The adapter's own tests and the conformance module
 // (which runs the suite against every store) share it. It imports only
-// core and Gin, and puts Gin in test mode when imported.
+// core and Gin, and changes none of Gin's global settings: a test package
+// that wants Gin's test mode sets it in its TestMain.
 package idemgintest
 
 import (
@@ -17,8 +18,6 @@ import (
 	idemgin "github.com/idemgo/idem/adapters/gin"
 	"github.com/idemgo/idem/core/adaptertest"
 )
-
-func init() { gin.SetMode(gin.TestMode) }
 
 // Authenticate is the auth middleware the adapter sits behind: it stores
 // the bearer principal with c.Set, the Gin idiom.
