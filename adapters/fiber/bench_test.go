@@ -30,6 +30,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 		chain = append(chain, func(c *fiber.Ctx) error {
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			c.Set(fiber.HeaderLocation, adaptertest.BenchLocation)
 			return c.Status(http.StatusCreated).Send(adaptertest.BenchReply)
 		})
 		app.Post("/payments", chain...)

@@ -16,13 +16,17 @@ import (
 const BenchBody = `{"amount":1000,"currency":"EUR","description":"coffee"}`
 
 // BenchReply is the body the benchmarks' trivial handler answers with,
-// status 201 and Content-Type application/json.
+// status 201, Content-Type application/json and Location BenchLocation.
 var BenchReply = []byte(`{"id":"pay_1","status":"succeeded"}`)
+
+// BenchLocation is the Location of the benchmarks' 201: a created resource
+// is named in it, so a realistic response has two headers to store.
+const BenchLocation = "/payments/pay_1"
 
 // BenchServe builds the handler an adapter's benchmarks measure: the
 // framework's router with the harness's auth middleware (bearer principal,
-// as in Harness) and a trivial handler that answers 201 with BenchReply
-// and Content-Type application/json. When cfg is not nil the adapter's
+// as in Harness) and a trivial handler that answers 201 with BenchReply,
+// Content-Type application/json and Location BenchLocation. When cfg is not nil the adapter's
 // middleware, configured with *cfg, runs between the two.
 type BenchServe func(cfg *idem.Config) http.Handler
 
