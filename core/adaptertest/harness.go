@@ -18,10 +18,10 @@ import (
 
 // Request is what the suite's handler sees of a request.
 type Request struct {
-	Method string
-	Path   string
-	Header http.Header
-	Body   []byte
+	Method string      // the request's method
+	Path   string      // the request's path, without the query
+	Header http.Header // the request's header
+	Body   []byte      // the body as the handler reads it
 	// WriteEarly writes p to the response and flushes it, in the
 	// framework's idiom (gin's c.Writer.Flush, echo's c.Response().Flush,
 	// http.Flusher). Behind the middleware nothing may reach the client
@@ -31,9 +31,9 @@ type Request struct {
 
 // Reply is what the suite's handler wants the framework handler to do.
 type Reply struct {
-	Status int
-	Header http.Header
-	Body   []byte
+	Status int         // the status to answer with
+	Header http.Header // headers to set on the response
+	Body   []byte      // the body to write
 	// Err, when set, is returned (or reported) as the framework's handler
 	// error with Status (500 when zero): echo.NewHTTPError, fiber.NewError,
 	// gin's c.AbortWithError, or for net/http an http.Error with Status.
