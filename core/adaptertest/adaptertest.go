@@ -43,6 +43,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"ClientErrorIsStoredAndReplayed", testClientErrorStored},
 		{"ServerErrorIsReleased", testServerErrorReleased},
 		{"HandlerErrorIsReleased", testHandlerErrorReleased},
+		{"HandlerErrorIsClassified", testHandlerErrorClassified},
 		{"PanicIsReleased", testPanicReleased},
 		{"NothingReachesClientBeforeCommit", testNothingBeforeCommit},
 		{"FailedCommitSendsProblemNotHandlerBody", testFailedCommit},
@@ -393,6 +394,26 @@ func testHandlerErrorReleased(t *testing.T, s *suite) {
 		t.Fatalf("the framework's rendering of the error was replaced by a problem: %s", first.Body)
 	}
 	s.wantReleasedThenRetried(t, base, p, "k-err", first)
+}
+
+// testHandlerErrorClassified: a handler error is classified with the
+// response the framework rendered for it, inside the middleware: with
+// StatusClassifier a 4xx error is stored and replayed like a written 4xx.
+func testHandlerErrorClassified(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.Classify = idem.StatusClassifier
+	var runs atomic.Int64
+	base := s.serve(t, cfg, func(context.Context, Request) Reply {
+		runs.Add(1)
+		return Reply{Status: http.StatusConflict, Err: errors.New("duplicate payment")}
+	})
+	first := send(t, base, "alice", "k-err-4xx", paymentBody)
+	WantStatus(t, "4xx handler error", first, http.StatusConflict)
+	again := send(t, base, "alice", "k-err-4xx", paymentBody)
+	WantStatus(t, "its replay", again, http.StatusConflict)
+	if !again.Replayed() || !bytes.Equal(again.Body, first.Body) || runs.Load() != 1 {
+		t.Fatalf("a 4xx handler error was not stored: replayed %v, body %q then %q, %d runs", again.Replayed(), first.Body, again.Body, runs.Load())
+	}
 }
 
 // testPanicReleased: a panic releases the key and reaches the framework's
