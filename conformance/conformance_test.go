@@ -1,7 +1,10 @@
 package conformance_test
 
 import (
+	"os"
 	"testing"
+
+	"github.com/gin-gonic/gin"
 
 	"github.com/idemgo/idem/adapters/echo/idemechotest"
 	"github.com/idemgo/idem/adapters/fiber/idemfibertest"
@@ -12,6 +15,12 @@ import (
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
+
+// TestMain puts Gin in test mode, which idemgintest leaves to its users.
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.TestMode)
+	os.Exit(m.Run())
+}
 
 var adapters = []struct {
 	name    string

@@ -3,6 +3,7 @@ module github.com/idemgo/idem/conformance
 go 1.26.8
 
 require (
+	github.com/gin-gonic/gin v1.12.0
 	github.com/idemgo/idem/adapters/echo v0.1.0
 	github.com/idemgo/idem/adapters/fiber v0.1.0
 	github.com/idemgo/idem/adapters/gin v0.1.0
@@ -22,7 +23,6 @@ require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/gabriel-vasile/mimetype v1.4.12 // indirect
 	github.com/gin-contrib/sse v1.1.0 // indirect
-	github.com/gin-gonic/gin v1.12.0 // indirect
 	github.com/glebarez/go-sqlite v1.21.2 // indirect
 	github.com/glebarez/sqlite v1.11.0 // indirect
 	github.com/go-playground/locales v0.14.1 // indirect

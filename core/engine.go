@@ -60,6 +60,10 @@ type Request struct {
 	Path string
 	// Principal is the authenticated caller; empty means not authenticated.
 	Principal string
+	// PrincipalErr is the error the application's principal function
+	// returned, if any. Begin answers it like an empty Principal, 401, and
+	// records it in the Event's Err (see Adapter.Principal).
+	PrincipalErr error
 	// Key is the raw value of the idempotency key header ("" when absent).
 	Key string
 	// ContentType is the request's Content-Type header.
@@ -116,8 +120,8 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		e.emit(ctx, ev)
 		return nil, nil
 	}
-	if req.Principal == "" {
-		return reply(OutcomeUnauthenticated, NewProblem(ProblemUnauthenticated).Response(0), nil)
+	if req.Principal == "" || req.PrincipalErr != nil {
+		return reply(OutcomeUnauthenticated, NewProblem(ProblemUnauthenticated).Response(0), req.PrincipalErr)
 	}
 	if err := checkPrincipal(req.Principal); err != nil {
 		return reply(OutcomePrincipalInvalid, NewProblem(ProblemPrincipalInvalid).Response(0), err)

@@ -26,7 +26,7 @@ func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 	}
 }
 
-// ServeHTTP runs one request through the engine for adapters built on
+// HandleHTTP runs one request through the engine for adapters built on
 // net/http, and writes the final response to w.
 //
 // next must run the framework's handler chain with r2 as the request and
@@ -37,7 +37,7 @@ func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 // When the key is optional and absent, next is called with the original r
 // and a nil buf: run the handler unbuffered. A panic in next releases the
 // key and goes on unchanged to the framework's recovery.
-func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, principal string,
+func (e *Engine) HandleHTTP(w http.ResponseWriter, r *http.Request, principal string,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
 	att, resp := e.Begin(r.Context(), e.HTTPRequest(r, principal))
 	if att == nil {

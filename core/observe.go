@@ -56,7 +56,8 @@ type Event struct {
 	// Duration is the time from Begin to the response being decided.
 	Duration time.Duration
 	// Err is the error behind a store_error, lease_lost, tx_ended or
-	// released outcome, if any.
+	// released outcome, if any, and the principal function's error behind
+	// an unauthenticated one.
 	Err error
 	// TxUsed reports whether the handler ran anything through the store's
 	// transaction. It is false when no handler ran. A 2xx with TxUsed
@@ -89,19 +90,26 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	unusedTx := e.cfg.WarnTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&
 		(ev.Outcome == OutcomeClaimed || ev.Outcome == OutcomeStaleReclaimed)
-	if unusedTx {
+	// A principal function that fails (an auth backend down, a token it
+	// cannot read) turns every request away with 401; a request that
+	// simply has no principal is the client's business.
+	principalFailed := ev.Outcome == OutcomeUnauthenticated && ev.Err != nil
+	if unusedTx || principalFailed {
 		level = slog.LevelWarn
 	}
 	if logger == nil {
 		// What an operator must see is logged even without a Logger.
-		if level < slog.LevelError && !unusedTx {
+		if level < slog.LevelError && !unusedTx && !principalFailed {
 			return
 		}
 		logger = slog.Default()
 	}
 	msg := "idempotency"
-	if unusedTx {
+	switch {
+	case unusedTx:
 		msg = "idempotency: the handler answered 2xx without using the store's transaction; its writes are outside the guarantee"
+	case principalFailed:
+		msg = "idempotency: the principal function failed; the request was answered 401"
 	}
 	attrs := []slog.Attr{
 		slog.String("outcome", string(ev.Outcome)),

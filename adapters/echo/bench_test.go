@@ -27,6 +27,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			chain = append(chain, mw)
 		}
 		e.POST("/payments", func(c echo.Context) error {
+			c.Response().Header().Set("Location", adaptertest.BenchLocation)
 			return c.JSONBlob(http.StatusCreated, adaptertest.BenchReply)
 		}, chain...)
 		return e

@@ -29,7 +29,6 @@
 package idemecho
 
 import (
-	"fmt"
 	"net/http"
 
 	idem "github.com/idemgo/idem/core"
@@ -40,9 +39,10 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of the request, as the
-	// auth middleware before this one left it (c.Get, a JWT claim). An
-	// empty result or an error answers 401 and claims nothing. Required.
+	// Principal returns the authenticated caller of the request, as the auth
+	// middleware before this one left it (c.Get, a JWT claim). An empty result
+	// or an error answers 401 and claims nothing; the error goes into the Event
+	// and is logged at Warn. Required.
 	Principal func(c echo.Context) (string, error)
 }
 
@@ -54,24 +54,17 @@ type Config struct {
 // returns is the handler's error: it is rendered by the HTTPErrorHandler
 // into the buffer, and by default such an outcome is released, not stored.
 func New(cfg Config) (echo.MiddlewareFunc, error) {
-	if cfg.Principal == nil {
-		return nil, fmt.Errorf("idemecho: %w: Principal is required", idem.ErrInvalidConfig)
-	}
-	eng, err := idem.New(cfg.Config)
+	a, err := idem.NewAdapter("idemecho", cfg.Config, cfg.Principal)
 	if err != nil {
-		return nil, fmt.Errorf("idemecho: %w", err)
+		return nil, err
 	}
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			principal, err := cfg.Principal(c)
-			if err != nil {
-				principal = ""
-			}
 			res, req := c.Response(), c.Request()
 			var unbuffered error
 			// The final response goes through echo's Response, so the
 			// middleware further out (a logger) sees its status and size.
-			eng.ServeHTTP(res, req, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			a.HandleHTTP(c, res, req, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 				if buf == nil {
 					unbuffered = next(c)
 					return nil

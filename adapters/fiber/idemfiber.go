@@ -17,13 +17,15 @@
 // Handlers reach the store's transaction through c.UserContext() with the
 // store's accessor (idempgx.Tx, idemgorm.DB).
 //
-// fasthttp sends nothing until the handler chain returns, so the middleware
-// runs the rest of the chain, renders a returned error with the app's
-// ErrorHandler (a mounted sub-app's, when the route belongs to one), settles
-// the outcome from c.Response(), and then puts back the response set further
-// out and writes on it exactly what the engine returned. Every string the
-// engine may keep past the request (in the store, in an Event) is copied out
-// of fasthttp's reused buffers, with or without Config.Immutable.
+// fasthttp sends nothing until the handler chain returns, so there is no
+// writer to swap: the middleware runs the rest of the chain, renders a
+// returned error with the app's ErrorHandler (a mounted sub-app's, when the
+// route belongs to one), and settles the outcome from c.Response(). When
+// the engine keeps the handler's response, it goes out as the handler left
+// it; otherwise the middleware puts back the response set further out and
+// writes the engine's answer on it. Every string the engine may keep past
+// the request (in the store, in an Event) is copied out of fasthttp's
+// reused buffers, with or without Config.Immutable.
 package idemfiber
 
 import (
@@ -44,10 +46,11 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of the request, as the
-	// auth middleware before this one left it (c.Locals, a JWT claim). An
-	// empty result or an error answers 401 and claims nothing. The result
-	// is copied, so it may alias Fiber's buffers. Required.
+	// Principal returns the authenticated caller of the request, as the auth
+	// middleware before this one left it (c.Locals, a JWT claim). An empty
+	// result or an error answers 401 and claims nothing; the error goes into
+	// the Event and is logged at Warn. The result is copied, so it may alias
+	// Fiber's buffers. Required.
 	Principal func(c *fiber.Ctx) (string, error)
 }
 
@@ -61,30 +64,42 @@ type Config struct {
 // outcome is released, not stored; the middleware then returns nil. A
 // panic releases the key and goes on to the recover middleware.
 func New(cfg Config) (fiber.Handler, error) {
-	if cfg.Principal == nil {
-		return nil, fmt.Errorf("idemfiber: %w: Principal is required", idem.ErrInvalidConfig)
-	}
-	eng, err := idem.New(cfg.Config)
+	a, err := idem.NewAdapter("idemfiber", cfg.Config, cfg.Principal)
 	if err != nil {
-		return nil, fmt.Errorf("idemfiber: %w", err)
+		return nil, err
 	}
-	ecfg := eng.Config()
+	ecfg := a.Config()
 	m := &middleware{
-		eng:       eng,
-		cfg:       ecfg,
-		principal: cfg.Principal,
-		names:     headerNames(ecfg),
-		observed:  ecfg.Observer != nil || ecfg.Logger != nil,
+		Adapter:  a,
+		cfg:      ecfg,
+		stored:   storedNames(ecfg.StoredHeaders),
+		observed: ecfg.Observer != nil || ecfg.Logger != nil,
 	}
 	return m.handle, nil
 }
 
+// notStored lists the response headers fasthttp sets itself for every
+// response it sends: they describe this connection and this encoding of
+// the body, not the response, and are never stored, even when listed.
+var notStored = []string{"Content-Length", "Connection", "Transfer-Encoding", "Date", "Server"}
+
+// storedNames returns the canonical spellings of the names in list that a
+// store may keep.
+func storedNames(list []string) []string {
+	var names []string
+	for _, name := range list {
+		if name = http.CanonicalHeaderKey(name); !slices.Contains(notStored, name) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
 // middleware is one New's handler and what it prepared once.
 type middleware struct {
-	eng       *idem.Engine
-	cfg       idem.Config // with defaults
-	principal func(c *fiber.Ctx) (string, error)
-	names     map[string]headerName // response header names, see headerNames
+	*idem.Adapter[*fiber.Ctx]
+	cfg    idem.Config // with defaults
+	stored []string    // the names a store keeps (Config.StoredHeaders), canonical
 	// observed is true when an Observer or a Logger receives the engine's
 	// Events, which may outlive the request.
 	observed bool
@@ -92,13 +107,9 @@ type middleware struct {
 
 // handle is the middleware: it runs one request through the engine.
 func (m *middleware) handle(c *fiber.Ctx) error {
-	principal, err := m.principal(c)
-	if err != nil {
-		principal = ""
-	}
-	req, br := m.request(c, principal)
+	req, br := m.request(c)
+	att, resp := m.Begin(c.UserContext(), req)
 	streamed := br == nil
-	att, resp := m.eng.Begin(c.UserContext(), req)
 	if !streamed {
 		// Begin has read the body into its own buffer and keeps no
 		// reference to the reader.
@@ -114,31 +125,27 @@ func (m *middleware) handle(c *fiber.Ctx) error {
 			// where fasthttp would parse it as the next request.
 			c.Response().Header.SetConnectionClose()
 		}
-		write(c, resp, true)
+		write(c, resp)
 		return nil
 	}
 	defer att.Abort()
 
-	userCtx := c.UserContext()
 	earlier := save(c.Response()) // set further out: CORS, request ids
 	defer earlier.release()
+	userCtx := c.UserContext()
 	c.SetUserContext(att.Context())
 	defer c.SetUserContext(userCtx)
-	if streamed {
-		// The stream is spent: hand the handler the bytes Begin read. A
-		// body in memory is still there, unchanged, for the handler.
-		c.Request().SetBody(att.Body())
-	}
-
+	c.Request().SetBody(att.Body()) // a streamed body is spent by now
 	// A panic skips everything below: drop what the handler wrote, so
 	// the recover middleware's error response carries none of it (a
 	// Location, a cookie), as with a discarded buffer on net/http.
 	settled := false
 	defer func() {
 		if !settled {
-			earlier.restore(c.Response(), false)
+			earlier.restore(c.Response())
 		}
 	}()
+
 	herr := c.Next()
 	if herr != nil {
 		// Render the error now, as the app would after the chain, so
@@ -149,22 +156,27 @@ func (m *middleware) handle(c *fiber.Ctx) error {
 			_ = c.SendStatus(fiber.StatusInternalServerError)
 		}
 	}
-	res, header, inPlace := m.result(c, herr)
+	res, stored, inPlace := m.result(c, herr)
 	final := att.Finish(res)
 	settled = true
+	stored.release()
 
-	// Send exactly what the engine decided: the handler's response, or
-	// a problem in its place, on top of the response set further out.
-	// When that is the handler's body, it is still in the response and
-	// stays there.
-	keepBody := inPlace && sameBytes(final.Body, res.Body)
-	earlier.restore(c.Response(), keepBody)
-	write(c, final, !keepBody)
-	header.release()
+	if final.Status == res.Status && sameBytes(final.Body, res.Body) {
+		// The handler's own response: it is in c.Response() as the
+		// handler left it, but for a streamed body, read in the result.
+		if !inPlace {
+			c.Response().SetBody(res.Body)
+		}
+		return nil
+	}
+	// A problem in its place, on top of the response set further out.
+	earlier.restore(c.Response())
+	write(c, final)
 	return nil
 }
 
-// bodyReaders recycles the readers that hand Begin a body in memory.
+// bodyReaders recycles the readers that hand Begin a body in memory: one
+// allocation per request fewer (BenchmarkMiddleware, every path).
 var bodyReaders = sync.Pool{New: func() any { return new(bytes.Reader) }}
 
 // request is the engine's view of c, and the pooled reader over its body
@@ -180,7 +192,8 @@ var bodyReaders = sync.Pool{New: func() any { return new(bytes.Reader) }}
 // alone, while the middleware waits for it and nothing touches c, so it may
 // point into Fiber's buffers: the content type, and the method and path
 // when no one receives Events, only enter the fingerprint.
-func (m *middleware) request(c *fiber.Ctx, principal string) (idem.Request, *bytes.Reader) {
+func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
+	principal, perr := m.Principal(c)
 	key, id := c.Get(m.cfg.Header), c.Get(m.cfg.RequestIDHeader)
 	var kept strings.Builder
 	kept.Grow(len(principal) + len(key) + len(id))
@@ -190,13 +203,9 @@ func (m *middleware) request(c *fiber.Ctx, principal string) (idem.Request, *byt
 	s := kept.String()
 	principal, key, id = s[:len(principal)], s[len(principal):len(principal)+len(key)], s[len(principal)+len(key):]
 
-	method, standard := standardMethod(c.Method())
-	path := c.OriginalURL()
+	method, path := c.Method(), c.OriginalURL()
 	if m.observed {
-		if !standard {
-			method = strings.Clone(method)
-		}
-		path = strings.Clone(path)
+		method, path = ownMethod(method), strings.Clone(path)
 	}
 
 	var (
@@ -204,11 +213,11 @@ func (m *middleware) request(c *fiber.Ctx, principal string) (idem.Request, *byt
 		length int64
 		br     *bytes.Reader
 	)
-	if req := c.Request(); req.IsBodyStream() {
-		body = req.BodyStream()                             // Begin reads it up to MaxBodyBytes
-		length = max(int64(req.Header.ContentLength()), -1) // -1 chunked, -2 none: unknown
+	if r := c.Request(); r.IsBodyStream() {
+		body = r.BodyStream()                             // Begin reads it up to MaxBodyBytes
+		length = max(int64(r.Header.ContentLength()), -1) // -1 chunked, -2 none: unknown
 	} else {
-		b := req.Body()
+		b := r.Body()
 		br = bodyReaders.Get().(*bytes.Reader)
 		br.Reset(b)
 		body, length = br, int64(len(b))
@@ -217,6 +226,7 @@ func (m *middleware) request(c *fiber.Ctx, principal string) (idem.Request, *byt
 		Method:        method,
 		Path:          path,
 		Principal:     principal,
+		PrincipalErr:  perr,
 		Key:           key,
 		ContentType:   c.Get(fiber.HeaderContentType),
 		RequestID:     id,
@@ -225,30 +235,13 @@ func (m *middleware) request(c *fiber.Ctx, principal string) (idem.Request, *byt
 	}, br
 }
 
-// standardMethod returns the constant spelling of one of the methods of
-// RFC 9110 and PATCH, which needs no copy, and whether method was one.
-func standardMethod(method string) (string, bool) {
-	switch method {
-	case fiber.MethodGet:
-		return fiber.MethodGet, true
-	case fiber.MethodHead:
-		return fiber.MethodHead, true
-	case fiber.MethodPost:
-		return fiber.MethodPost, true
-	case fiber.MethodPut:
-		return fiber.MethodPut, true
-	case fiber.MethodPatch:
-		return fiber.MethodPatch, true
-	case fiber.MethodDelete:
-		return fiber.MethodDelete, true
-	case fiber.MethodConnect:
-		return fiber.MethodConnect, true
-	case fiber.MethodOptions:
-		return fiber.MethodOptions, true
-	case fiber.MethodTrace:
-		return fiber.MethodTrace, true
+// ownMethod returns method in memory of its own: Fiber's constant for one
+// of the standard methods, which needs no copy, a copy otherwise.
+func ownMethod(method string) string {
+	if i := slices.Index(fiber.DefaultMethods, method); i >= 0 {
+		return fiber.DefaultMethods[i]
 	}
-	return method, false
+	return strings.Clone(method)
 }
 
 // earlierSkip lists the headers not restored from before the handler ran:
@@ -264,6 +257,8 @@ type snapshot struct {
 	skipBody, streamBody, immediateFlush bool
 }
 
+// snapshots recycles snapshots: a fasthttp.ResponseHeader made anew costs
+// three allocations per first request.
 var snapshots = sync.Pool{New: func() any { return new(snapshot) }}
 
 // save returns a snapshot of resp, from the pool; release puts it back.
@@ -277,48 +272,43 @@ func save(resp *fasthttp.Response) *snapshot {
 	return s
 }
 
-// restore empties resp back to the snapshot, keeping resp's body if
-// keepBody is true.
-func (s *snapshot) restore(resp *fasthttp.Response, keepBody bool) {
-	if !keepBody {
-		resp.ResetBody()
-	}
+// restore empties resp back to the snapshot.
+func (s *snapshot) restore(resp *fasthttp.Response) {
+	resp.ResetBody()
 	s.header.CopyTo(&resp.Header)
 	resp.SkipBody, resp.StreamBody, resp.ImmediateHeaderFlush = s.skipBody, s.streamBody, s.immediateFlush
 }
 
 func (s *snapshot) release() { snapshots.Put(s) }
 
-// result is the handler's response in c, and the storage of its header map
-// for the caller to release once it has written the final response. When
-// inPlace is true the result's body is the response's own, not a copy: the
-// engine hands it to the store's Settle, which must not keep it (see
-// idem.Tx), and nothing writes to the response until Finish returns. A
-// streamed body is read up to limit+1 bytes: past the limit the response is
-// too large to store.
-func (m *middleware) result(c *fiber.Ctx, herr error) (res idem.Result, header *resultHeader, inPlace bool) {
+// result is the handler's response in c as the engine needs it, and the
+// storage of its header for the caller to release after Finish.
+//
+// The header holds the allow-listed names only: they are all the engine
+// stores, and the rest of the response stays in c.Response(), which goes
+// out as it is when Finish keeps the handler's response. When inPlace is
+// true the body is the response's own, not a copy: the engine hands it to
+// the store's Settle, which must not keep it (see idem.Tx), and nothing
+// writes to the response until Finish returns. A streamed body is read up
+// to MaxResponseBytes+1 bytes: past that the response is too large to
+// store.
+func (m *middleware) result(c *fiber.Ctx, herr error) (res idem.Result, stored *storedHeader, inPlace bool) {
 	resp := c.Response()
-	var body []byte
-	overflow := false
+	res = idem.Result{Status: resp.StatusCode(), Err: herr}
 	if resp.IsBodyStream() {
 		limit := m.cfg.MaxResponseBytes
 		b, err := io.ReadAll(io.LimitReader(resp.BodyStream(), int64(limit)+1))
 		_ = resp.CloseBodyStream()
 		if err != nil && herr == nil {
-			herr = fmt.Errorf("idemfiber: read response body stream: %w", err)
+			res.Err = fmt.Errorf("idemfiber: read response body stream: %w", err)
 		}
-		body, overflow = b, len(b) > limit
+		res.Body, res.Overflow = b, len(b) > limit
 	} else {
-		body, inPlace = resp.Body(), true
+		res.Body, inPlace = resp.Body(), true
 	}
-	header = m.header(&resp.Header)
-	return idem.Result{
-		Status:   resp.StatusCode(),
-		Header:   header.h,
-		Body:     body,
-		Err:      herr,
-		Overflow: overflow,
-	}, header, inPlace
+	stored = m.storedHeader(&resp.Header)
+	res.Header = stored.h
+	return res, stored, inPlace
 }
 
 // sameBytes reports whether a and b are the same bytes in memory.
@@ -326,176 +316,94 @@ func sameBytes(a, b []byte) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-// headerName is a response header name the middleware knows: its
-// canonical spelling, allocated once, and what the result does with it.
-type headerName struct {
-	name   string
-	stored bool // in Config.StoredHeaders: the store keeps its values
-	skip   bool // in resultSkip: never part of the result
-}
-
-// resultSkip lists the response headers fasthttp manages itself: they
-// describe this connection and this encoding of the body, not the
-// response, and are never part of the handler's result.
-var resultSkip = []string{"Content-Length", "Server", "Connection", "Transfer-Encoding", "Date"}
-
-// commonHeaders are response headers whose names are worth not allocating
-// on every request.
-var commonHeaders = []string{
-	"Accept-Ranges", "Access-Control-Allow-Credentials", "Access-Control-Allow-Headers",
-	"Access-Control-Allow-Methods", "Access-Control-Allow-Origin", "Access-Control-Expose-Headers",
-	"Access-Control-Max-Age", "Age", "Allow", "Cache-Control", "Content-Disposition",
-	"Content-Encoding", "Content-Language", "Content-Location", "Content-Range",
-	"Content-Security-Policy", "Content-Type", "ETag", "Expires", "Last-Modified", "Link",
-	"Location", "Pragma", "Referrer-Policy", "Retry-After", "Set-Cookie",
-	"Strict-Transport-Security", "Trailer", "Vary", "WWW-Authenticate",
-	"X-Content-Type-Options", "X-Frame-Options", idem.ReplayedHeader,
-}
-
-// headerNames returns the names the result recognises without allocating:
-// the common ones, resultSkip, and cfg's stored headers and request id
-// header, each by its canonical spelling, which is how fasthttp normalises
-// names by default.
-func headerNames(cfg idem.Config) map[string]headerName {
-	names := make(map[string]headerName)
-	get := func(name string) headerName {
-		name = http.CanonicalHeaderKey(name)
-		hn := names[name]
-		hn.name = name
-		return hn
-	}
-	for _, n := range append(slices.Clip(commonHeaders), cfg.RequestIDHeader) {
-		hn := get(n)
-		names[hn.name] = hn
-	}
-	for _, n := range resultSkip {
-		hn := get(n)
-		hn.skip = true
-		names[hn.name] = hn
-	}
-	for _, n := range cfg.StoredHeaders {
-		hn := get(n)
-		hn.stored = true
-		names[hn.name] = hn
-	}
-	return names
-}
-
-// resultHeader is the header of one result: an http.Header whose value
-// slices share one backing array. The map and the array are reused from
-// request to request: the engine gives the map to the store's Settle, which
-// must not keep it (see idem.Tx), and the middleware is done with it once
-// the final response is written. The values are new strings every time,
-// since a store keeps those.
-type resultHeader struct {
+// storedHeader is the part of a response header a store keeps: the values
+// of the allow-listed names, copied out of fasthttp's buffers into one
+// string (a store may keep them as long as the record), in a map whose
+// value slices share one array. The map and the array are reused from
+// request to request: the engine hands them to Settle, which must not keep
+// them (see idem.Tx).
+type storedHeader struct {
 	h    http.Header
 	vals []string
 }
 
-var resultHeaders = sync.Pool{New: func() any { return &resultHeader{h: make(http.Header)} }}
+// storedHeaders recycles storedHeaders: a map and value slices made anew
+// cost four allocations per first request with two stored headers.
+var storedHeaders = sync.Pool{New: func() any { return &storedHeader{h: make(http.Header)} }}
 
-// header copies src into a resultHeader from the pool, leaving out
-// resultSkip. Set-Cookie is kept: it is sent with the first response (and,
-// unless the user lists it in StoredHeaders, never stored or replayed).
-//
-// A first pass sizes the copy, a second makes it: names the middleware
-// knows are not copied, and the values are copied into two strings, one
-// for the stored headers, which a store may keep as long as the record,
-// and one for the rest (Set-Cookie, CORS), which only the final response
-// needs.
-func (m *middleware) header(src *fasthttp.ResponseHeader) *resultHeader {
-	n, stored, other := 0, 0, 0
+// storedHeader copies the allow-listed values of src into a storedHeader
+// from the pool: a first pass sizes the copy, a second makes it.
+func (m *middleware) storedHeader(src *fasthttp.ResponseHeader) *storedHeader {
+	n, size := 0, 0
 	src.VisitAll(func(k, v []byte) {
-		hn, ok := m.names[string(k)]
-		switch {
-		case !ok:
-			other += len(k) + len(v)
-		case hn.skip:
-			return
-		case hn.stored:
-			stored += len(v)
-		default:
-			other += len(v)
+		if m.storedName(k) != "" {
+			n, size = n+1, size+len(v)
 		}
-		n++
 	})
-	rh := resultHeaders.Get().(*resultHeader)
-	if cap(rh.vals) < n {
-		rh.vals = make([]string, 0, n)
+	sh := storedHeaders.Get().(*storedHeader)
+	if cap(sh.vals) < n {
+		sh.vals = make([]string, 0, n)
 	}
-	var keep, rest strings.Builder
-	keep.Grow(stored)
-	rest.Grow(other)
+	var b strings.Builder
+	b.Grow(size)
 	src.VisitAll(func(k, v []byte) {
-		hn, ok := m.names[string(k)]
-		if !ok {
-			// Unknown, or a spelling fasthttp did not normalise
-			// (DisableHeaderNormalizing).
-			name := http.CanonicalHeaderKey(appendString(&rest, k))
-			if hn, ok = m.names[name]; !ok {
-				hn = headerName{name: name}
-			}
+		if name := m.storedName(k); name != "" {
+			start := b.Len()
+			b.Write(v)
+			sh.add(name, b.String()[start:])
 		}
-		if hn.skip {
-			return
-		}
-		b := &rest
-		if hn.stored {
-			b = &keep
-		}
-		rh.add(hn.name, appendString(b, v))
 	})
-	return rh
+	return sh
 }
 
-// appendString appends p to b and returns it as a string. Grown in
-// advance, b does not move, so the strings of one header share its memory;
-// should it grow, the strings returned before stay valid all the same (a
-// Builder never changes bytes it has written).
-func appendString(b *strings.Builder, p []byte) string {
-	start := b.Len()
-	b.Write(p)
-	return b.String()[start:]
+// storedName returns the canonical spelling of the header name k when a
+// store keeps it, "" otherwise. The comparison ignores case: with
+// DisableHeaderNormalizing, names stay as the handler wrote them.
+func (m *middleware) storedName(k []byte) string {
+	for _, name := range m.stored {
+		if len(name) == len(k) && strings.EqualFold(name, string(k)) {
+			return name
+		}
+	}
+	return ""
 }
 
 // add appends v to name's values: in place in the shared array when the
-// name's values so far end right before it (one value, or a run such as
-// fasthttp's cookies), in a slice of its own otherwise. Every slice in the
-// map is capped at its length, so appending to one never overwrites
-// another's.
-func (rh *resultHeader) add(name, v string) {
-	i := len(rh.vals)
-	rh.vals = append(rh.vals, v)
-	vs := rh.h[name]
+// name's values so far end right before it (one value, or a run), in a
+// slice of its own otherwise. Every slice in the map is capped at its
+// length, so appending to one never overwrites another's.
+func (sh *storedHeader) add(name, v string) {
+	i := len(sh.vals)
+	sh.vals = append(sh.vals, v)
+	vs := sh.h[name]
 	switch j := i - len(vs); {
 	case len(vs) == 0:
-		rh.h[name] = rh.vals[i : i+1 : i+1]
-	case j >= 0 && &rh.vals[j] == &vs[0]:
-		rh.h[name] = rh.vals[j : i+1 : i+1]
+		sh.h[name] = sh.vals[i : i+1 : i+1]
+	case j >= 0 && &sh.vals[j] == &vs[0]:
+		sh.h[name] = sh.vals[j : i+1 : i+1]
 	default:
-		rh.h[name] = append(vs, v)
+		sh.h[name] = append(vs, v)
 	}
 }
 
-// maxPooledValues bounds the header values a pooled resultHeader is sized
-// for: one response with unusually many headers must not leave every later
-// request ranging over a map that large.
+// maxPooledValues bounds the values a pooled storedHeader is sized for: a
+// response with unusually many must not leave a large array in the pool.
 const maxPooledValues = 64
 
-// release empties rh and puts it back in the pool.
-func (rh *resultHeader) release() {
-	if cap(rh.vals) > maxPooledValues {
+// release empties sh and puts it back in the pool.
+func (sh *storedHeader) release() {
+	if cap(sh.vals) > maxPooledValues {
 		return
 	}
-	clear(rh.h)
-	clear(rh.vals) // no reference to this request's values stays behind
-	rh.vals = rh.vals[:0]
-	resultHeaders.Put(rh)
+	clear(sh.h)
+	clear(sh.vals) // no reference to this request's values stays behind
+	sh.vals = sh.vals[:0]
+	storedHeaders.Put(sh)
 }
 
 // write puts resp into c's response: its headers (replacing those of the
-// same name), status and, if setBody is true, body.
-func write(c *fiber.Ctx, resp *idem.Response, setBody bool) {
+// same name), status and body.
+func write(c *fiber.Ctx, resp *idem.Response) {
 	h := &c.Response().Header
 	for k, vs := range resp.Header {
 		h.Del(k)
@@ -504,7 +412,5 @@ func write(c *fiber.Ctx, resp *idem.Response, setBody bool) {
 		}
 	}
 	c.Status(resp.Status)
-	if setBody {
-		c.Response().SetBody(resp.Body)
-	}
+	c.Response().SetBody(resp.Body)
 }

@@ -27,6 +27,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			chain = append(chain, mw)
 		}
 		chain = append(chain, func(c *gin.Context) {
+			c.Header("Location", adaptertest.BenchLocation)
 			c.Data(http.StatusCreated, "application/json", adaptertest.BenchReply)
 		})
 		r.POST("/payments", chain...)

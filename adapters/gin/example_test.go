@@ -38,9 +38,9 @@ func Example() {
 	}
 
 	r := gin.New()
-	r.Use(gin.Recovery())                                    // outermost: it sees the real writer again on a panic
-	api := r.Group("/", requireAccount)                      // 1. authenticate
-	api.POST("/payments", idempotent, func(c *gin.Context) { // 2. claim the key, 3. handle
+	r.Use(gin.Recovery())                           // outermost: it sees the real writer again on a panic
+	api := r.Group("/", requireAccount, idempotent) // 1. authenticate, 2. claim the key
+	api.POST("/payments", func(c *gin.Context) {    // 3. handle
 		// With pgx: tx, ok := idempgx.Tx(c.Request.Context()); with GORM:
 		// db := idemgorm.DB(c.Request.Context(), db). Writes made there commit
 		// together with the stored response, or not at all.

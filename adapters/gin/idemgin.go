@@ -28,7 +28,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 
@@ -40,9 +39,10 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of the request, as the
-	// auth middleware before this one left it (c.Get, a JWT claim). An
-	// empty result or an error answers 401 and claims nothing. Required.
+	// Principal returns the authenticated caller of the request, as the auth
+	// middleware before this one left it (c.Get, a JWT claim). An empty result
+	// or an error answers 401 and claims nothing; the error goes into the Event
+	// and is logged at Warn. Required.
 	Principal func(c *gin.Context) (string, error)
 }
 
@@ -61,21 +61,14 @@ var ErrHijack = errors.New("idemgin: hijacking the connection is refused on an i
 // replay, a 409, a 422, a 400 or 401 problem) the rest of the chain is
 // aborted.
 func New(cfg Config) (gin.HandlerFunc, error) {
-	if cfg.Principal == nil {
-		return nil, fmt.Errorf("idemgin: %w: Principal is required", idem.ErrInvalidConfig)
-	}
-	eng, err := idem.New(cfg.Config)
+	a, err := idem.NewAdapter("idemgin", cfg.Config, cfg.Principal)
 	if err != nil {
-		return nil, fmt.Errorf("idemgin: %w", err)
+		return nil, err
 	}
 	return func(c *gin.Context) {
-		principal, err := cfg.Principal(c)
-		if err != nil {
-			principal = ""
-		}
 		orig, origReq := c.Writer, c.Request
 		ran := false
-		eng.ServeHTTP(orig, origReq, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+		a.HandleHTTP(c, orig, origReq, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 			ran = true
 			if buf == nil {
 				c.Next()

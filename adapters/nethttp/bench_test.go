@@ -18,6 +18,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Location", adaptertest.BenchLocation)
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(adaptertest.BenchReply)
 		})

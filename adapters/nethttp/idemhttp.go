@@ -17,7 +17,6 @@
 package idemhttp
 
 import (
-	"fmt"
 	"net/http"
 
 	idem "github.com/idemgo/idem/core"
@@ -27,9 +26,10 @@ import (
 // authenticated principal.
 type Config struct {
 	idem.Config
-	// Principal returns the authenticated caller of r, as the auth
-	// middleware before this one left it. An empty result or an error
-	// answers 401 and claims nothing. Required.
+	// Principal returns the authenticated caller of r, as the auth middleware
+	// before this one left it. An empty result or an error answers 401 and
+	// claims nothing; the error goes into the Event and is logged at Warn.
+	// Required.
 	Principal func(r *http.Request) (string, error)
 }
 
@@ -37,20 +37,13 @@ type Config struct {
 // handler's whole response and sends it only after the outcome is
 // committed; http.Flusher is a no-op and hijacking is not offered.
 func New(cfg Config) (func(http.Handler) http.Handler, error) {
-	if cfg.Principal == nil {
-		return nil, fmt.Errorf("idemhttp: %w: Principal is required", idem.ErrInvalidConfig)
-	}
-	eng, err := idem.New(cfg.Config)
+	a, err := idem.NewAdapter("idemhttp", cfg.Config, cfg.Principal)
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: %w", err)
+		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			principal, err := cfg.Principal(r)
-			if err != nil {
-				principal = ""
-			}
-			eng.ServeHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			a.HandleHTTP(r, w, r, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
 				if buf == nil {
 					next.ServeHTTP(w, r2)
 					return nil

@@ -28,6 +28,12 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		name string
 		fn   func(*testing.T, *suite)
 	}{
+		{"NewRequiresPrincipal", testNewRequiresPrincipal},
+		{"OnRouteGroupAndGlobal", testGroupAndGlobal},
+		{"BeforeAuthFailsClosed", testBeforeAuth},
+		{"PrincipalErrorIs401", testPrincipalError},
+		{"EarlierHeadersSurvive", testEarlierHeaders},
+		{"TransactionCommitsWithRecord", testTransactionCommits},
 		{"FirstRequestThenReplay", testFirstThenReplay},
 		{"ConcurrentIdenticalRequestsRunOnce", testConcurrentRunOnce},
 		{"ChangedBodyIs422", testChangedBody},
@@ -37,6 +43,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"ClientErrorIsStoredAndReplayed", testClientErrorStored},
 		{"ServerErrorIsReleased", testServerErrorReleased},
 		{"HandlerErrorIsReleased", testHandlerErrorReleased},
+		{"HandlerErrorIsClassified", testHandlerErrorClassified},
 		{"PanicIsReleased", testPanicReleased},
 		{"NothingReachesClientBeforeCommit", testNothingBeforeCommit},
 		{"FailedCommitSendsProblemNotHandlerBody", testFailedCommit},
@@ -70,9 +77,34 @@ func (s *suite) config() idem.Config {
 	return idem.Config{Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 }
 
+// serve starts a server with the middleware on a route group, the usual
+// placement.
 func (s *suite) serve(t *testing.T, cfg idem.Config, h Handler) string {
 	t.Helper()
-	return s.h.Serve(t, cfg, h)
+	return s.start(t, Setup{Config: cfg, Handler: h})
+}
+
+// start starts a server for setup, ending the test when the adapter's New
+// fails.
+func (s *suite) start(t *testing.T, setup Setup) string {
+	t.Helper()
+	base, err := s.h.Serve(t, setup)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return base
+}
+
+// wantUntouched ends the test unless a refused request left no trace: p's
+// handler never ran and principal's key is not claimed.
+func (s *suite) wantUntouched(t *testing.T, p *payments, principal, key string) {
+	t.Helper()
+	if n := p.runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times", n)
+	}
+	if _, err := s.b.Store.Get(context.Background(), principal, key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the key was claimed: %v", err)
+	}
 }
 
 // payments is a payments-style handler: it writes one business effect per
@@ -276,12 +308,7 @@ func testNoPrincipal(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
 	WantProblem(t, "anonymous", send(t, base, "", "k-anon", paymentBody), http.StatusUnauthorized, idem.ProblemUnauthenticated)
-	if n := p.runs.Load(); n != 0 {
-		t.Fatalf("handler ran %d times for an anonymous request", n)
-	}
-	if _, err := s.b.Store.Get(context.Background(), "", "k-anon"); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("an anonymous request claimed its key: %v", err)
-	}
+	s.wantUntouched(t, p, "", "k-anon")
 	// Nothing was claimed: an authenticated request with the same key and
 	// another body runs, instead of getting 422.
 	WantStatus(t, "authenticated after anonymous", send(t, base, "alice", "k-anon", `{"amount":1}`), http.StatusCreated)
@@ -353,26 +380,67 @@ func testServerErrorReleased(t *testing.T, s *suite) {
 	s.wantReleasedThenRetried(t, base, p, "k-503", first)
 }
 
+// testHandlerErrorReleased: the error a handler returns is rendered by the
+// framework into the response the client gets, with its status, and the
+// outcome is released.
 func testHandlerErrorReleased(t *testing.T, s *suite) {
 	p, h := s.flaky(func(context.Context, Request) Reply {
-		return Reply{Status: http.StatusInternalServerError, Err: errors.New("database exploded")}
+		return Reply{Status: http.StatusServiceUnavailable, Err: errors.New("provider down")}
 	})
 	base := s.serve(t, s.config(), h)
 	first := send(t, base, "alice", "k-err", paymentBody)
+	WantStatus(t, "handler error", first, http.StatusServiceUnavailable)
+	if ct := first.Header.Get("Content-Type"); ct == idem.ProblemContentType {
+		t.Fatalf("the framework's rendering of the error was replaced by a problem: %s", first.Body)
+	}
 	s.wantReleasedThenRetried(t, base, p, "k-err", first)
 }
 
+// testHandlerErrorClassified: a handler error is classified with the
+// response the framework rendered for it, inside the middleware: with
+// StatusClassifier a 4xx error is stored and replayed like a written 4xx.
+func testHandlerErrorClassified(t *testing.T, s *suite) {
+	cfg := s.config()
+	cfg.Classify = idem.StatusClassifier
+	var runs atomic.Int64
+	base := s.serve(t, cfg, func(context.Context, Request) Reply {
+		runs.Add(1)
+		return Reply{Status: http.StatusConflict, Err: errors.New("duplicate payment")}
+	})
+	first := send(t, base, "alice", "k-err-4xx", paymentBody)
+	WantStatus(t, "4xx handler error", first, http.StatusConflict)
+	again := send(t, base, "alice", "k-err-4xx", paymentBody)
+	WantStatus(t, "its replay", again, http.StatusConflict)
+	if !again.Replayed() || !bytes.Equal(again.Body, first.Body) || runs.Load() != 1 {
+		t.Fatalf("a 4xx handler error was not stored: replayed %v, body %q then %q, %d runs", again.Replayed(), first.Body, again.Body, runs.Load())
+	}
+}
+
+// testPanicReleased: a panic releases the key and reaches the framework's
+// recovery, whose 500 is what the client gets, with nothing the handler
+// wrote before it panicked (the framework traps: a buffer left installed
+// swallows the recovery's response, a response left committed stops it).
 func testPanicReleased(t *testing.T, s *suite) {
-	p, h := s.flaky(func(context.Context, Request) Reply { return Reply{Panic: "boom"} })
-	base := s.serve(t, s.config(), h)
-	first, err := sendErr(context.Background(), base, "alice", "k-panic", paymentBody)
-	if err != nil {
-		first = Response{Status: 599} // the framework dropped the connection
+	for i, tc := range []struct {
+		name  string
+		reply Reply
+	}{
+		{"before writing", Reply{Panic: "boom"}},
+		{"after writing", Reply{Status: http.StatusCreated, Panic: "boom", Body: []byte("half a payment"),
+			Header: http.Header{"Location": {"/payments/half"}, "Set-Cookie": {"session=half"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, h := s.flaky(func(context.Context, Request) Reply { return tc.reply })
+			base := s.serve(t, s.config(), h)
+			key := fmt.Sprintf("k-panic-%d", i)
+			first := send(t, base, "alice", key, paymentBody)
+			WantStatus(t, "panicking handler", first, http.StatusInternalServerError)
+			if bytes.Contains(first.Body, []byte("half")) || first.Header.Get("Location") != "" || first.Header.Get("Set-Cookie") != "" {
+				t.Fatalf("the handler's partial response reached the client: %v %q", first.Header, first.Body)
+			}
+			s.wantReleasedThenRetried(t, base, p, key, first)
+		})
 	}
-	if first.Status == http.StatusOK || first.Status == http.StatusCreated {
-		t.Fatalf("a panicking handler answered %d %q: the recovery's error was lost", first.Status, first.Body)
-	}
-	s.wantReleasedThenRetried(t, base, p, "k-panic", first)
 }
 
 func testNothingBeforeCommit(t *testing.T, s *suite) {

@@ -1,6 +1,7 @@
 package adaptertest
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -15,56 +16,77 @@ import (
 const BenchBody = `{"amount":1000,"currency":"EUR","description":"coffee"}`
 
 // BenchReply is the body the benchmarks' trivial handler answers with,
-// status 201 and Content-Type application/json.
+// status 201, Content-Type application/json and Location BenchLocation.
 var BenchReply = []byte(`{"id":"pay_1","status":"succeeded"}`)
+
+// BenchLocation is the Location of the benchmarks' 201: a created resource
+// is named in it, so a realistic response has two headers to store.
+const BenchLocation = "/payments/pay_1"
 
 // BenchServe builds the handler an adapter's benchmarks measure: the
 // framework's router with the harness's auth middleware (bearer principal,
-// as in Harness) and a trivial handler that answers 201 with BenchReply
-// and Content-Type application/json. When cfg is not nil the adapter's
+// as in Harness) and a trivial handler that answers 201 with BenchReply,
+// Content-Type application/json and Location BenchLocation. When cfg is not nil the adapter's
 // middleware, configured with *cfg, runs between the two.
 type BenchServe func(cfg *idem.Config) http.Handler
 
+// RoundTrip runs one benchmark request through a server in process: a POST
+// of BenchBody to /payments as "Authorization: Bearer acct_1", with
+// Content-Type application/json and Idempotency-Key key. It returns the
+// response's status and whether it was marked as replayed.
+type RoundTrip func(key string) (status int, replayed bool)
+
+// RoundTripServe is BenchServe for a framework that is not built on
+// net/http (Fiber): it returns a RoundTrip through the framework's own
+// in-process entry point.
+type RoundTripServe func(cfg *idem.Config) RoundTrip
+
 // Benchmarks measures what an adapter adds to a request, in process and
-// without a socket: Bare is the handler alone, FirstRequest claims a new
-// key behind the middleware with memstore, runs the handler and settles,
-// Replay answers a settled key from the store. Run with -benchmem; the
-// difference between FirstRequest and Bare is the middleware's cost.
+// without a socket (see RoundTripBenchmarks), for a framework built on
+// net/http.
 func Benchmarks(b *testing.B, serve BenchServe) {
-	request := func(key string) *http.Request {
-		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(BenchBody))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set("Authorization", "Bearer acct_1")
-		r.Header.Set("Idempotency-Key", key)
-		return r
+	RoundTripBenchmarks(b, func(cfg *idem.Config) RoundTrip {
+		h := serve(cfg)
+		return func(key string) (int, bool) {
+			r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(BenchBody))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Authorization", "Bearer acct_1")
+			r.Header.Set(idem.DefaultHeader, key)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w.Code, w.Header().Get(idem.ReplayedHeader) == "true"
+		}
+	})
+}
+
+// RoundTripBenchmarks measures what an adapter adds to a request: Bare is
+// the handler alone, FirstRequest claims a new key behind the middleware
+// with memstore, runs the handler and settles, Observed does the same with
+// an Observer receiving the Events, Replay answers a settled key from the
+// store. Run with -benchmem; the difference between FirstRequest and Bare
+// is the middleware's cost.
+func RoundTripBenchmarks(b *testing.B, serve RoundTripServe) {
+	middleware := func(observed bool) RoundTrip {
+		cfg := idem.Config{Store: memstore.New(memstore.WithMaxRecords(10_000_000))}
+		if observed {
+			cfg.Observer = idem.ObserverFunc(func(context.Context, idem.Event) {})
+		}
+		return serve(&cfg)
 	}
-	middleware := func() http.Handler {
-		return serve(&idem.Config{Store: memstore.New(memstore.WithMaxRecords(10_000_000))})
-	}
-	run := func(b *testing.B, h http.Handler, key func(i int) string, check func(*httptest.ResponseRecorder) bool) {
+	run := func(b *testing.B, rt RoundTrip, key func(i int) string, replay bool) {
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, request(key(i)))
-			if !check(w) {
-				b.Fatalf("status %d, replayed %q, body %q", w.Code, w.Header().Get(idem.ReplayedHeader), w.Body)
+			if status, replayed := rt(key(i)); status != http.StatusCreated || replayed != replay {
+				b.Fatalf("status %d, replayed %v", status, replayed)
 			}
 		}
 	}
-	created := func(w *httptest.ResponseRecorder) bool { return w.Code == http.StatusCreated }
-	b.Run("Bare", func(b *testing.B) {
-		run(b, serve(nil), strconv.Itoa, created)
-	})
-	b.Run("FirstRequest", func(b *testing.B) {
-		run(b, middleware(), strconv.Itoa, func(w *httptest.ResponseRecorder) bool {
-			return created(w) && w.Header().Get(idem.ReplayedHeader) == ""
-		})
-	})
+	b.Run("Bare", func(b *testing.B) { run(b, serve(nil), strconv.Itoa, false) })
+	b.Run("FirstRequest", func(b *testing.B) { run(b, middleware(false), strconv.Itoa, false) })
+	b.Run("Observed", func(b *testing.B) { run(b, middleware(true), strconv.Itoa, false) })
 	b.Run("Replay", func(b *testing.B) {
-		h := middleware()
-		h.ServeHTTP(httptest.NewRecorder(), request("k"))
-		run(b, h, func(int) string { return "k" }, func(w *httptest.ResponseRecorder) bool {
-			return created(w) && w.Header().Get(idem.ReplayedHeader) == "true"
-		})
+		rt := middleware(false)
+		rt("k")
+		run(b, rt, func(int) string { return "k" }, true)
 	})
 }

@@ -16,9 +16,9 @@ import (
 // Response is what a client got back from one round trip made with Send or
 // SendContext.
 type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
+	Status int         // the status received
+	Header http.Header // the headers received
+	Body   []byte      // the whole body received
 	// Close reports that the server closes the connection after this
 	// response (http.Response.Close).
 	Close bool

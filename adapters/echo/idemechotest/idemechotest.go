@@ -1,6 +1,7 @@
 // Package idemechotest mounts the Echo adapter for core/adaptertest:
 // Harness serves the suite's handler behind idemecho's middleware, placed
-// after an auth middleware on a route group, under Echo's Recover
+// as the suite's Setup asks (on a route group or the whole Echo, after an
+// auth middleware or, wrongly, before it), under Echo's Recover
 // middleware, on a real server on 127.0.0.1. The adapter's own tests and
 // the conformance module (which runs the suite against every store) share
 // it. It imports only core and Echo.
@@ -13,7 +14,6 @@ import (
 	"testing"
 
 	idemecho "github.com/idemgo/idem/adapters/echo"
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -58,39 +58,54 @@ func Handler(h adaptertest.Handler) echo.HandlerFunc {
 				c.Response().Flush()
 			},
 		})
-		if reply.Panic != nil {
-			panic(reply.Panic)
-		}
-		status := reply.Status
 		if reply.Err != nil {
+			status := reply.Status
 			if status == 0 {
 				status = http.StatusInternalServerError
 			}
 			return echo.NewHTTPError(status, http.StatusText(status)).SetInternal(reply.Err)
 		}
-		for k, v := range reply.Header {
-			c.Response().Header()[k] = v
+		if reply.Status != 0 || reply.Panic == nil {
+			for k, v := range reply.Header {
+				c.Response().Header()[k] = v
+			}
+			c.Response().WriteHeader(reply.Status)
+			_, _ = c.Response().Write(reply.Body)
 		}
-		c.Response().WriteHeader(status)
-		_, err := c.Response().Write(reply.Body)
-		return err
+		if reply.Panic != nil {
+			panic(reply.Panic)
+		}
+		return nil
 	}
 }
 
-// Harness mounts idemecho for core/adaptertest: NewEcho, then a group with
-// Authenticate and the middleware, then Handler on every path, on an
-// httptest server.
+// Harness mounts idemecho for core/adaptertest: NewEcho, the Setup's early
+// headers, Authenticate and the middleware as the Setup places them, then
+// Handler, on an httptest server.
 var Harness = adaptertest.Harness{
-	Serve: func(t testing.TB, cfg idem.Config, h adaptertest.Handler) string {
-		mw, err := idemecho.New(idemecho.Config{Config: cfg, Principal: Principal})
+	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
+		mw, err := idemecho.New(idemecho.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
+		global, group := adaptertest.Place(s, Authenticate, mw)
 		e := NewEcho()
-		api := e.Group("", Authenticate, mw)
-		api.Any("/*", Handler(h))
+		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				for k, v := range s.Header {
+					c.Response().Header()[k] = v
+				}
+				return next(c)
+			}
+		})
+		e.Use(global...)
+		h := Handler(s.Handler)
+		e.Any("/outside", h)
+		api := e.Group("/payments", group...)
+		api.Any("", h)
+		api.Any("/*", h)
 		srv := httptest.NewServer(e)
 		t.Cleanup(srv.Close)
-		return srv.URL
+		return srv.URL, nil
 	},
 }

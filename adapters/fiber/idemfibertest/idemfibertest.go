@@ -1,6 +1,7 @@
 // Package idemfibertest mounts the Fiber v2 adapter for core/adaptertest:
 // Harness serves the suite's handler behind idemfiber's middleware, placed
-// after an auth middleware on a route group, under Fiber's recover
+// as the suite's Setup asks (on a route group or the whole app, after an
+// auth middleware or, wrongly, before it), under Fiber's recover
 // middleware, on a real listener on 127.0.0.1. The adapter's own tests and
 // the conformance module (which runs the suite against every store) share
 // it. It imports only core and Fiber.
@@ -15,7 +16,6 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	idemfiber "github.com/idemgo/idem/adapters/fiber"
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
 )
 
@@ -47,22 +47,25 @@ func Handler(h adaptertest.Handler) fiber.Handler {
 			// fasthttp has no flush: a write is as early as it gets.
 			WriteEarly: func(p []byte) { _, _ = c.Write(p) },
 		})
-		if reply.Panic != nil {
-			panic(reply.Panic)
-		}
-		status := reply.Status
 		if reply.Err != nil {
+			status := reply.Status
 			if status == 0 {
 				status = http.StatusInternalServerError
 			}
 			return fiber.NewError(status, reply.Err.Error())
 		}
-		for k, vs := range reply.Header {
-			for _, v := range vs {
-				c.Response().Header.Add(k, v)
+		if reply.Status != 0 || reply.Panic == nil {
+			for k, vs := range reply.Header {
+				for _, v := range vs {
+					c.Response().Header.Add(k, v)
+				}
 			}
+			_ = c.Status(reply.Status).Send(reply.Body)
 		}
-		return c.Status(status).Send(reply.Body)
+		if reply.Panic != nil {
+			panic(reply.Panic)
+		}
+		return nil
 	}
 }
 
@@ -81,19 +84,31 @@ func Serve(t testing.TB, app *fiber.App) string {
 	return "http://" + ln.Addr().String()
 }
 
-// Harness mounts idemfiber for core/adaptertest: recover on the app, then a
-// group with Authenticate and the middleware, then Handler on every path,
-// served by Serve.
+// Harness mounts idemfiber for core/adaptertest: recover on the app, the
+// Setup's early headers, Authenticate and the middleware as the Setup
+// places them, then Handler, served by Serve.
 var Harness = adaptertest.Harness{
-	Serve: func(t testing.TB, cfg idem.Config, h adaptertest.Handler) string {
-		mw, err := idemfiber.New(idemfiber.Config{Config: cfg, Principal: Principal})
+	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
+		mw, err := idemfiber.New(idemfiber.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 		app := fiber.New(fiber.Config{DisableStartupMessage: true})
-		app.Use(recover.New())
-		api := app.Group("/", Authenticate, mw)
-		api.All("/*", Handler(h))
-		return Serve(t, app)
+		app.Use(recover.New(), func(c *fiber.Ctx) error {
+			for k, vs := range s.Header {
+				for _, v := range vs {
+					c.Response().Header.Add(k, v)
+				}
+			}
+			return c.Next()
+		})
+		global, group := adaptertest.Place(s, Authenticate, mw)
+		for _, m := range global {
+			app.Use(m)
+		}
+		h := Handler(s.Handler)
+		app.All("/outside", h)
+		app.Group("/payments", group...).All("/*", h)
+		return Serve(t, app), nil
 	},
 }

@@ -1,9 +1,11 @@
 // Package idemgintest mounts the Gin adapter for core/adaptertest: Harness
-// serves the suite's handler behind idemgin's middleware, placed after an
-// auth middleware on a route group, under Gin's own Recovery, on a real
+// serves the suite's handler behind idemgin's middleware, placed as the
+// suite's Setup asks (on a route group or the whole engine, after an auth
+// middleware or, wrongly, before it), under Gin's own Recovery, on a real
 // server on 127.0.0.1. The adapter's own tests and the conformance module
 // (which runs the suite against every store) share it. It imports only
-// core and Gin, and puts Gin in test mode when imported.
+// core and Gin, and changes none of Gin's global settings: a test package
+// that wants Gin's test mode sets it in its TestMain.
 package idemgintest
 
 import (
@@ -14,11 +16,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	idemgin "github.com/idemgo/idem/adapters/gin"
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
 )
-
-func init() { gin.SetMode(gin.TestMode) }
 
 // Authenticate is the auth middleware the adapter sits behind: it stores
 // the bearer principal with c.Set, the Gin idiom.
@@ -47,40 +46,52 @@ func Handler(h adaptertest.Handler) gin.HandlerFunc {
 				c.Writer.Flush()
 			},
 		})
-		if reply.Panic != nil {
-			panic(reply.Panic)
-		}
-		status := reply.Status
 		if reply.Err != nil {
+			status := reply.Status
 			if status == 0 {
 				status = http.StatusInternalServerError
 			}
 			_ = c.AbortWithError(status, reply.Err)
 			return
 		}
-		for k, v := range reply.Header {
-			c.Writer.Header()[k] = v
+		if reply.Status != 0 || reply.Panic == nil {
+			for k, v := range reply.Header {
+				c.Writer.Header()[k] = v
+			}
+			c.Status(reply.Status)
+			_, _ = c.Writer.Write(reply.Body)
 		}
-		c.Status(status)
-		_, _ = c.Writer.Write(reply.Body)
+		if reply.Panic != nil {
+			panic(reply.Panic)
+		}
 	}
 }
 
 // Harness mounts idemgin for core/adaptertest: gin's Recovery on the
-// engine, then a group with Authenticate and the middleware, then Handler
-// on every path, on an httptest server.
+// engine, the Setup's early headers, Authenticate and the middleware as
+// the Setup places them, then Handler, on an httptest server.
 var Harness = adaptertest.Harness{
-	Serve: func(t testing.TB, cfg idem.Config, h adaptertest.Handler) string {
-		mw, err := idemgin.New(idemgin.Config{Config: cfg, Principal: Principal})
+	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
+		mw, err := idemgin.New(idemgin.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
+		global, group := adaptertest.Place(s, Authenticate, mw)
 		r := gin.New()
-		r.Use(recovery())
-		api := r.Group("/", Authenticate, mw)
-		api.Any("/*path", Handler(h))
+		r.Use(recovery(), func(c *gin.Context) {
+			for k, v := range s.Header {
+				c.Writer.Header()[k] = v
+			}
+			c.Next()
+		})
+		r.Use(global...)
+		h := Handler(s.Handler)
+		r.Any("/outside", h)
+		api := r.Group("/payments", group...)
+		api.Any("", h)
+		api.Any("/*rest", h)
 		srv := httptest.NewServer(r)
 		t.Cleanup(srv.Close)
-		return srv.URL
+		return srv.URL, nil
 	},
 }

@@ -1,9 +1,10 @@
 // Package idemhttptest mounts the net/http adapter for core/adaptertest:
 // Harness serves the suite's handler behind idemhttp's middleware, placed
-// after an auth middleware and inside a panic recoverer, on a real server
-// on 127.0.0.1. The adapter's own tests and the conformance module (which
-// runs the suite against every store) share it. It imports only core and
-// the standard library.
+// as the suite's Setup asks (on a ServeMux subtree or around the whole mux,
+// after an auth middleware or, wrongly, before it) inside a panic
+// recoverer, on a real server on 127.0.0.1. The adapter's own tests and
+// the conformance module (which runs the suite against every store) share
+// it. It imports only core and the standard library.
 package idemhttptest
 
 import (
@@ -11,10 +12,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 
 	idemhttp "github.com/idemgo/idem/adapters/nethttp"
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
 )
 
@@ -67,35 +68,62 @@ func Handler(h adaptertest.Handler) http.Handler {
 				_ = http.NewResponseController(w).Flush()
 			},
 		})
-		if reply.Panic != nil {
-			panic(reply.Panic)
-		}
-		status := reply.Status
 		if reply.Err != nil {
+			status := reply.Status
 			if status == 0 {
 				status = http.StatusInternalServerError
 			}
 			http.Error(w, reply.Err.Error(), status)
 			return
 		}
-		for k, v := range reply.Header {
-			w.Header()[k] = v
+		if reply.Status != 0 || reply.Panic == nil {
+			for k, v := range reply.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(reply.Status)
+			_, _ = w.Write(reply.Body)
 		}
-		w.WriteHeader(status)
-		_, _ = w.Write(reply.Body)
+		if reply.Panic != nil {
+			panic(reply.Panic)
+		}
 	})
 }
 
-// Harness mounts idemhttp for core/adaptertest: Recoverer, then
-// Authenticate, then the middleware, then Handler, on an httptest server.
+// Harness mounts idemhttp for core/adaptertest: Recoverer, then the
+// Setup's early headers, then Authenticate and the middleware as the
+// Setup places them, then Handler, on an httptest server.
 var Harness = adaptertest.Harness{
-	Serve: func(t testing.TB, cfg idem.Config, h adaptertest.Handler) string {
-		mw, err := idemhttp.New(idemhttp.Config{Config: cfg, Principal: Principal})
+	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
+		mw, err := idemhttp.New(idemhttp.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
-		srv := httptest.NewServer(Recoverer(Authenticate(mw(Handler(h)))))
+		global, group := adaptertest.Place(s, Authenticate, mw)
+		h := Handler(s.Handler)
+		mux := http.NewServeMux()
+		mux.Handle("/outside", h)
+		mux.Handle("/payments", chain(group, h))
+		mux.Handle("/payments/", chain(group, h))
+		srv := httptest.NewServer(Recoverer(header(s.Header, chain(global, mux))))
 		t.Cleanup(srv.Close)
-		return srv.URL
+		return srv.URL, nil
 	},
+}
+
+// chain wraps h in mws, the first outermost.
+func chain(mws []func(http.Handler) http.Handler, h http.Handler) http.Handler {
+	for _, mw := range slices.Backward(mws) {
+		h = mw(h)
+	}
+	return h
+}
+
+// header sets h on every response before next runs.
+func header(h http.Header, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		next.ServeHTTP(w, r)
+	})
 }

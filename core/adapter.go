@@ -1,0 +1,67 @@
+package idem
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// Adapter is what a framework adapter builds its middleware on: the Engine,
+// and the application's function that reads the authenticated principal
+// from the framework's request C (*http.Request, *gin.Context,
+// echo.Context, *fiber.Ctx).
+//
+// It is for adapter authors. Applications do not use it: they call their
+// framework adapter's New (idemhttp.New, idemgin.New, idemecho.New,
+// idemfiber.New), which makes one with NewAdapter.
+type Adapter[C any] struct {
+	*Engine
+	principal func(C) (string, error)
+}
+
+// NewAdapter checks that principal is set, builds the Engine from cfg and
+// returns both. name is the adapter's package name: it starts every error,
+// and every error wraps ErrInvalidConfig.
+func NewAdapter[C any](name string, cfg Config, principal func(C) (string, error)) (*Adapter[C], error) {
+	if principal == nil {
+		return nil, fmt.Errorf("%s: %w: Principal is required", name, ErrInvalidConfig)
+	}
+	eng, err := New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Adapter[C]{Engine: eng, principal: principal}, nil
+}
+
+// Principal reads c's principal with the application's function, for
+// Request.Principal and Request.PrincipalErr. When the function fails the
+// principal is "" and the error is returned, so Begin answers 401 and the
+// error reaches the Event and the log.
+func (a *Adapter[C]) Principal(c C) (string, error) {
+	p, err := a.principal(c)
+	if err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// HandleHTTP is Engine.HandleHTTP with the principal read from c: adapters
+// for frameworks built on net/http call it from their middleware, with the
+// framework's writer and request.
+func (a *Adapter[C]) HandleHTTP(c C, w http.ResponseWriter, r *http.Request,
+	next func(r2 *http.Request, buf *ResponseBuffer) error) {
+	principal, err := a.Principal(c)
+	if err == nil {
+		a.Engine.HandleHTTP(w, r, principal, next)
+		return
+	}
+	// Without a principal Begin claims nothing and reads no body: it
+	// answers 401, or, when the key is optional and absent, lets the
+	// handler run as it would without the middleware.
+	req := a.HTTPRequest(r, "")
+	req.PrincipalErr = err
+	if _, resp := a.Begin(r.Context(), req); resp != nil {
+		WriteResponse(w, resp)
+		return
+	}
+	_ = next(r, nil)
+}
