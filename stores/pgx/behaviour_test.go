@@ -191,8 +191,8 @@ var behaviourSteps = map[string]behaviourStep{
 		_, afterErr := tx.Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (50, 'after recovery')")
 		return fmt.Sprintf("fail %s aborted %s rollback %s after %s", describeErr(failErr), describeErr(abortedErr), describeErr(rbErr), describeErr(afterErr))
 	},
-	"named args": execStep("INSERT INTO TBL (n, s) VALUES (@n, @s)", pgx.NamedArgs{"n": 60, "s": "sixty"}),
-	"exec mode":  execStep("INSERT INTO TBL (n, s) VALUES ($1, $2)", pgx.QueryExecModeSimpleProtocol, 61, "sixty-one"),
+	"named args":      execStep("INSERT INTO TBL (n, s) VALUES (@n, @s)", pgx.NamedArgs{"n": 60, "s": "sixty"}),
+	"exec mode":       execStep("INSERT INTO TBL (n, s) VALUES ($1, $2)", pgx.QueryExecModeSimpleProtocol, 61, "sixty-one"),
 	"multi statement": execStep("INSERT INTO TBL (n, s) VALUES (70, 'a'); INSERT INTO TBL (n, s) VALUES (71, 'b')"),
 }
 

@@ -134,9 +134,16 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 				t.Fatal(err)
 			}
 			locker := holdRow(t, ctx, base, e.Store.Table(), held.Principal, held.Key)
-			go func() { time.Sleep(400 * time.Millisecond); _ = locker.Rollback(context.Background()) }()
+			unlocked := make(chan struct{})
+			go func() {
+				defer close(unlocked)
+				time.Sleep(400 * time.Millisecond)
+				_ = locker.Rollback(context.Background())
+			}()
 			start := time.Now()
-			if err := s.Release(ctx, leaseOf(held)); err != nil {
+			err = s.Release(ctx, leaseOf(held))
+			<-unlocked
+			if err != nil {
 				t.Fatalf("release behind a row lock held 400 ms: %v", err)
 			}
 			if waited := time.Since(start); waited < 300*time.Millisecond {
