@@ -14,6 +14,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // begin claims a fresh key and begins its transaction; the transaction is
@@ -411,5 +412,37 @@ func TestRequestIDBounded(t *testing.T) {
 	long.RequestID = strings.Repeat("r", idem.MaxRequestIDLength+1)
 	if _, err := e.Store.Claim(ctx, long); sqlStateOf(err) != "23514" {
 		t.Fatalf("request id of %d bytes: %v, want a check violation (23514)", len(long.RequestID), err)
+	}
+}
+
+// TestBatchReadAsJoined: under the simple protocol pgx joins a batch's
+// queries with "\n;" into one text, so two queries that each look harmless
+// can together hold a COMMIT. The handle reads the batch that way too.
+func TestBatchReadAsJoined(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	cfg := idempgxtest.PoolConfig(t, 2)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	e := newEnv(t, idempgxtest.OpenPool(t, cfg))
+	req, txCtx, stx, htx := e.begin(t, ctx)
+	if err := e.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue("SELECT '")
+	b.Queue("'; COMMIT; --")
+	for _, q := range b.QueuedQueries {
+		if _, bad := idempgx.TxControlStatement(q.SQL); bad {
+			t.Fatalf("%q alone reads as transaction control; the test needs it not to", q.SQL)
+		}
+	}
+	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idem.ErrTxOwned) {
+		t.Fatalf("a batch whose joined text holds COMMIT = %v, want ErrTxOwned", err)
+	}
+	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) {
+		t.Fatalf("settle = %v, want ErrTxAborted", err)
+	}
+	if n := e.mustCount(t, req.Key); n != 0 {
+		t.Fatalf("%d effects committed", n)
 	}
 }
