@@ -446,3 +446,53 @@ func TestBatchReadAsJoined(t *testing.T) {
 		t.Fatalf("%d effects committed", n)
 	}
 }
+
+// TestRollbackStaysRolledBack: the handler's Rollback cannot be undone by
+// rolling back to a savepoint taken before it (which would recover an
+// aborted transaction), nor by a COMMIT on the raw connection: the work it
+// meant to undo never commits.
+func TestRollbackStaysRolledBack(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	e := newEnv(t, newPool(t, 2, nil))
+	req, txCtx, stx, htx := e.begin(t, ctx)
+	if err := e.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := htx.Begin(txCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := htx.Rollback(txCtx); !errors.Is(err, idem.ErrTxOwned) {
+		t.Fatalf("Rollback = %v, want ErrTxOwned", err)
+	}
+	_ = sp.Rollback(txCtx) // would recover an aborted transaction
+	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrHandlerRolledBack) {
+		t.Fatalf("settle after Rollback and a savepoint's rollback = %v, want ErrHandlerRolledBack", err)
+	}
+	if n := e.mustCount(t, req.Key); n != 0 {
+		t.Fatalf("%d effects committed after the handler's Rollback", n)
+	}
+
+	// Nor by a COMMIT on the raw connection: Rollback aborted the
+	// transaction on the server, so that COMMIT answers ROLLBACK. (The
+	// transaction ended behind the handle all the same, so the claim is
+	// kept for a takeover.)
+	req, txCtx, stx, htx = e.begin(t, ctx)
+	if err := e.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := htx.Rollback(txCtx); !errors.Is(err, idem.ErrTxOwned) {
+		t.Fatalf("Rollback = %v, want ErrTxOwned", err)
+	}
+	tag, err := htx.Conn().Exec(txCtx, "COMMIT")
+	if err != nil || tag.String() != "ROLLBACK" {
+		t.Fatalf("COMMIT on the raw connection after Rollback answered %q, %v; want ROLLBACK", tag, err)
+	}
+	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idem.ErrTxEnded) {
+		t.Fatalf("settle = %v, want ErrTxEnded", err)
+	}
+	if n := e.mustCount(t, req.Key); n != 0 {
+		t.Fatalf("%d effects committed after the handler's Rollback and a raw COMMIT", n)
+	}
+}

@@ -84,6 +84,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _ = tx.Rollback(ctx) }()
 			if err := polluted.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
@@ -305,6 +306,7 @@ func TestDeadPeerSettings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(ctx) }() // a failed check must not strand the connection
 		htx, _ := idempgx.Tx(txCtx)
 		inTx := settings(htx)
 		var marker string
