@@ -328,6 +328,9 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { // also when a check fails before the unlink below
+			_, _ = pool.Exec(context.Background(), "SELECT lo_unlink(oid) FROM pg_largeobject_metadata WHERE oid = $1", oid)
+		})
 		obj, err := lo.Open(txCtx, oid, pgx.LargeObjectModeWrite|pgx.LargeObjectModeRead)
 		if err != nil {
 			t.Fatal(err)
@@ -357,9 +360,6 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 			var exists bool
 			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)", oid).Scan(&exists); err != nil || !exists {
 				t.Fatalf("the large object did not commit with the settle (%v, %v)", exists, err)
-			}
-			if _, err := pool.Exec(ctx, "SELECT lo_unlink($1)", oid); err != nil {
-				t.Fatal(err)
 			}
 		}
 	}
