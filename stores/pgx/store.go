@@ -213,7 +213,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "idempgx:"+s.table.ident()); err != nil {
+	// The DDL's defaults, checks and index predicate bind their functions
+	// and operators when created: from pg_catalog, whatever the session's
+	// search_path says.
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), "+
+		"pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 0))", "idempgx:"+s.table.ident()); err != nil {
 		return wrap("migrate", err)
 	}
 	if _, err := tx.Exec(ctx, ddl); err != nil {
