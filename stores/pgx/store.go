@@ -9,8 +9,8 @@
 // The transaction is sealed: the handle refuses Commit, Rollback and
 // transaction-control statements (ErrTxOwned), a failed statement aborts
 // the transaction as PostgreSQL does, and a transaction that ended anyway
-// (through the raw connection Conn returns) is detected, reported as
-// idem.ErrTxEnded and never released.
+// (through the raw connection Conn returns) is detected and reported as
+// idem.ErrTxEnded, and its claim is not released.
 //
 // Round trips in the common case: a first request costs the claim (1),
 // BEGIN (1) and the settle with its COMMIT (1, one pipelined batch) beyond
