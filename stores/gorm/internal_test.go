@@ -19,6 +19,11 @@ import (
 	"gorm.io/gorm/logger"
 )
 
+// oddMySQLMode is a sql_mode a handler (or a DSN) may set: MariaDB's
+// SIMULTANEOUS_ASSIGNMENT changes what ON DUPLICATE KEY UPDATE assignments
+// see; the others change how quotes read.
+const oddMySQLMode = "SIMULTANEOUS_ASSIGNMENT,ANSI_QUOTES,NO_BACKSLASH_ESCAPES,STRICT_TRANS_TABLES"
+
 func mysqlTestDSN() string {
 	if dsn := os.Getenv("IDEM_MYSQL_DSN"); dsn != "" {
 		return dsn
@@ -80,10 +85,24 @@ func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 // expired, and unchanged (nothing written) for every other existing row —
 // settled, live in progress, stale in progress (that is takeStale's job),
 // another fingerprint. And the token decides, whatever the count says.
+//
+// It runs under the default sql_mode and under one with MariaDB's
+// SIMULTANEOUS_ASSIGNMENT (assignments see the old row, not the values
+// assigned to their left), ANSI_QUOTES and NO_BACKSLASH_ESCAPES, with an
+// odd time_zone.
 func TestMySQLUpsertProof(t *testing.T) {
-	for _, foundRows := range []bool{false, true} {
-		t.Run(fmt.Sprintf("clientFoundRows=%v", foundRows), func(t *testing.T) {
-			s := mysqlStore(t, func(c *mysqldriver.Config) { c.ClientFoundRows = foundRows })
+	for _, c := range []struct {
+		foundRows bool
+		mode      string
+	}{{false, ""}, {true, ""}, {false, oddMySQLMode}, {true, oddMySQLMode}} {
+		foundRows := c.foundRows
+		t.Run(fmt.Sprintf("clientFoundRows=%v/sql_mode=%q", foundRows, c.mode), func(t *testing.T) {
+			s := mysqlStore(t, func(cfg *mysqldriver.Config) {
+				cfg.ClientFoundRows = foundRows
+				if c.mode != "" {
+					cfg.Params = map[string]string{"sql_mode": "'" + c.mode + "'", "time_zone": "'+13:00'"}
+				}
+			})
 			ctx := context.Background()
 			unchanged := int64(0)
 			if foundRows {
@@ -135,10 +154,18 @@ func TestMySQLUpsertProof(t *testing.T) {
 				t.Fatalf("Claim on a settled row: %+v %v", res, err)
 			}
 
-			// Expired: replaced in place, all columns fresh.
+			// Expired: replaced in place, all columns fresh — also a
+			// completed row, whose state, status, headers and body must go.
 			short := "k-" + suffix()
 			if n := s.upsert(t, req(short, "a", "u1", time.Hour, 30*time.Millisecond)); n != 1 {
 				t.Fatalf("insert: %d", n)
+			}
+			_, stx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: short, Token: "u1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+				t.Fatal(err)
 			}
 			time.Sleep(50 * time.Millisecond)
 			if n := s.upsert(t, req(short, "other body", "u2", time.Hour, time.Hour)); n != 2 {
@@ -150,6 +177,33 @@ func TestMySQLUpsertProof(t *testing.T) {
 				rec.RequestID != "r-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
 				!rec.CreatedAt.Equal(rec.LockedAt) {
 				t.Fatalf("replaced row = %+v", rec)
+			}
+			// And Claim on an expired completed row claims it whole.
+			time.Sleep(10 * time.Millisecond)
+			exp := "k-" + suffix()
+			r1 := req(exp, "a", "v1", time.Hour, 30*time.Millisecond)
+			if res, err := s.Claim(ctx, r1); err != nil || !res.Claimed {
+				t.Fatalf("first claim: %+v %v", res, err)
+			}
+			_, vtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := vtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			res, err = s.Claim(ctx, req(exp, "other", "v2", time.Hour, time.Hour))
+			if err != nil || !res.Claimed || res.Record.State != idem.StateInProgress || res.Record.Response != nil ||
+				res.Record.LeaseToken != "v2" {
+				t.Fatalf("claim of an expired completed row: %+v %v", res, err)
+			}
+			_, wtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v2"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("new")}}); err != nil {
+				t.Fatalf("settle after claiming an expired row: %v", err)
 			}
 		})
 	}

@@ -21,6 +21,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+	"gorm.io/plugin/dbresolver"
 )
 
 // Dialects are the dialects NewBackend and NewFixture accept.
@@ -148,6 +150,59 @@ func OpenDBVariant(t testing.TB, dialect string, v Variant) *gorm.DB {
 	return db
 }
 
+// OpenResolverDB opens dialect's database (PrepareStmt as asked) with
+// gorm.io/plugin/dbresolver configured so that reads go to a "replica"
+// that is another database (PostgreSQL, MySQL) or file (SQLite) without
+// the store's tables: a read that goes to the replica fails, where a real
+// replica would answer late. Each call opens its own pools.
+func OpenResolverDB(t testing.TB, dialect string, prepare bool) *gorm.DB {
+	t.Helper()
+	cfg := GormConfig()
+	cfg.PrepareStmt = prepare
+	var primary, replica gorm.Dialector
+	switch dialect {
+	case "postgres":
+		admin := OpenDB(t, "postgres")
+		if err := admin.Exec("CREATE DATABASE idem_replica").Error; err != nil && !strings.Contains(err.Error(), "already exists") {
+			t.Fatalf("create the replica database: %v", err)
+		}
+		primary = postgres.Open(PostgresDSN())
+		replica = postgres.Open(strings.Replace(PostgresDSN(), "dbname=test", "dbname=idem_replica", 1))
+	case "mysql":
+		admin := OpenDB(t, "mysql")
+		if err := admin.Exec("CREATE DATABASE IF NOT EXISTS idem_replica").Error; err != nil {
+			t.Fatalf("create the replica database: %v", err)
+		}
+		mc, err := mysqldriver.ParseDSN(MySQLDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		primary = mysql.Open(mc.FormatDSN())
+		mc.DBName = "idem_replica"
+		replica = mysql.Open(mc.FormatDSN())
+	case "sqlite":
+		dir := t.TempDir()
+		primary = sqlite.Open(idemgorm.SQLiteDSN(filepath.Join(dir, "primary.db"), 0) + "&_pragma=foreign_keys(1)")
+		replica = sqlite.Open(idemgorm.SQLiteDSN(filepath.Join(dir, "replica.db"), 0))
+	default:
+		t.Fatalf("unknown dialect %q", dialect)
+	}
+	db, err := gorm.Open(primary, cfg)
+	if err != nil {
+		t.Fatalf("open %s: %v", dialect, err)
+	}
+	if err := db.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{replica}})); err != nil {
+		t.Fatalf("dbresolver: %v", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(40)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	return db
+}
+
 // RandSuffix returns 10 random hex digits, for names no other test uses.
 func RandSuffix() string {
 	var b [5]byte
@@ -240,7 +295,8 @@ func (f *Fixture) WriteEffect(ctx context.Context, id string) error {
 // CountEffects returns the number of committed business rows for id.
 func (f *Fixture) CountEffects(ctx context.Context, id string) (int, error) {
 	var n int64
-	err := f.DB.WithContext(ctx).Raw("SELECT COUNT(*) FROM "+f.Effects+" WHERE id = ?", id).Scan(&n).Error
+	// On the primary: with dbresolver configured, reads go to a replica.
+	err := f.DB.WithContext(ctx).Clauses(dbresolver.Write).Raw("SELECT COUNT(*) FROM "+f.Effects+" WHERE id = ?", id).Scan(&n).Error
 	return int(n), err
 }
 
