@@ -663,6 +663,10 @@ func (s *Store) purgeOnce(ctx context.Context, limit int) (int, error) {
 	return int(n), err
 }
 
+// purgeTestHook, when set by a test, runs between the MySQL purge's pick
+// and its DELETE with the picked (principal, key) pairs.
+var purgeTestHook func(picked []any)
+
 // purgeMySQL picks at most limit expired rows with a plain read and
 // deletes those still expired by primary key (see queries.pickMy).
 func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
@@ -688,6 +692,9 @@ func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
 	}
 	if len(args) == 0 {
 		return 0, nil
+	}
+	if purgeTestHook != nil {
+		purgeTestHook(args)
 	}
 	pairs := strings.Repeat("(?, ?), ", len(args)/2)
 	n, err := s.exec(ctx, fmt.Sprintf(s.q.purge, pairs[:len(pairs)-2]), args...)
