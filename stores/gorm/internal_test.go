@@ -390,9 +390,11 @@ func (l *captureLogger) add(level, msg string, args ...any) {
 	defer l.mu.Unlock()
 	l.lines = append(l.lines, level+" "+fmt.Sprintf(msg, args...))
 }
-func (l *captureLogger) Info(_ context.Context, msg string, args ...any)  { l.add("INFO", msg, args...) }
-func (l *captureLogger) Warn(_ context.Context, msg string, args ...any)  { l.add("WARN", msg, args...) }
-func (l *captureLogger) Error(_ context.Context, msg string, args ...any) { l.add("ERROR", msg, args...) }
+func (l *captureLogger) Info(_ context.Context, msg string, args ...any) { l.add("INFO", msg, args...) }
+func (l *captureLogger) Warn(_ context.Context, msg string, args ...any) { l.add("WARN", msg, args...) }
+func (l *captureLogger) Error(_ context.Context, msg string, args ...any) {
+	l.add("ERROR", msg, args...)
+}
 func (l *captureLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int64), err error) {
 	sql, _ := fc()
 	l.add("TRACE", "%s %v", sql, err)
