@@ -61,13 +61,14 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 		t.Run(d, func(t *testing.T) {
 			f := newFixture(t, d, idemgorm.WithLockTimeout(lock))
 			ctx := testCtx(t)
-			within := func(what string, fn func() error) {
+			within := func(what string, fn func(ctx context.Context) error) {
 				t.Helper()
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				// The test's own bound, far past the lock timeout: without
+				// the store's, the call waits for it.
+				cctx, cancel := context.WithTimeout(ctx, 8*time.Second)
 				defer cancel()
-				_ = cctx
 				start := time.Now()
-				err := fn()
+				err := fn(cctx)
 				took := time.Since(start)
 				if took > bound {
 					t.Fatalf("%s took %v, want at most %v (lock timeout %v)", what, took, bound, lock)
@@ -91,7 +92,7 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 				t.Fatal(err)
 			}
 			end := holdRow(t, f, settled.Key)
-			within("a replay", func() error {
+			within("a replay", func(ctx context.Context) error {
 				_, err := f.Store.Claim(ctx, claimReq("alice", settled.Key, "body", time.Minute))
 				return err
 			})
@@ -117,12 +118,12 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 			end = holdRow(t, f, stale.Key)
-			within("a takeover", func() error {
+			within("a takeover", func(ctx context.Context) error {
 				_, err := f.Store.Claim(ctx, claimReq("alice", stale.Key, "body", 50*time.Millisecond))
 				return err
 			})
-			within("a release", func() error { return f.Store.Release(ctx, leaseOf(stale)) })
-			within("a settle", func() error { return holderTx.Settle(ctx, created("h")) })
+			within("a release", func(ctx context.Context) error { return f.Store.Release(ctx, leaseOf(stale)) })
+			within("a settle", func(ctx context.Context) error { return holderTx.Settle(ctx, created("h")) })
 			end()
 			// Nothing is stuck: the holder's key can be released now.
 			if err := f.Store.Release(ctx, leaseOf(stale)); err != nil {
