@@ -152,9 +152,10 @@ func OpenDBVariant(t testing.TB, dialect string, v Variant) *gorm.DB {
 
 // OpenResolverDB opens dialect's database (PrepareStmt as asked) with
 // gorm.io/plugin/dbresolver configured so that reads go to a "replica"
-// that is another database (PostgreSQL, MySQL) or file (SQLite) without
-// the store's tables: a read that goes to the replica fails, where a real
-// replica would answer late. Each call opens its own pools.
+// that is another database (PostgreSQL), a user who may read only
+// another database (MySQL) or another file (SQLite), without the store's
+// tables: a read that goes to the replica fails, where a real replica
+// would answer late. Each call opens its own pools.
 func OpenResolverDB(t testing.TB, dialect string, prepare bool) *gorm.DB {
 	t.Helper()
 	cfg := GormConfig()
@@ -169,16 +170,25 @@ func OpenResolverDB(t testing.TB, dialect string, prepare bool) *gorm.DB {
 		primary = postgres.Open(PostgresDSN())
 		replica = postgres.Open(strings.Replace(PostgresDSN(), "dbname=test", "dbname=idem_replica", 1))
 	case "mysql":
+		// The same server: the replica is a database user who may read
+		// only another database, since the store names its table with
+		// the primary's database.
 		admin := OpenDB(t, "mysql")
-		if err := admin.Exec("CREATE DATABASE IF NOT EXISTS idem_replica").Error; err != nil {
-			t.Fatalf("create the replica database: %v", err)
+		for _, q := range []string{
+			"CREATE DATABASE IF NOT EXISTS idem_replica",
+			"CREATE USER IF NOT EXISTS 'idem_replica'@'%'", "CREATE USER IF NOT EXISTS 'idem_replica'@'localhost'",
+			"GRANT SELECT ON idem_replica.* TO 'idem_replica'@'%'", "GRANT SELECT ON idem_replica.* TO 'idem_replica'@'localhost'",
+		} {
+			if err := admin.Exec(q).Error; err != nil {
+				t.Fatalf("set up the replica: %s: %v", q, err)
+			}
 		}
 		mc, err := mysqldriver.ParseDSN(MySQLDSN())
 		if err != nil {
 			t.Fatal(err)
 		}
 		primary = mysql.Open(mc.FormatDSN())
-		mc.DBName = "idem_replica"
+		mc.DBName, mc.User, mc.Passwd = "idem_replica", "idem_replica", ""
 		replica = mysql.Open(mc.FormatDSN())
 	case "sqlite":
 		dir := t.TempDir()
