@@ -137,10 +137,10 @@ func (s *Store) Check(ctx context.Context) error {
 	switch s.dialect {
 	case dialectPostgres:
 		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
-			" WHERE table_schema = $1 AND table_name = $2", s.qtable.schema, s.qtable.name)
+			" WHERE table_schema = $1 AND table_name = $2 LIMIT 1000", s.qtable.schema, s.qtable.name)
 	case dialectMySQL:
 		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
-			" WHERE table_schema = ? AND table_name = ?", s.qtable.schema, s.qtable.name)
+			" WHERE table_schema = ? AND table_name = ? LIMIT 1000", s.qtable.schema, s.qtable.name)
 	default:
 		rows, err = pool.QueryContext(ctx, "SELECT name, type FROM pragma_table_info(?, 'main')", s.qtable.name)
 	}
@@ -176,7 +176,7 @@ func (s *Store) Check(ctx context.Context) error {
 	// the names and the privileges without changing a row.
 	T := s.dialect.qualified(s.qtable)
 	K := s.dialect.quote("key")
-	probes := []string{"SELECT " + s.q.cols + " FROM " + T + " WHERE 1 = 0"}
+	probes := []string{"SELECT " + s.q.cols + " FROM " + T + " WHERE 1 = 0 LIMIT 1"}
 	if s.dialect != dialectSQLite {
 		probes = append(probes,
 			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status WHERE 1 = 0",
