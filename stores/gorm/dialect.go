@@ -56,10 +56,10 @@ func (d dialect) beginSQL() string {
 }
 
 // DefaultTable is the table the store uses unless WithTable names another.
-// On PostgreSQL it lives in the public schema, on MySQL in the DSN's
-// database, on SQLite in the main database: the store qualifies the name,
-// so that a handler's search_path, USE or TEMP table cannot point it
-// elsewhere.
+// The store qualifies it (and any unqualified WithTable name) in New: on
+// PostgreSQL with current_schema() (public by default), on MySQL with the
+// DSN's database, on SQLite with main, so that a handler's search_path,
+// USE or TEMP table cannot point the store's statements elsewhere.
 const DefaultTable = "idempotency_keys"
 
 // identRE is what a table name (or each part of a schema-qualified one) must

@@ -61,8 +61,9 @@ type config struct {
 // characters, optionally prefixed with a schema ("billing.idempotency_keys")
 // on PostgreSQL and MySQL (where a schema is a database). New rejects
 // anything else, so the name can never carry SQL. An unqualified name is
-// qualified by New: public on PostgreSQL, the DSN's database on MySQL,
-// main on SQLite.
+// qualified by New: on PostgreSQL with the schema the connection's
+// search_path selects when New runs (current_schema(), public by default),
+// on MySQL with the DSN's database, on SQLite with main.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if name == "" {
@@ -96,9 +97,11 @@ const DefaultLockTimeout = 2 * time.Second
 
 // New returns a Store on db. The dialect comes from db.Dialector.Name():
 // "postgres", "mysql" (MySQL 8 and MariaDB 10.5+) or "sqlite" (SQLite
-// 3.37+, for example github.com/glebarez/sqlite). On MySQL, New asks the
-// server which flavour it is and which database the DSN selected; on
-// SQLite it reads the busy timeout. New does not create the table: run
+// 3.37+, for example github.com/glebarez/sqlite). On PostgreSQL New asks
+// which schema an unqualified table name is in (current_schema()), on
+// MySQL which flavour the server is and which database the DSN selected,
+// on SQLite the busy timeout: one short query, at start-up, before any
+// handler can have changed a connection's session. New does not create the table: run
 // Schema with your own migration tool, or call Migrate (which checks the
 // table too; Check checks an existing one).
 //
@@ -132,7 +135,9 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	switch d {
 	case dialectPostgres:
 		if t.schema == "" {
-			s.qtable.schema = "public"
+			if err := s.probePostgres(); err != nil {
+				return nil, err
+			}
 		}
 	case dialectSQLite:
 		s.qtable.schema = "main"
@@ -144,6 +149,28 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	}
 	s.q = buildQueries(d, s.qtable, s.maria, s.lock)
 	return s, nil
+}
+
+// probePostgres qualifies an unqualified table name with the schema the
+// connection's search_path selects now (current_schema(), usually public):
+// the DSN's choice, fixed at New, so that a handler's later SET
+// search_path cannot move the store's statements.
+func (s *Store) probePostgres() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var schema sql.NullString
+	if err := pool.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return s.wrap("new", err)
+	}
+	if !schema.Valid || schema.String == "" {
+		return s.wrap("new", fmt.Errorf("%w: the connection's search_path names no existing schema: fix it or use WithTable(\"schema.table\")", idem.ErrMisconfigured))
+	}
+	s.qtable.schema = schema.String
+	return nil
 }
 
 // probeMySQL learns the server's flavour and, for an unqualified table
