@@ -46,8 +46,8 @@ func relayDB() *sql.DB {
 	return relayPool
 }
 
-// relayRows returns rows (or err) as *sql.Rows that report each error they
-// pass on to seen.
+// relayQuery returns rows (or err) as *sql.Rows that report each error
+// they pass on to seen.
 func relayQuery(ctx context.Context, rows *sql.Rows, err error, seen func(error)) (*sql.Rows, error) {
 	if err != nil {
 		return nil, err
