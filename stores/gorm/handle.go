@@ -178,13 +178,13 @@ func (t *storeTx) sessionReading() (lexMode, error) {
 	var v string
 	switch t.store.dialect {
 	case dialectMySQL:
-		if err := t.conn.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode").Scan(&v); err != nil {
+		if err := t.conn.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode LIMIT 1").Scan(&v); err != nil {
 			return lexMode{}, err
 		}
 		v = strings.ToUpper(v)
 		return lexMode{backslash: !strings.Contains(v, "NO_BACKSLASH_ESCAPES"), ansiQuotes: strings.Contains(v, "ANSI_QUOTES")}, nil
 	case dialectPostgres:
-		if err := t.conn.QueryRowContext(ctx, "SELECT current_setting('standard_conforming_strings')").Scan(&v); err != nil {
+		if err := t.conn.QueryRowContext(ctx, "SELECT current_setting('standard_conforming_strings') LIMIT 1").Scan(&v); err != nil {
 			return lexMode{}, err
 		}
 		return lexMode{backslash: v != "on"}, nil

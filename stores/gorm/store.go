@@ -184,7 +184,7 @@ func (s *Store) probeMySQL() error {
 	}
 	var version string
 	var database sql.NullString
-	if err := pool.QueryRowContext(ctx, "SELECT VERSION(), DATABASE()").Scan(&version, &database); err != nil {
+	if err := pool.QueryRowContext(ctx, "SELECT VERSION(), DATABASE() LIMIT 1").Scan(&version, &database); err != nil {
 		return s.wrap("new", err)
 	}
 	s.maria = strings.Contains(strings.ToLower(version), "mariadb")
