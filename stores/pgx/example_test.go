@@ -37,7 +37,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := store.Migrate(ctx); err != nil { // or run idempgx.Schema with your own tool
+	if err := store.Migrate(ctx); err != nil { // or run store.Schema() with your own tool
 		log.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_payments (

@@ -11,13 +11,15 @@ import (
 )
 
 // DefaultTable is the table a Store uses unless WithTable says otherwise.
-// It is schema-qualified, like every table the store uses: the store's
-// statements never depend on the session's search_path, which a handler
-// can change.
-const DefaultTable = DefaultSchema + ".idempotency_keys"
+// Like every name without a schema, New qualifies it with the schema the
+// pool's search_path selects at that moment (current_schema(), public
+// unless the DSN or the role says otherwise); from then on the store's
+// statements name that schema, so a handler's SET search_path cannot move
+// them.
+const DefaultTable = "idempotency_keys"
 
-// DefaultSchema is the schema of a table named without one.
-const DefaultSchema = "public"
+// fileTable is the table name written in the embedded migration file.
+const fileTable = "public.idempotency_keys"
 
 // MigrationFile is the path, inside Migrations, of the schema for the
 // default table name.
@@ -47,7 +49,7 @@ type table struct {
 // parseTable validates name as "table" or "schema.table", each part a plain
 // SQL identifier (letters, digits, underscore; not starting with a digit).
 // Names are quoted when used, so they are case-sensitive. A name without a
-// schema is in DefaultSchema.
+// schema has an empty schema, which New fills in.
 func parseTable(name string) (table, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
@@ -58,7 +60,7 @@ func parseTable(name string) (table, error) {
 			return table{}, fmt.Errorf("idempgx: table name %q: each part must match %s and be at most 63 bytes", name, identRE)
 		}
 	}
-	t := table{schema: DefaultSchema, name: parts[len(parts)-1]}
+	t := table{name: parts[len(parts)-1]}
 	if len(parts) == 2 {
 		t.schema = parts[0]
 	}
@@ -73,18 +75,17 @@ func (t table) ident() string {
 	return pgx.Identifier{t.schema, t.name}.Sanitize()
 }
 
-// Schema returns the SQL that creates the table (and its indexes) under the
-// given name, which may be schema-qualified ("billing.idempotency_keys";
-// without a schema the table is in DefaultSchema).
-// It is the embedded migration with the name substituted and quoted; it is
-// idempotent. It returns an error when tableName is not a valid name (see
-// WithTable).
-func Schema(tableName string) (string, error) {
-	t, err := parseTable(tableName)
+// Schema returns the SQL that creates the store's table and its indexes,
+// schema-qualified, for users who run their own migration tool. It is the
+// embedded migration with the name substituted and quoted, and it is
+// idempotent (IF NOT EXISTS); Migrate runs the same text.
+func (s *Store) Schema() string {
+	ddl, err := s.table.schemaSQL()
 	if err != nil {
-		return "", err
+		// The file is embedded in the binary: reading it cannot fail.
+		panic(err)
 	}
-	return t.schemaSQL()
+	return ddl
 }
 
 func (t table) schemaSQL() (string, error) {
@@ -97,7 +98,7 @@ func (t table) schemaSQL() (string, error) {
 	r := strings.NewReplacer(
 		name+"_locked_at_idx", pgx.Identifier{t.name + "_locked_at_idx"}.Sanitize(),
 		name+"_expires_at_idx", pgx.Identifier{t.name + "_expires_at_idx"}.Sanitize(),
-		DefaultTable, t.ident(),
+		fileTable, t.ident(),
 	)
 	return r.Replace(string(raw)), nil
 }

@@ -337,10 +337,11 @@ func TestCheck(t *testing.T) {
 	if err := e.Store.Check(ctx); err != nil {
 		t.Fatalf("Check of a migrated table: %v", err)
 	}
-	good, err := idempgx.Schema(e.Schema + ".t")
+	byName, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".t"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	good := byName.Schema()
 	cases := []struct {
 		name       string
 		ddl        string // run after the good schema for table t, "" for no table at all

@@ -83,8 +83,9 @@ const maxTimeout = 24 * time.Hour
 // WithTable sets the table name, "table" or "schema.table", each part a
 // plain identifier (letters, digits, underscore, not starting with a
 // digit; the table part at most 40 bytes). Names are quoted, so they are
-// case-sensitive. A name without a schema is in DefaultSchema ("public"),
-// never looked up through search_path. The default is DefaultTable.
+// case-sensitive. A name without a schema is qualified by New with the
+// schema the pool's search_path selects then (current_schema()), and never
+// looked up through search_path afterwards. The default is DefaultTable.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if _, err := parseTable(name); err != nil {
@@ -160,10 +161,12 @@ func WithMaxClaimAttempts(n int) Option {
 	}
 }
 
-// New returns a Store on pool. It does not touch the database: create the
-// table with Migrate or with your own migration tool (see Migrations and
-// Schema), and call Check at start-up. It returns an error for a nil pool
-// or an invalid option.
+// New returns a Store on pool. It touches the database only to qualify a
+// table name given without a schema (one SELECT current_schema(), bounded
+// by the tx timeout); create the table with Migrate or with your own
+// migration tool (see Migrations and Schema), and call Check at start-up.
+// It returns an error for a nil pool, an invalid option, or a search_path
+// that names no existing schema (wrapping idem.ErrMisconfigured).
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("idempgx: nil pool")
@@ -179,8 +182,27 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.schema == "" {
+		if t.schema, err = currentSchema(pool, c.txTimeout); err != nil {
+			return nil, err
+		}
+	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
 		timeouts: c.timeouts, sql: newStatements(t.ident(), c.timeouts)}, nil
+}
+
+// currentSchema returns the schema the pool's search_path selects.
+func currentSchema(pool *pgxpool.Pool, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var schema *string
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.current_schema()").Scan(&schema); err != nil {
+		return "", wrap("new: current schema", err)
+	}
+	if schema == nil || *schema == "" {
+		return "", wrap("new", fmt.Errorf("%w: the search_path names no existing schema: fix it, or name the schema in WithTable(\"schema.table\")", idem.ErrMisconfigured))
+	}
+	return *schema, nil
 }
 
 // DeadPeerTimeout returns how long, at most, the server keeps the

@@ -34,9 +34,6 @@ func TestNewValidatesTable(t *testing.T) {
 		if _, err := idempgx.New(pool, idempgx.WithTable(bad)); err == nil {
 			t.Errorf("WithTable(%q) accepted", bad)
 		}
-		if _, err := idempgx.Schema(bad); err == nil {
-			t.Errorf("Schema(%q) accepted", bad)
-		}
 	}
 	for good, ident := range map[string]string{"idempotency_keys": `"public"."idempotency_keys"`, "Keys2": `"public"."Keys2"`,
 		"_k": `"public"."_k"`, "billing.idem_keys": `"billing"."idem_keys"`} {
@@ -71,10 +68,15 @@ func TestSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	def, err := idempgx.Schema(idempgx.DefaultTable)
-	if err != nil {
-		t.Fatal(err)
+	schemaOf := func(table string) string {
+		t.Helper()
+		s, err := idempgx.New(newPool(t, 1, nil), idempgx.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Schema()
 	}
+	def := schemaOf(idempgx.DefaultTable)
 	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "public"."idempotency_keys"`, `"idempotency_keys_locked_at_idx"`,
 		`"idempotency_keys_expires_at_idx"`, `WHERE state = 'in_progress'`, "PRIMARY KEY (principal, key)",
 		"headers     bytea", "CHECK (octet_length(request_id) <= 255)"} {
@@ -85,10 +87,7 @@ func TestSchema(t *testing.T) {
 	if strings.ReplaceAll(def, `"`, "") != strings.ReplaceAll(string(raw), `"`, "") {
 		t.Error("Schema(default) differs from the embedded file other than by quoting")
 	}
-	other, err := idempgx.Schema("billing.Keys")
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := schemaOf("billing.Keys")
 	if strings.Contains(other, "idempotency_keys") || !strings.Contains(other, `"billing"."Keys"`) ||
 		!strings.Contains(other, `INDEX IF NOT EXISTS "Keys_expires_at_idx"`) {
 		t.Errorf("Schema(billing.Keys) =\n%s", other)
@@ -102,10 +101,7 @@ func TestSchema(t *testing.T) {
 	pool := newPool(t, 6, nil)
 	e := newEnv(t, pool)
 	ctx := testCtx(t)
-	rendered, err := idempgx.Schema(e.Schema + ".by_hand")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rendered := schemaOf(e.Schema + ".by_hand")
 	for range 2 {
 		if _, err := pool.Exec(ctx, rendered); err != nil {
 			t.Fatalf("rendered migration: %v", err)
@@ -492,7 +488,15 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	ds, _ := idempgx.New(dead)
+	// New qualifies an unqualified name on the server: unreachable, it
+	// says so, transient.
+	if _, err := idempgx.New(dead); !errors.Is(err, idem.ErrTransient) {
+		t.Fatalf("New on an unreachable server = %v, want ErrTransient", err)
+	}
+	ds, err := idempgx.New(dead, idempgx.WithTable("public.idempotency_keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, err = ds.Claim(ctx, claimReq("a", "k", "b", time.Second))
 	if !errors.Is(err, idem.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
 		t.Fatalf("claim on an unreachable server = %v, want idempgx: claim: … ErrTransient", err)
@@ -762,4 +766,22 @@ func TestPurgeRacingReplacement(t *testing.T) {
 		t.Fatalf("%d keys completed anew, %d effects; want %d each", completed, effects, keys)
 	}
 	t.Logf("%d expired keys re-claimed while sweepers purged %d of them", keys, purged.Load())
+}
+
+// A table named without a schema lands in the schema the pool's search_path
+// selects when New runs (as with idemgorm), and stays there whatever the
+// session's search_path says later.
+func TestUnqualifiedTableFollowsTheDSNsSchema(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 2, nil))
+	cfg := idempgxtest.PoolConfig(t, 2)
+	cfg.ConnConfig.RuntimeParams["search_path"] = e.Schema
+	s, err := idempgx.New(idempgxtest.OpenPool(t, cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := pgx.Identifier{e.Schema, idempgx.DefaultTable}.Sanitize()
+	if s.Table() != want {
+		t.Fatalf("Table() = %s, want %s", s.Table(), want)
+	}
 }

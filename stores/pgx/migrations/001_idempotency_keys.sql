@@ -7,7 +7,7 @@
 --
 -- This file creates the table under its default name, schema-qualified so
 -- that it lands where the store looks whatever the search_path. For
--- another name, render the schema with idempgx.Schema("your_schema.your_table")
+-- another name, render the schema with (*idempgx.Store).Schema() for a store made with WithTable("your_schema.your_table")
 -- instead of copying this file. The statements are idempotent (IF NOT
 -- EXISTS).
 
