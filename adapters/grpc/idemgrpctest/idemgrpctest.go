@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -106,7 +105,11 @@ func (s *server) Act(ctx context.Context, r *testpb.ActRequest) (*testpb.ActRepl
 		}
 	}
 	for k, v := range r.Header {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(k, v))
+		if r.SendHeader {
+			_ = grpc.SendHeader(ctx, metadata.Pairs(k, v))
+		} else {
+			_ = grpc.SetHeader(ctx, metadata.Pairs(k, v))
+		}
 	}
 	for k, v := range r.Trailer {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs(k, v))
@@ -462,6 +465,24 @@ func testFailedCommit(t *testing.T, s *suite) {
 		t.Fatal("the effect of a failed commit stands")
 	}
 	want(t, "retry", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Poison: true}), codes.Unavailable, false)
+	// Nothing the method sent reaches the client before the commit, not
+	// even a header it sent with grpc.SendHeader.
+	sent := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Poison: true, SendHeader: true,
+		Header: map[string]string{"x-stored": "early"}})
+	want(t, "sent header", sent, codes.Unavailable, false)
+	if len(sent.header.Get("x-stored")) != 0 {
+		t.Fatalf("a header sent before the failed commit reached the client: %v", sent.header)
+	}
+	// And after a commit it goes out with the reply, and is stored.
+	id2 := randHex(8)
+	req := &testpb.ActRequest{EffectId: id2, SendHeader: true, Header: map[string]string{"x-stored": "sent"}}
+	for _, replayed := range []bool{false, true} {
+		a := call(t, c, "alice", "k-"+id2, req)
+		want(t, "sent header, committed", a, codes.OK, replayed)
+		if got := a.header.Get("x-stored"); len(got) != 1 || got[0] != "sent" {
+			t.Fatalf("replayed %v: header %v", replayed, a.header)
+		}
+	}
 }
 
 // testReplyTooLarge: a reply over MaxResponseBytes is rolled back and
@@ -527,6 +548,6 @@ func testPrincipalsIsolated(t *testing.T, s *suite) {
 	want(t, "alice", a, codes.OK, false)
 	want(t, "bob", b, codes.OK, false)
 	if a.reply.Attempt == b.reply.Attempt || srv.runs.Load() != 2 {
-		t.Fatal(fmt.Sprintf("bob got alice's reply (runs %d)", srv.runs.Load()))
+		t.Fatalf("bob got alice's reply (runs %d)", srv.runs.Load())
 	}
 }

@@ -42,7 +42,9 @@ type ActRequest struct {
 	ReplyBytes int32  `protobuf:"varint,8,opt,name=reply_bytes,json=replyBytes,proto3" json:"reply_bytes,omitempty"`
 	Note       string `protobuf:"bytes,9,opt,name=note,proto3" json:"note,omitempty"`
 	// poison makes the store's transaction fail at commit.
-	Poison        bool `protobuf:"varint,10,opt,name=poison,proto3" json:"poison,omitempty"`
+	Poison bool `protobuf:"varint,10,opt,name=poison,proto3" json:"poison,omitempty"`
+	// send_header sends the header with grpc.SendHeader instead of SetHeader.
+	SendHeader    bool `protobuf:"varint,11,opt,name=send_header,json=sendHeader,proto3" json:"send_header,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +149,13 @@ func (x *ActRequest) GetPoison() bool {
 	return false
 }
 
+func (x *ActRequest) GetSendHeader() bool {
+	if x != nil {
+		return x.SendHeader
+	}
+	return false
+}
+
 type ActReply struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	EffectId string                 `protobuf:"bytes,1,opt,name=effect_id,json=effectId,proto3" json:"effect_id,omitempty"`
@@ -221,7 +230,7 @@ var File_internal_testpb_test_proto protoreflect.FileDescriptor
 
 const file_internal_testpb_test_proto_rawDesc = "" +
 	"\n" +
-	"\x1ainternal/testpb/test.proto\x12\x10idemgrpc.test.v1\"\xd3\x03\n" +
+	"\x1ainternal/testpb/test.proto\x12\x10idemgrpc.test.v1\"\xf4\x03\n" +
 	"\n" +
 	"ActRequest\x12\x1b\n" +
 	"\teffect_id\x18\x01 \x01(\tR\beffectId\x12\x12\n" +
@@ -235,7 +244,9 @@ const file_internal_testpb_test_proto_rawDesc = "" +
 	"replyBytes\x12\x12\n" +
 	"\x04note\x18\t \x01(\tR\x04note\x12\x16\n" +
 	"\x06poison\x18\n" +
-	" \x01(\bR\x06poison\x1a9\n" +
+	" \x01(\bR\x06poison\x12\x1f\n" +
+	"\vsend_header\x18\v \x01(\bR\n" +
+	"sendHeader\x1a9\n" +
 	"\vHeaderEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
