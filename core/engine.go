@@ -366,8 +366,11 @@ func (a *Attempt) Abort() {
 	if !a.finish() {
 		return
 	}
-	a.release(a.ctx, errors.New("handler panicked or was abandoned"))
-	a.ev.Outcome, a.ev.Status = OutcomeReleased, http.StatusInternalServerError
+	a.ev.Outcome = OutcomeReleased
+	if a.release(a.ctx, errors.New("handler panicked or was abandoned")) != nil {
+		a.ev.Outcome = OutcomeTxEnded
+	}
+	a.ev.Status = http.StatusInternalServerError
 	a.ev.Duration = a.e.cfg.Clock().Sub(a.start)
 	a.e.emit(a.ctx, a.ev)
 }
@@ -434,13 +437,17 @@ func (a *Attempt) settle(res Result) verdict {
 		disp = Release
 	}
 	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
-		a.release(a.ctx, nil)
+		if ended := a.release(a.ctx, nil); ended != nil {
+			return done(OutcomeTxEnded, a.txEnded(ended))
+		}
 		return done(OutcomeResponseTooLarge, verdict{problem: ProblemResponseTooLarge})
 	}
 	switch disp {
 	case Complete, Fail:
 	default:
-		a.release(a.ctx, res.Err)
+		if ended := a.release(a.ctx, res.Err); ended != nil {
+			return done(OutcomeTxEnded, a.txEnded(errors.Join(res.Err, ended)))
+		}
 		if deadlineErr != nil {
 			return done(OutcomeReleased, verdict{problem: ProblemTimeout, retryAfter: 1, err: deadlineErr})
 		}
@@ -459,7 +466,9 @@ func (a *Attempt) settle(res Result) verdict {
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
 	if err := a.tx.Settle(sctx, out); err != nil {
-		_ = a.tx.Rollback(sctx)
+		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, ErrTxEnded) && !errors.Is(err, ErrTxEnded) {
+			err = errors.Join(err, rerr)
+		}
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			return done(OutcomeLeaseLost, verdict{problem: ProblemLeaseLost, retryAfter: 1, err: err})
@@ -468,9 +477,7 @@ func (a *Attempt) settle(res Result) verdict {
 			// outcome: releasing would let a retry run it again. The claim
 			// stays in progress until its lease expires, when a takeover
 			// asks Reconcile what happened.
-			leaseLeft := e.cfg.Lease - time.Since(a.start)
-			retryAfter := max(int(math.Ceil(leaseLeft.Seconds())), 1)
-			return done(OutcomeTxEnded, verdict{problem: ProblemTxEnded, retryAfter: retryAfter, err: err})
+			return done(OutcomeTxEnded, a.txEnded(err))
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its
@@ -503,18 +510,35 @@ func storeProblem(err error) (ProblemType, int) {
 }
 
 // release rolls back and deletes the claim, fenced by the lease.
-func (a *Attempt) release(ctx context.Context, cause error) {
+//
+// When the rollback reports that the transaction had already ended outside
+// the store's control (ErrTxEnded), part of the handler's work may have
+// committed: the claim is kept in progress for a takeover and Reconcile,
+// and release returns that error.
+func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 	sctx := a.storeContext(ctx, time.Now())
 	defer a.sctx.cancel()
-	if a.tx != nil {
-		_ = a.tx.Rollback(sctx)
-	}
 	if a.ctx != nil {
-		a.hctx.cancel()
+		defer a.hctx.cancel()
+	}
+	if a.tx != nil {
+		if err := a.tx.Rollback(sctx); errors.Is(err, ErrTxEnded) {
+			a.ev.Err = errors.Join(cause, err)
+			return err
+		}
 	}
 	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
 		a.ev.Err = errors.Join(cause, err)
 	}
+	return nil
+}
+
+// txEnded is the answer to an attempt whose transaction ended outside the
+// store's control: a problem whose Retry-After points at the end of the
+// lease, when a takeover asks Reconcile what happened.
+func (a *Attempt) txEnded(err error) verdict {
+	leaseLeft := a.e.cfg.Lease - time.Since(a.start)
+	return verdict{problem: ProblemTxEnded, retryAfter: max(int(math.Ceil(leaseLeft.Seconds())), 1), err: err}
 }
 
 // storeContext returns the context for the store calls made after the

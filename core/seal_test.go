@@ -25,7 +25,10 @@ type faultyStore struct {
 	// claimAnswerLost: the claim commits, then its caller sees an error.
 	claimAnswerLost bool
 	settleErr       error
-	settleDur       time.Duration // Settle waits this long (bounded by its ctx) before failing
+	// rollbackEnded: Rollback reports the transaction ended behind the
+	// store, as a store does after a raw COMMIT.
+	rollbackEnded bool
+	settleDur     time.Duration // Settle waits this long (bounded by its ctx) before failing
 
 	mu          sync.Mutex
 	releaseErrs []error // ctx.Err() at each Release
@@ -57,6 +60,14 @@ func (s *faultyStore) Release(ctx context.Context, l idem.Lease) error {
 type faultyTx struct {
 	idem.Tx
 	s *faultyStore
+}
+
+func (t faultyTx) Rollback(ctx context.Context) error {
+	err := t.Tx.Rollback(ctx)
+	if t.s.rollbackEnded {
+		return fmt.Errorf("idemtest: rollback: %w", idem.ErrTxEnded)
+	}
+	return err
 }
 
 func (t faultyTx) Settle(ctx context.Context, out idem.Outcome) error {
@@ -338,5 +349,47 @@ func TestClaimWhoseAnswerWasLostIsReleased(t *testing.T) {
 	e.Begin(context.Background(), request("alice", "held"))
 	if rec, err := store.Get(context.Background(), "alice", "held"); err != nil || rec.State != idem.StateInProgress {
 		t.Fatalf("a lost claim on a key another attempt holds released that attempt's claim: %+v, %v", rec, err)
+	}
+}
+
+// A handler that ended its transaction behind the store and then failed
+// (a 500, an error, a panic) must not get its key released: the part it
+// committed would run again on the retry.
+func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		run  func(att *idem.Attempt) *idem.Response
+	}{
+		{"500", func(att *idem.Attempt) *idem.Response { return att.Finish(idem.Result{Status: 500}) }},
+		{"handler error", func(att *idem.Attempt) *idem.Response {
+			return att.Finish(idem.Result{Status: 201, Err: errors.New("boom")})
+		}},
+		{"response too large", func(att *idem.Attempt) *idem.Response {
+			return att.Finish(idem.Result{Status: 201, Overflow: true})
+		}},
+		{"panic", func(att *idem.Attempt) *idem.Response { att.Abort(); return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: memstore.New(), rollbackEnded: true}
+			var ev idem.Event
+			e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler),
+				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att, _ := e.Begin(context.Background(), request("alice", "k"))
+			resp := tc.run(att)
+			if ev.Outcome != idem.OutcomeTxEnded {
+				t.Fatalf("outcome %q, want %q", ev.Outcome, idem.OutcomeTxEnded)
+			}
+			if resp != nil && (resp.Status != 500 || !bytes.Contains(resp.Body, []byte(idem.ProblemTxEnded))) {
+				t.Fatalf("answered %d %s, want 500 %s", resp.Status, resp.Body, idem.ProblemTxEnded)
+			}
+			if rec, err := store.Get(context.Background(), "alice", "k"); err != nil || rec.State != idem.StateInProgress {
+				t.Fatalf("record %+v, %v; want it kept in progress", rec, err)
+			}
+		})
 	}
 }

@@ -193,7 +193,10 @@ type Tx interface {
 	// reuses them for the next request.
 	Settle(ctx context.Context, outcome Outcome) error
 	// Rollback abandons the transaction. It is safe to call after Settle
-	// and more than once.
+	// and more than once. It returns an error wrapping ErrTxEnded when the
+	// transaction had already ended outside the store's control (part of
+	// the handler's work may have committed): the engine then keeps the
+	// claim in progress instead of releasing it.
 	Rollback(ctx context.Context) error
 	// Used reports whether the handler ran anything through the
 	// transaction's handle. A handler that answers 2xx without using it

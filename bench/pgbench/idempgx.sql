@@ -1,13 +1,23 @@
 -- idempgx's first request as PostgreSQL sees it (the statements of
--- stores/pgx/store.go newStatements and tx.go; keep them in step): the
--- claim, then BEGIN pipelined with the payment INSERT, then the fenced
--- settle and COMMIT pipelined: three round trips. Table from the pgx
--- store's Migrate (idem_bench.pgx_keys).
+-- stores/pgx/store.go newStatements and tx.go, with the default lock and
+-- statement timeouts; keep them in step): the claim pipelined behind the
+-- statement that pins the session settings it depends on; BEGIN with the
+-- keepalive settings and the lease marker; the payment INSERT; the marker
+-- check with the pinned settings, the fenced settle and COMMIT pipelined:
+-- four round trips. Table from the pgx store's Migrate (idem_bench.pgx_keys).
 \set k random(1, 2000000000)
+\startpipeline
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+	pg_catalog.set_config('lock_timeout', '2000ms', true),
+	pg_catalog.set_config('statement_timeout', '4000ms', true),
+	pg_catalog.set_config('TimeZone', 'UTC', true),
+	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
+	pg_catalog.set_config('IntervalStyle', 'postgres', true),
+	pg_catalog.set_config('bytea_output', 'hex', true);
 WITH durability AS (
 	SELECT set_config('synchronous_commit', 'off', true)
 ), ins AS (
-	INSERT INTO idem_bench.pgx_keys AS t (principal, key, fingerprint, state, lease_token, request_id,
+	INSERT INTO "idem_bench"."pgx_keys" AS t (principal, key, fingerprint, state, lease_token, request_id,
 		created_at, locked_at, expires_at)
 	VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
 	ON CONFLICT (principal, key) DO NOTHING
@@ -15,17 +25,33 @@ WITH durability AS (
 )
 SELECT true, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM ins, durability
 UNION ALL
-SELECT false, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM idem_bench.pgx_keys, durability
+SELECT false, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys", durability
 WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND NOT EXISTS (SELECT 1 FROM ins);
-\startpipeline
-begin isolation level read committed;
-INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
-VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
 \endpipeline
 \startpipeline
+begin isolation level read committed read write;
+select
+	pg_catalog.set_config('tcp_keepalives_idle', '4', true),
+	pg_catalog.set_config('tcp_keepalives_interval', '1', true),
+	pg_catalog.set_config('tcp_keepalives_count', '4', true),
+	pg_catalog.set_config('tcp_user_timeout', '8000', true),
+	pg_catalog.set_config('idem.lease', '0123456789abcdef0123456789abcdef', true);
+\endpipeline
+INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
+VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
+\startpipeline
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+	pg_catalog.set_config('lock_timeout', '2000ms', true),
+	pg_catalog.set_config('statement_timeout', '4000ms', true),
+	pg_catalog.set_config('TimeZone', 'UTC', true),
+	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
+	pg_catalog.set_config('IntervalStyle', 'postgres', true),
+	pg_catalog.set_config('bytea_output', 'hex', true),
+	CASE WHEN pg_catalog.current_setting('idem.lease', true) IS NOT DISTINCT FROM '0123456789abcdef0123456789abcdef' THEN 1
+	ELSE ('idempgx transaction ended: idem.lease is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::int END;
 WITH u AS (
-	UPDATE idem_bench.pgx_keys SET state = 'completed', status = 201,
-		headers = '{"Content-Type":["application/json"],"Location":["/payments/pay_0123456789abcdef"]}',
+	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201,
+		headers = '\x01020c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e084c6f636174696f6e011e2f7061796d656e74732f7061795f30313233343536373839616263646566'::bytea,
 		body = '\x7b226964223a227061795f30313233343536373839616263646566222c22616d6f756e74223a313030302c2263757272656e6379223a22455552222c226465736372697074696f6e223a22636f66666565222c22737461747573223a22737563636565646564227d'::bytea
 	WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND lease_token = 'tok' AND state = 'in_progress'
 	RETURNING 1

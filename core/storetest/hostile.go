@@ -201,6 +201,10 @@ func hostileCases(dialect string) []hostileCase {
 		// committed: a 2xx after it turns into a commit-failed 500.
 		{name: "RollbackThen201", needs: "endhandle", handler: writeThen(201, endHandle(false)),
 			wantStatus: 500, wantType: idem.ProblemCommitFailed},
+		// Ending the transaction behind the store and then failing must
+		// not release the key either: the first write may have committed.
+		{name: "EndTxAroundThen500", needs: "endaround", ended: true, wantStatus: 500, wantType: idem.ProblemTxEnded,
+			handler: writeThen(500, func(ctx context.Context, b Backend) error { return b.EndTxAround(ctx) })},
 		{name: "EndTxAroundThen201", needs: "endaround", ended: true, wantStatus: 500, wantType: idem.ProblemTxEnded,
 			handler: writeThen(201, func(ctx context.Context, b Backend) error {
 				if err := b.EndTxAround(ctx); err != nil {

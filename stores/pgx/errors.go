@@ -13,28 +13,78 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrTxOwned is returned when a handler calls Commit on the transaction it
-// got from Tx: the store commits it, together with the stored outcome, when
-// the handler has returned. Committing early would make the handler's writes
-// permanent whether or not the outcome can be stored, which is exactly the
-// double effect the store exists to prevent.
-var ErrTxOwned = errors.New("idempgx: the transaction belongs to the idempotency store; return from the handler instead of committing")
+// ErrTxOwned is returned (wrapped in errors that name the call) when a
+// handler tries to end the transaction it got from Tx: Commit, Rollback, or
+// a transaction-control statement (COMMIT, ROLLBACK, BEGIN, PREPARE
+// TRANSACTION, …) sent through it. The store commits the transaction
+// together with the stored outcome after the handler returns; committing
+// early would make the handler's writes permanent whether or not the
+// outcome can be stored, which is exactly the double effect the store
+// exists to prevent. errors.Is(err, idem.ErrTxOwned) holds for it.
+var ErrTxOwned = fmt.Errorf("idempgx: %w", idem.ErrTxOwned)
 
-// ErrHandlerRolledBack is returned by Settle when the handler rolled the
-// transaction back itself: its writes are gone, so no outcome is stored.
+// ErrHandlerRolledBack is returned by Settle when the handler called
+// Rollback on its transaction: the work it wanted undone is rolled back,
+// nothing is stored, and the engine releases the key. Statements the
+// handler sends after its Rollback return it too.
 var ErrHandlerRolledBack = errors.New("idempgx: the handler rolled the transaction back; nothing was stored")
 
-// wrap adds the operation's name to err and, when the error is worth
-// retrying, idem.ErrTransient, so that errors.Is(err, idem.ErrTransient)
-// holds. errors.As still reaches the *pgconn.PgError.
+// ErrTxAborted is wrapped by the error Settle returns when a statement in
+// the handler's transaction failed (or was refused) and the transaction
+// was left aborted: PostgreSQL would answer COMMIT with ROLLBACK, so
+// nothing is stored and the engine releases the key.
+var ErrTxAborted = errors.New("idempgx: the transaction was aborted by a failed statement; nothing was stored")
+
+// errConnClosed and errConnBusy say why the store could not use the
+// transaction's connection; nothing was stored. A closed connection is
+// transient: the next attempt gets another one.
+var (
+	errConnClosed = errors.New("the transaction's connection is closed; nothing was stored")
+	errConnBusy   = errors.New("the transaction's connection is busy (rows left open?); nothing was stored")
+)
+
+// pkgName prefixes every error the store returns.
+const pkgName = "idempgx"
+
+// wrap adds the package and the operation's name to err and classifies
+// it, so that errors.Is(err, idem.ErrTransient) holds for errors worth
+// retrying and errors.Is(err, idem.ErrMisconfigured) for a missing table,
+// column or schema or a missing privilege. errors.As still reaches the
+// *pgconn.PgError.
 func wrap(op string, err error) error {
-	if err == nil {
-		return nil
+	return idem.WrapStoreError(pkgName, op, classify(err), err)
+}
+
+// classify sorts err into the classes idem.WrapStoreError knows.
+func classify(err error) idem.ErrorClass {
+	switch {
+	case err == nil:
+		return idem.ClassOther
+	case isMisconfigured(err):
+		return idem.ClassMisconfigured
+	case isTransient(err):
+		return idem.ClassTransient
 	}
-	if isTransient(err) {
-		return fmt.Errorf("idempgx: %s: %w: %w", op, idem.ErrTransient, err)
+	return idem.ClassOther
+}
+
+// isMisconfigured reports whether err is one no retry fixes, because the
+// database is not set up for the store: SQLSTATE 42P01 undefined_table,
+// 42703 undefined_column, 3F000 invalid_schema_name, 42501
+// insufficient_privilege, 42P10 invalid_column_reference (no unique index
+// on (principal, key) for ON CONFLICT), 42804 datatype_mismatch (a column
+// of another type, such as an old jsonb headers column), or a
+// *SchemaError from Check.
+func isMisconfigured(err error) bool {
+	var se *SchemaError
+	if errors.As(err, &se) {
+		return true
 	}
-	return fmt.Errorf("idempgx: %s: %w", op, err)
+	switch sqlState(err) {
+	case "42P01", "42703", "3F000", "42501", "42P10", "42804":
+		return true
+	}
+	return false
 }
 
 // isTransient reports whether err is one a retry can get past: a
@@ -68,6 +118,9 @@ func isTransient(err error) bool {
 	}
 	if errors.Is(err, context.Canceled) {
 		return false
+	}
+	if errors.Is(err, errConnClosed) {
+		return true
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

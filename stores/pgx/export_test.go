@@ -6,3 +6,6 @@ func ClaimSQL(s *Store) string { return s.sql.claim }
 
 // ClaimReruns reports how often Claim ran its statement again.
 func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
+
+// TxControlStatement exposes the lexer's verdict to the external tests.
+func TxControlStatement(sql string) (string, bool) { return txControlStatement(sql) }

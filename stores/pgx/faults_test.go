@@ -81,9 +81,9 @@ func itoa(n int) string {
 // and the answer was lost), and under a stale takeover. Claim runs again on
 // another connection and recognises its own token: the caller holds the key
 // instead of being locked out of it by its own orphaned claim until the
-// lease expires. A release is sent again the same way. A connection that
-// breaks under the handler's first statement (which carries BEGIN) fails
-// the request instead, leaving no effect and, after the release, no row.
+// lease expires. A release is sent again the same way, and so is BEGIN. A
+// connection that breaks under a handler's statement fails the request
+// instead, leaving no effect and, after the release, no row.
 func TestBrokenConnectionIsRetried(t *testing.T) {
 	t.Parallel()
 	direct := newPool(t, 4, nil)
@@ -184,29 +184,58 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 			t.Fatalf("row after release with the cut %v: %v", when, err)
 		}
 	}
-	// BEGIN goes out with the handler's first statement. A connection that
-	// breaks there fails that statement: the server rolls the transaction
-	// back with the connection, the settle cannot store anything, and the
-	// release leaves the key free for the retry, with no effect.
+	// BEGIN: a connection found broken when BEGIN goes out is replaced,
+	// and the transaction begins on another one; the request then runs
+	// and settles as usual, with one effect.
 	req := claimReq("alice", "begin-"+randHex(4), "body", time.Minute)
 	if _, err := s.Claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+	var (
+		txCtx context.Context
+		tx    idem.Tx
+	)
+	cut("begin isolation level read committed", faultproxy.Before, func() {
+		txCtx, tx, err = s.BeginTx(ctx, leaseOf(req))
+	})
+	if err != nil {
+		t.Fatalf("BeginTx over a connection cut under BEGIN: %v", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	htx, _ := idempgx.Tx(txCtx)
+	if _, err := htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
+		t.Fatalf("settle after BeginTx replaced its connection: %v", err)
+	}
+	if got := e.mustCount(t, req.Key); got != 1 {
+		t.Fatalf("%d effects, want 1", got)
+	}
+
+	// A connection that breaks under the handler's statement fails that
+	// statement: the server rolls the transaction back with the
+	// connection, the settle stores nothing, and the release leaves the key
+	// free for the retry, with no effect.
+	req = claimReq("alice", "stmt-"+randHex(4), "body", time.Minute)
+	if _, err := s.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err = s.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	htx, _ := idempgx.Tx(txCtx)
+	htx, _ = idempgx.Tx(txCtx)
 	var stmtErr error
-	cut("begin isolation level read committed", faultproxy.Before, func() {
+	cut("INSERT INTO "+e.EffectsTable(), faultproxy.Before, func() {
 		_, stmtErr = htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key)
 	})
 	if stmtErr == nil {
-		t.Fatal("the handler's first statement succeeded on a cut connection")
+		t.Fatal("the handler's statement succeeded on a cut connection")
 	}
-	if err := tx.Settle(ctx, okResponse("ok")); err == nil {
-		t.Fatal("settle succeeded after the transaction's connection broke")
+	if err := tx.Settle(ctx, okResponse("ok")); err == nil || !errors.Is(err, idem.ErrTransient) || errors.Is(err, idem.ErrTxEnded) {
+		t.Fatalf("settle after the transaction's connection broke = %v, want a transient error (not ErrTxEnded)", err)
 	}
 	if err := s.Release(ctx, leaseOf(req)); err != nil {
 		t.Fatalf("release after the broken transaction: %v", err)

@@ -10,12 +10,13 @@ import (
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
-// TestFirstStatementCarriesBegin: BEGIN goes out with the handler's first
-// statement, whichever way the handler sends it. Each way writes an effect
-// as its first statement; a rollback must then leave no effect (an effect
-// sent without BEGIN would have committed on its own) and a settle exactly
-// one, with the handler's later statements in the same transaction.
-func TestFirstStatementCarriesBegin(t *testing.T) {
+// TestFirstStatementInTheTransaction: the handler's first statement runs
+// in the store's transaction, whichever way the handler sends it. Each way
+// writes an effect as its first statement; a rollback must then leave no
+// effect (an effect sent outside the transaction would have committed on
+// its own) and a settle exactly one, with the handler's later statements
+// in the same transaction.
+func TestFirstStatementInTheTransaction(t *testing.T) {
 	pool := newPool(t, 2, nil)
 	e := newEnv(t, pool)
 	ctx := testCtx(t)

@@ -236,7 +236,9 @@ func TestRoundTrips(t *testing.T) {
 		}
 	}
 	first("warm-"+randHex(4), true)
-	_, _ = e.Store.Claim(ctx, claimReq("alice", "warm-x", "body", time.Minute))
+	warm := claimReq("alice", "warm-x", "body", time.Minute)
+	_, _ = e.Store.Claim(ctx, warm)
+	_ = e.Store.Release(ctx, leaseOf(warm))
 
 	step := func(name string, want int64, fn func()) {
 		t.Helper()
@@ -257,18 +259,18 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("claim: %+v %v", res, err)
 		}
 	})
-	step("begin (BEGIN waits for the handler's first statement)", 0, func() {
+	step("begin (BEGIN with the marker and keepalive settings, one simple-protocol query)", 1, func() {
 		var err error
 		if txCtx, tx, err = e.Store.BeginTx(ctx, leaseOf(req)); err != nil {
 			t.Fatal(err)
 		}
 	})
-	step("handler's insert (the handler's own, with BEGIN pipelined)", 1, func() {
+	step("handler's insert (the handler's own)", 1, func() {
 		if err := e.WriteEffect(txCtx, key); err != nil {
 			t.Fatal(err)
 		}
 	})
-	step("settle + commit", 1, func() {
+	step("settle + commit (marker check and pinned settings, fenced UPDATE, COMMIT: one batch)", 1, func() {
 		if err := tx.Settle(ctx, okResponse("ok")); err != nil {
 			t.Fatal(err)
 		}
@@ -279,8 +281,18 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("replay: %+v %v", res, err)
 		}
 	})
-	step("first request, store only (claim + BEGIN/settle/COMMIT pipelined)", 2, func() { first("rt-"+randHex(4), false) })
-	step("first request with the handler's insert (claim + BEGIN/insert + settle/COMMIT)", 3, func() { first("rt-"+randHex(4), true) })
+	step("release", 1, func() {
+		r := claimReq("alice", "rel-"+randHex(4), "body", time.Minute)
+		if _, err := e.Store.Claim(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		c.reset()
+		if err := e.Store.Release(ctx, leaseOf(r)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("first request, store only (claim + BEGIN + settle/COMMIT)", 3, func() { first("rt-"+randHex(4), false) })
+	step("first request with the handler's insert (claim + BEGIN + insert + settle/COMMIT)", 4, func() { first("rt-"+randHex(4), true) })
 }
 
 func benchEnv(b *testing.B) (*env, *counter) {
@@ -289,8 +301,8 @@ func benchEnv(b *testing.B) (*env, *counter) {
 	return newEnv(b, pool), c
 }
 
-// BenchmarkFirstRequest: the claim, the handler's insert (carrying BEGIN),
-// the settle with its COMMIT: one connection, sequential.
+// BenchmarkFirstRequest: the claim, BEGIN, the handler's insert, the settle
+// with its COMMIT: one connection, sequential.
 func BenchmarkFirstRequest(b *testing.B) {
 	e, c := benchEnv(b)
 	ctx := context.Background()

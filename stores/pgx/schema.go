@@ -10,9 +10,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DefaultTable is the table name a Store uses unless WithTable says
-// otherwise.
-const DefaultTable = "idempotency_keys"
+// DefaultTable is the table a Store uses unless WithTable says otherwise.
+// It is schema-qualified, like every table the store uses: the store's
+// statements never depend on the session's search_path, which a handler
+// can change.
+const DefaultTable = DefaultSchema + ".idempotency_keys"
+
+// DefaultSchema is the schema of a table named without one.
+const DefaultSchema = "public"
 
 // MigrationFile is the path, inside Migrations, of the schema for the
 // default table name.
@@ -34,14 +39,15 @@ const maxTableLen = 40
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// table is a validated table name, optionally schema-qualified.
+// table is a validated, schema-qualified table name.
 type table struct {
 	schema, name string
 }
 
 // parseTable validates name as "table" or "schema.table", each part a plain
 // SQL identifier (letters, digits, underscore; not starting with a digit).
-// Names are quoted when used, so they are case-sensitive.
+// Names are quoted when used, so they are case-sensitive. A name without a
+// schema is in DefaultSchema.
 func parseTable(name string) (table, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
@@ -52,7 +58,7 @@ func parseTable(name string) (table, error) {
 			return table{}, fmt.Errorf("idempgx: table name %q: each part must match %s and be at most 63 bytes", name, identRE)
 		}
 	}
-	t := table{name: parts[len(parts)-1]}
+	t := table{schema: DefaultSchema, name: parts[len(parts)-1]}
 	if len(parts) == 2 {
 		t.schema = parts[0]
 	}
@@ -62,16 +68,14 @@ func parseTable(name string) (table, error) {
 	return t, nil
 }
 
-// ident returns the quoted, possibly schema-qualified, table name.
+// ident returns the quoted, schema-qualified table name.
 func (t table) ident() string {
-	if t.schema == "" {
-		return pgx.Identifier{t.name}.Sanitize()
-	}
 	return pgx.Identifier{t.schema, t.name}.Sanitize()
 }
 
 // Schema returns the SQL that creates the table (and its indexes) under the
-// given name, which may be schema-qualified ("billing.idempotency_keys").
+// given name, which may be schema-qualified ("billing.idempotency_keys";
+// without a schema the table is in DefaultSchema).
 // It is the embedded migration with the name substituted and quoted; it is
 // idempotent. It returns an error when tableName is not a valid name (see
 // WithTable).
@@ -89,9 +93,10 @@ func (t table) schemaSQL() (string, error) {
 		return "", fmt.Errorf("idempgx: read embedded schema: %w", err)
 	}
 	// Longer tokens first: index names contain the table name.
+	const name = "idempotency_keys"
 	r := strings.NewReplacer(
-		DefaultTable+"_locked_at_idx", pgx.Identifier{t.name + "_locked_at_idx"}.Sanitize(),
-		DefaultTable+"_expires_at_idx", pgx.Identifier{t.name + "_expires_at_idx"}.Sanitize(),
+		name+"_locked_at_idx", pgx.Identifier{t.name + "_locked_at_idx"}.Sanitize(),
+		name+"_expires_at_idx", pgx.Identifier{t.name + "_expires_at_idx"}.Sanitize(),
 		DefaultTable, t.ident(),
 	)
 	return r.Replace(string(raw)), nil

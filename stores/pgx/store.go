@@ -1,34 +1,41 @@
 // Package idempgx is an idem.Store on PostgreSQL through pgx v5 and
-// pgxpool. It shares the handler's transaction: BeginTx puts a pgx.Tx into
-// the request's context (handlers get it with Tx), the handler's own writes
-// go into it, and Settle stores the response in the same transaction,
-// fenced by the lease token, and commits. Either both the handler's writes
-// and the stored response commit, or neither does.
+// pgxpool. It shares the handler's transaction: BeginTx begins a real
+// READ COMMITTED transaction and puts a pgx.Tx over it into the request's
+// context (handlers get it with Tx), the handler's own writes go into it,
+// and Settle stores the response in the same transaction, fenced by the
+// lease token, and commits. Either both the handler's writes and the
+// stored response commit, or neither does.
 //
-// Round trips in the common case: a first request costs the claim (1) and
-// the settle with its COMMIT (1, one pipelined batch) beyond the handler's
-// own queries; BEGIN costs none, as it goes out pipelined with the
-// handler's first statement (or with the settle when there is none). A
-// replay costs one round trip and writes nothing: no transaction id, no
-// WAL.
+// The transaction is sealed: the handle refuses Commit, Rollback and
+// transaction-control statements (ErrTxOwned), a failed statement aborts
+// the transaction as PostgreSQL does, and a transaction that ended anyway
+// (through the raw connection Conn returns) is detected and reported as
+// idem.ErrTxEnded, and its claim is not released.
+//
+// Round trips in the common case: a first request costs the claim (1),
+// BEGIN (1) and the settle with its COMMIT (1, one pipelined batch) beyond
+// the handler's own queries. A replay costs one round trip and writes
+// nothing: no transaction id, no WAL.
 //
 // The claim and the other store calls run as single autocommit statements
-// on the pool, and the transaction is begun with an explicit READ
-// COMMITTED, which the claim's concurrency argument needs. All times are
-// the database's clock.
+// on the pool, each pipelined behind a statement that pins the session
+// settings they depend on (search_path, lock and statement timeouts,
+// TimeZone, DateStyle, IntervalStyle, bytea_output) for that implicit
+// transaction only, so nothing a handler left on a pooled connection
+// changes what they do. All times are the database's clock.
 package idempgx
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -40,9 +47,11 @@ type Store struct {
 	table       table
 	txTimeout   time.Duration
 	maxAttempts int
+	timeouts    timeouts
 	sql         statements
 
 	reruns atomic.Int64 // claim statements re-run (snapshot caveat, lost takeover race)
+	ended  endedLeases  // leases whose transaction ended behind the store's back
 }
 
 // Option configures a Store.
@@ -52,12 +61,30 @@ type config struct {
 	table       string
 	txTimeout   time.Duration
 	maxAttempts int
+	timeouts    timeouts
 }
+
+// timeouts are the server-side bounds on the store's own statements.
+type timeouts struct {
+	lock, statement time.Duration
+}
+
+// Defaults for WithLockTimeout and WithStatementTimeout: a store call that
+// meets a row another transaction holds gives up (as a transient error)
+// well before idem's default StoreTimeout of 5 s.
+const (
+	DefaultLockTimeout      = 2 * time.Second
+	DefaultStatementTimeout = 4 * time.Second
+)
+
+// maxTimeout bounds the timeouts: PostgreSQL takes at most 2^31-1 ms.
+const maxTimeout = 24 * time.Hour
 
 // WithTable sets the table name, "table" or "schema.table", each part a
 // plain identifier (letters, digits, underscore, not starting with a
 // digit; the table part at most 40 bytes). Names are quoted, so they are
-// case-sensitive. The default is DefaultTable.
+// case-sensitive. A name without a schema is in DefaultSchema ("public"),
+// never looked up through search_path. The default is DefaultTable.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if _, err := parseTable(name); err != nil {
@@ -81,6 +108,43 @@ func WithTxTimeout(d time.Duration) Option {
 	}
 }
 
+// WithLockTimeout sets PostgreSQL's lock_timeout for the store's own
+// statements (claim, takeover, release, get, purge, list, settle): a claim
+// or release that meets a row held by another transaction, such as an
+// uncommitted settle, fails after d with an error wrapping
+// idem.ErrTransient (SQLSTATE 55P03) instead of waiting for it. It is set
+// per statement, never on the session, and overrides whatever the handler
+// set. d is rounded up to a millisecond and must be between 1 ms and 24 h.
+// The default is DefaultLockTimeout.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 || d > maxTimeout {
+			return fmt.Errorf("idempgx: lock timeout must be positive and at most %v, got %v", maxTimeout, d)
+		}
+		c.timeouts.lock = d
+		return nil
+	}
+}
+
+// WithStatementTimeout sets PostgreSQL's statement_timeout for the store's
+// own statements, like WithLockTimeout: past d a statement is cancelled
+// with an error wrapping idem.ErrTransient (SQLSTATE 57014). It also
+// bounds how long the server keeps the handler's transaction open for a
+// client that went silent: TCP keepalives and tcp_user_timeout are set in
+// that transaction so that a dead client is noticed within about 2 × d
+// (DeadPeerTimeout), and its transaction, with any row lock a half-sent
+// settle took, is rolled back. d is rounded up to a millisecond and must
+// be between 1 ms and 24 h. The default is DefaultStatementTimeout.
+func WithStatementTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 || d > maxTimeout {
+			return fmt.Errorf("idempgx: statement timeout must be positive and at most %v, got %v", maxTimeout, d)
+		}
+		c.timeouts.statement = d
+		return nil
+	}
+}
+
 // WithMaxClaimAttempts bounds how many times Claim re-runs its statement
 // when a concurrent request changed the row between its statements (each
 // retry follows somebody else's progress, so a few are plenty). Past the
@@ -98,12 +162,14 @@ func WithMaxClaimAttempts(n int) Option {
 
 // New returns a Store on pool. It does not touch the database: create the
 // table with Migrate or with your own migration tool (see Migrations and
-// Schema). It returns an error for a nil pool or an invalid option.
+// Schema), and call Check at start-up. It returns an error for a nil pool
+// or an invalid option.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("idempgx: nil pool")
 	}
-	c := config{table: DefaultTable, txTimeout: 10 * time.Second, maxAttempts: 16}
+	c := config{table: DefaultTable, txTimeout: 10 * time.Second, maxAttempts: 16,
+		timeouts: timeouts{lock: DefaultLockTimeout, statement: DefaultStatementTimeout}}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
 			return nil, err
@@ -113,16 +179,30 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts, sql: newStatements(t.ident())}, nil
+	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
+		timeouts: c.timeouts, sql: newStatements(t.ident(), c.timeouts)}, nil
 }
+
+// DeadPeerTimeout returns how long, at most, the server keeps the
+// handler's transaction open for a client that stopped answering (a
+// crashed host, a network partition): the TCP keepalive idle time plus its
+// probes, which BeginTx sets, with tcp_user_timeout, in that transaction
+// only. It is derived from the statement timeout: about twice it. Without
+// it the operating system's defaults (often 2 h 11 min) would hold the
+// transaction, and any row lock a half-sent settle took, that long.
+// Connections over a Unix socket ignore these settings.
+func (s *Store) DeadPeerTimeout() time.Duration { return s.timeouts.deadPeer().total() }
 
 // Table returns the quoted, possibly schema-qualified, table name the store
 // uses, ready to put into SQL.
 func (s *Store) Table() string { return s.table.ident() }
 
-// Migrate creates the table and its indexes if they do not exist. It is
-// safe to run from several instances at once: it serialises them with a
-// transaction-scoped advisory lock.
+// Migrate creates the table and its indexes if they do not exist, then
+// runs Check, so that a table of the same name created otherwise (an older
+// schema) is reported as a *SchemaError. It is safe to run from several
+// instances at once: it serialises them with a transaction-scoped advisory
+// lock. It does not create the schema: a schema other than "public" must
+// exist.
 func (s *Store) Migrate(ctx context.Context) error {
 	ddl, err := s.table.schemaSQL()
 	if err != nil {
@@ -133,27 +213,115 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "idempgx:"+s.table.ident()); err != nil {
+	// The DDL's defaults, checks and index predicate bind their functions
+	// and operators when created: from pg_catalog, whatever the session's
+	// search_path says.
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), "+
+		"pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 0))", "idempgx:"+s.table.ident()); err != nil {
 		return wrap("migrate", err)
 	}
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return wrap("migrate", err)
 	}
-	return wrap("migrate", tx.Commit(ctx))
+	if err := tx.Commit(ctx); err != nil {
+		return wrap("migrate", err)
+	}
+	// An older table of the same name is left as it is by CREATE TABLE IF
+	// NOT EXISTS: say so now rather than at the first request.
+	return s.Check(ctx)
 }
 
-// statements holds the SQL with the table name filled in.
+// statements holds the SQL with the table name and timeouts filled in.
 type statements struct {
-	claim, takeover, replace, release, get, purge, listStale, settle string
+	claim, takeover, replace, release, get, purge, listStale string
+	// prelude goes before every store statement on the pool, in the same
+	// pipelined batch and so in the same implicit transaction.
+	prelude string
+	// settleCheck, settle and COMMIT are the settle's batch.
+	settleCheck, settle string
+	// beginPrefix starts the handler's transaction; the lease marker
+	// follows it.
+	beginPrefix string
 }
+
+// pinnedSettings are the session settings the store's statements depend
+// on, pinned with set_config(…, true) for the statement's transaction only:
+// name resolution (the table is schema-qualified, and pg_catalog comes
+// first so no schema of the handler's can shadow an operator or function),
+// the timeouts, and the text formats of timestamps, intervals and bytea
+// for the simple protocol. A handler may change any of them, for its
+// transaction or for the pooled session.
+func pinnedSettings(t timeouts) string {
+	return fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+	pg_catalog.set_config('lock_timeout', '%dms', true),
+	pg_catalog.set_config('statement_timeout', '%dms', true),
+	pg_catalog.set_config('TimeZone', 'UTC', true),
+	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
+	pg_catalog.set_config('IntervalStyle', 'postgres', true),
+	pg_catalog.set_config('bytea_output', 'hex', true)`, millis(t.lock), millis(t.statement))
+}
+
+// millis rounds d up to whole milliseconds.
+func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// deadPeer is how the server is told to notice a client that went silent
+// in the handler's transaction: keepalive probes after idle seconds of
+// silence, every interval seconds, count of them unanswered; and
+// tcp_user_timeout for data the client never acknowledges.
+type deadPeer struct {
+	idle, interval, count int64 // seconds, seconds, probes
+	userTimeout           int64 // milliseconds
+}
+
+func (t timeouts) deadPeer() deadPeer {
+	secs := func(d time.Duration) int64 { return max(1, int64((d+time.Second-1)/time.Second)) }
+	p := deadPeer{idle: secs(t.statement), interval: secs(t.statement / 4), count: 4}
+	p.userTimeout = (p.idle + p.interval*p.count) * 1000
+	return p
+}
+
+func (p deadPeer) total() time.Duration { return time.Duration(p.userTimeout) * time.Millisecond }
+
+// leaseSetting is the transaction-local setting BeginTx puts a random
+// marker into. Settle checks it in the same transaction: a different value
+// means the transaction BeginTx began has ended and another one began (a
+// handler sent COMMIT; BEGIN on the raw connection), so its work may have
+// committed without the outcome.
+const leaseSetting = "idem.lease"
+
+// txEndedMarker is in the error the settle's first statement raises when
+// the marker is not the one BeginTx set.
+const txEndedMarker = "idempgx transaction ended"
 
 // recordCols are the columns every record-returning statement returns, in
 // scanRecord's order.
 const recordCols = `principal, key, fingerprint, state, lease_token, request_id,
 	created_at, locked_at, expires_at, status, headers, body`
 
-func newStatements(t string) statements {
+func newStatements(t string, to timeouts) statements {
 	var s statements
+	s.prelude = "SELECT " + pinnedSettings(to)
+	p := to.deadPeer()
+	// READ COMMITTED is explicit, as the claim's concurrency argument needs
+	// it whatever the server's default; READ WRITE too, whatever a handler
+	// left in default_transaction_read_only. The keepalive settings bound
+	// how long the server keeps this transaction, and the row lock a
+	// half-sent settle took, for a client that went away (see
+	// DeadPeerTimeout). They are local: the pooled session keeps its own.
+	s.beginPrefix = fmt.Sprintf(`begin isolation level read committed read write; select
+	pg_catalog.set_config('tcp_keepalives_idle', '%d', true),
+	pg_catalog.set_config('tcp_keepalives_interval', '%d', true),
+	pg_catalog.set_config('tcp_keepalives_count', '%d', true),
+	pg_catalog.set_config('tcp_user_timeout', '%d', true),
+	pg_catalog.set_config('%s', `, p.idle, p.interval, p.count, p.userTimeout, leaseSetting)
+	// The settle's first statement: the marker check, and the settings
+	// pinned over whatever the handler set (SET LOCAL statement_timeout =
+	// '1ms' included). It is its own statement because a timeout set in a
+	// statement applies from the next one on.
+	s.settleCheck = fmt.Sprintf(`SELECT %s,
+	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
+	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
+		pinnedSettings(to), leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
 	// The claim. The INSERT either inserts the caller's row (returned by
 	// ins) or finds the conflicting row and does nothing: no row lock, no
 	// transaction id, no WAL, which is what makes a replay free. The second
@@ -234,7 +402,7 @@ LIMIT $2`, t, recordCols)
 	// (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly one row was
 	// updated; the server then skips the COMMIT.
 	s.settle = fmt.Sprintf(`WITH u AS (
-	UPDATE %s SET state = $4, status = $5, headers = $6, body = $7
+	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7
 	WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	RETURNING 1
 )
@@ -250,13 +418,65 @@ const leaseLostMarker = "idempgx lease lost"
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
+// query runs stmt on a pool connection, pipelined behind the prelude in one
+// batch (one round trip, one implicit transaction), and calls each for
+// every row it returns.
+func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(s.sql.prelude)
+	b.Queue(stmt, args...)
+	br := s.pool.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return err
+	}
+	rows, err := br.Query()
+	if err == nil {
+		for rows.Next() {
+			if err = each(rows); err != nil {
+				break
+			}
+		}
+	}
+	if rows != nil {
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// exec is query for a statement that returns no rows.
+func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
+	b := &pgx.Batch{}
+	b.Queue(s.sql.prelude)
+	b.Queue(stmt, args...)
+	br := s.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
 // Claim implements idem.Store. The common case is one statement (one round
-// trip); a replay writes nothing. A row past its ExpiresAt is replaced, and
-// an in-progress row with the same fingerprint whose lease is older than
-// req.Lease is taken over, each by one fenced UPDATE that re-checks its
-// condition against the row's latest version with the database clock. When
-// that UPDATE matches nothing, someone else changed the row and the claim
-// starts over.
+// trip, pipelined behind the settings it pins); a replay writes nothing. A
+// row past its ExpiresAt is replaced, and an in-progress row with the same
+// fingerprint whose lease is older than req.Lease is taken over, each by
+// one fenced UPDATE that re-checks its condition against the row's latest
+// version with the database clock. When that UPDATE matches nothing,
+// someone else changed the row and the claim starts over. A row another
+// transaction holds (an uncommitted settle) is waited for at most the lock
+// timeout (WithLockTimeout); past it Claim returns an error wrapping
+// idem.ErrTransient.
 //
 // When the connection breaks under a claim statement (up to
 // maxConnRetries times) the claim runs again on another connection. That is
@@ -284,32 +504,23 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		if attempt > 0 {
 			s.reruns.Add(1)
 		}
-		rows, err := s.pool.Query(ctx, s.sql.claim,
-			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention))
-		if err != nil {
-			if retryable(err) {
-				continue
-			}
-			return idem.ClaimResult{}, wrap("claim", err)
-		}
 		var (
 			inserted bool
 			rec      idem.Record
 			now      time.Time
 			found    bool
 		)
-		for rows.Next() {
+		err := s.query(ctx, func(rows pgx.Rows) error {
 			// The statement returns one row or none; PK (principal, key).
 			if found {
-				continue
+				return nil
 			}
-			if rec, err = scanRecord(rows, &inserted, &now); err != nil {
-				rows.Close()
-				return idem.ClaimResult{}, wrap("claim", err)
-			}
-			found = true
-		}
-		if err := rows.Err(); err != nil {
+			var err error
+			rec, err = scanRecord(rows, &inserted, &now)
+			found = err == nil
+			return err
+		}, s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention))
+		if err != nil {
 			if retryable(err) {
 				continue
 			}
@@ -369,26 +580,21 @@ func retryClaim(err error) bool {
 func (s *Store) takeOver(ctx context.Context, query string, req idem.ClaimRequest, oldToken string, extra ...any) (idem.ClaimResult, bool, error) {
 	args := append([]any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID,
 		micros(req.Retention), oldToken}, extra...)
-	rows, err := s.pool.Query(ctx, query, args...)
-	if err != nil {
-		return idem.ClaimResult{}, false, wrap("claim: take over", err)
-	}
-	defer rows.Close()
 	var (
 		rec   idem.Record
 		now   time.Time
 		found bool
 	)
-	for rows.Next() {
+	err := s.query(ctx, func(rows pgx.Rows) error {
 		if found {
-			continue
+			return nil
 		}
-		if rec, err = scanRecord(rows, nil, &now); err != nil {
-			return idem.ClaimResult{}, false, wrap("claim: take over", err)
-		}
-		found = true
-	}
-	if err := rows.Err(); err != nil {
+		var err error
+		rec, err = scanRecord(rows, nil, &now)
+		found = err == nil
+		return err
+	}, query, args...)
+	if err != nil {
 		if retryClaim(err) {
 			return idem.ClaimResult{}, false, nil
 		}
@@ -424,15 +630,11 @@ func scanRecord(rows pgx.Rows, inserted *bool, now *time.Time) (idem.Record, err
 	}
 	rec.State = idem.State(state)
 	if status != nil {
-		resp := &idem.Response{Status: int(*status), Header: http.Header{}, Body: body}
-		if len(headers) > 0 {
-			if err := json.Unmarshal(headers, &resp.Header); err != nil {
-				return idem.Record{}, fmt.Errorf("decode stored headers: %w", err)
-			}
-			if resp.Header == nil {
-				resp.Header = http.Header{}
-			}
+		hdr, err := idem.DecodeHeader(headers)
+		if err != nil {
+			return idem.Record{}, fmt.Errorf("decode stored headers: %w", err)
 		}
+		resp := &idem.Response{Status: int(*status), Header: hdr, Body: body}
 		if resp.Body == nil {
 			resp.Body = []byte{}
 		}
@@ -446,11 +648,21 @@ func scanRecord(rows pgx.Rows, inserted *bool, now *time.Time) (idem.Record, err
 // settled or held by another token. A DELETE whose connection broke is sent
 // again on another connection; if the lost one did delete the row, the
 // second finds nothing and reports ErrLeaseLost, which is true: the lease
-// holds nothing any more.
+// holds nothing any more. A row another transaction holds is waited for at
+// most the lock timeout.
+//
+// Release deletes nothing, and returns an error wrapping idem.ErrTxEnded,
+// for a lease whose transaction this store saw end behind its back (the
+// handler committed on the raw connection, then answered with an error):
+// part of that work may have committed, so the claim stays in progress for
+// a takeover and Config.Reconcile.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	if s.ended.has(l) {
+		return fmt.Errorf("idempgx: release: %w: the claim stays in progress for a takeover", idem.ErrTxEnded)
+	}
 	var affected int64
 	err := s.onConn(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, s.sql.release, l.Principal, l.Key, l.Token)
+		tag, err := s.exec(ctx, s.sql.release, l.Principal, l.Key, l.Token)
 		affected = tag.RowsAffected()
 		return err
 	})
@@ -471,19 +683,13 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 		found bool
 	)
 	err := s.onConn(ctx, func() error {
-		rows, err := s.pool.Query(ctx, s.sql.get, principal, key)
-		if err != nil {
+		found = false
+		return s.query(ctx, func(rows pgx.Rows) error {
+			var err error
+			rec, err = scanRecord(rows, nil, nil)
+			found = err == nil
 			return err
-		}
-		defer rows.Close()
-		found = rows.Next()
-		if found {
-			if rec, err = scanRecord(rows, nil, nil); err != nil {
-				return err
-			}
-		}
-		rows.Close()
-		return rows.Err()
+		}, s.sql.get, principal, key)
 	})
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
@@ -514,7 +720,7 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.purge, limit)
+	tag, err := s.exec(ctx, s.sql.purge, limit)
 	if err != nil {
 		return 0, wrap("purge expired", err)
 	}
@@ -527,20 +733,54 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, s.sql.listStale, micros(olderThan), limit)
+	var out []idem.Record
+	err := s.query(ctx, func(rows pgx.Rows) error {
+		rec, err := scanRecord(rows, nil, nil)
+		if err == nil {
+			out = append(out, rec)
+		}
+		return err
+	}, s.sql.listStale, micros(olderThan), limit)
 	if err != nil {
 		return nil, wrap("list stale", err)
 	}
-	defer rows.Close()
-	var out []idem.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows, nil, nil)
-		if err != nil {
-			return nil, wrap("list stale", err)
-		}
-		out = append(out, rec)
+	return out, nil
+}
+
+// endedLeases remembers the leases whose transaction this store saw end
+// behind its back (in Settle or Rollback), so that the Release the engine
+// sends after a handler's error leaves their claim in progress. An entry
+// is kept for an hour, far longer than any lease: each is one rare
+// misbehaving request.
+type endedLeases struct {
+	mu sync.Mutex
+	m  map[idem.Lease]time.Time
+}
+
+// endedTTL bounds how long an entry nobody releases is kept.
+const endedTTL = time.Hour
+
+func (e *endedLeases) add(l idem.Lease) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	if e.m == nil {
+		e.m = make(map[idem.Lease]time.Time)
 	}
-	return out, wrap("list stale", rows.Err())
+	for k, at := range e.m {
+		if now.Sub(at) > endedTTL {
+			delete(e.m, k)
+		}
+	}
+	e.m[l] = now
+}
+
+// has reports whether l is remembered.
+func (e *endedLeases) has(l idem.Lease) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	at, ok := e.m[l]
+	return ok && time.Since(at) <= endedTTL
 }
 
 var _ idem.Store = (*Store)(nil)

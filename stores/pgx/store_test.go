@@ -38,9 +38,20 @@ func TestNewValidatesTable(t *testing.T) {
 			t.Errorf("Schema(%q) accepted", bad)
 		}
 	}
-	for _, good := range []string{"idempotency_keys", "Keys2", "_k", "billing.idem_keys"} {
-		if _, err := idempgx.New(pool, idempgx.WithTable(good)); err != nil {
+	for good, ident := range map[string]string{"idempotency_keys": `"public"."idempotency_keys"`, "Keys2": `"public"."Keys2"`,
+		"_k": `"public"."_k"`, "billing.idem_keys": `"billing"."idem_keys"`} {
+		s, err := idempgx.New(pool, idempgx.WithTable(good))
+		if err != nil {
 			t.Errorf("WithTable(%q): %v", good, err)
+		} else if s.Table() != ident {
+			t.Errorf("WithTable(%q): Table() = %s, want %s", good, s.Table(), ident)
+		}
+	}
+	for _, opt := range []idempgx.Option{idempgx.WithLockTimeout(0), idempgx.WithLockTimeout(-time.Second),
+		idempgx.WithLockTimeout(25 * time.Hour), idempgx.WithStatementTimeout(0), idempgx.WithStatementTimeout(25 * time.Hour),
+		idempgx.WithTxTimeout(0), idempgx.WithMaxClaimAttempts(0)} {
+		if _, err := idempgx.New(pool, opt); err == nil {
+			t.Error("an invalid option was accepted")
 		}
 	}
 	if _, err := idempgx.New(nil); err == nil {
@@ -50,7 +61,7 @@ func TestNewValidatesTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Table() != `"idempotency_keys"` {
+	if s.Table() != `"public"."idempotency_keys"` {
 		t.Errorf("default Table() = %s", s.Table())
 	}
 }
@@ -64,8 +75,9 @@ func TestSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "idempotency_keys"`, `"idempotency_keys_locked_at_idx"`,
-		`"idempotency_keys_expires_at_idx"`, `WHERE state = 'in_progress'`, "PRIMARY KEY (principal, key)"} {
+	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "public"."idempotency_keys"`, `"idempotency_keys_locked_at_idx"`,
+		`"idempotency_keys_expires_at_idx"`, `WHERE state = 'in_progress'`, "PRIMARY KEY (principal, key)",
+		"headers     bytea", "CHECK (octet_length(request_id) <= 255)"} {
 		if !strings.Contains(def, want) {
 			t.Errorf("Schema(default) lacks %q", want)
 		}
@@ -82,22 +94,30 @@ func TestSchema(t *testing.T) {
 		t.Errorf("Schema(billing.Keys) =\n%s", other)
 	}
 
-	// The embedded file runs as it is (what a user's migration tool does),
-	// twice (idempotent), and Migrate runs concurrently without tripping.
+	// The embedded file names public.idempotency_keys, which the tests
+	// leave alone (other suites share the database): it runs here as
+	// Schema renders it for a fresh schema, the same text but for the
+	// name, twice (idempotent), then Check accepts what it made, and
+	// Migrate runs concurrently without tripping.
 	pool := newPool(t, 6, nil)
 	e := newEnv(t, pool)
 	ctx := testCtx(t)
-	conn, err := pool.Acquire(ctx)
+	rendered, err := idempgx.Schema(e.Schema + ".by_hand")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if _, err := conn.Exec(ctx, "SET search_path TO "+pgx.Identifier{e.Schema}.Sanitize()+"; "+string(raw)); err != nil {
-			t.Fatalf("embedded migration: %v", err)
+		if _, err := pool.Exec(ctx, rendered); err != nil {
+			t.Fatalf("rendered migration: %v", err)
 		}
 	}
-	_, _ = conn.Exec(ctx, "RESET search_path")
-	conn.Release()
+	byHand, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".by_hand"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := byHand.Check(ctx); err != nil {
+		t.Fatalf("Check of the rendered migration's table: %v", err)
+	}
 	s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".concurrent"))
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +354,8 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 }
 
 // TestHandlerTx: the handler's view of the transaction refuses Commit,
-// turns Rollback into "store nothing", and is closed once settled.
+// refuses Rollback but honours it ("store nothing"), and is closed once
+// settled.
 func TestHandlerTx(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 4, nil))
@@ -351,6 +372,7 @@ func TestHandlerTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	htx, ok := idempgx.Tx(txCtx)
 	if !ok {
 		t.Fatal("no transaction in BeginTx's context")
@@ -358,7 +380,7 @@ func TestHandlerTx(t *testing.T) {
 	if err := e.WriteEffect(txCtx, "committed-early"); err != nil {
 		t.Fatal(err)
 	}
-	if err := htx.Commit(ctx); !errors.Is(err, idempgx.ErrTxOwned) {
+	if err := htx.Commit(ctx); !errors.Is(err, idempgx.ErrTxOwned) || !errors.Is(err, idem.ErrTxOwned) {
 		t.Fatalf("handler Commit = %v, want ErrTxOwned", err)
 	}
 	var iso string
@@ -414,9 +436,13 @@ func TestHandlerTx(t *testing.T) {
 	if err := e.WriteEffect(txCtx2, "rolled-back"); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx2.Rollback(ctx) }()
 	h2, _ := idempgx.Tx(txCtx2)
-	if err := h2.Rollback(ctx); err != nil {
-		t.Fatal(err)
+	if err := h2.Rollback(ctx); !errors.Is(err, idempgx.ErrTxOwned) || !errors.Is(err, idem.ErrTxOwned) {
+		t.Fatalf("handler Rollback = %v, want ErrTxOwned", err)
+	}
+	if _, err := h2.Exec(ctx, "SELECT 1"); !errors.Is(err, idempgx.ErrHandlerRolledBack) {
+		t.Fatalf("Exec after the handler's Rollback = %v, want ErrHandlerRolledBack", err)
 	}
 	if err := tx2.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrHandlerRolledBack) {
 		t.Fatalf("settle after handler rollback = %v", err)
@@ -439,6 +465,7 @@ func TestHandlerTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx3.Rollback(ctx) }()
 	if err := e.WriteEffect(txCtx3, "cancelled"); err != nil {
 		t.Fatal(err)
 	}
@@ -473,12 +500,14 @@ func TestErrorMapping(t *testing.T) {
 
 	pool := newPool(t, 4, nil)
 	e := newEnv(t, pool)
-	// Missing table: not transient, SQLSTATE reachable.
+	// Missing table: misconfigured, not transient, SQLSTATE reachable,
+	// one prefix.
 	missing, _ := idempgx.New(pool, idempgx.WithTable(e.Schema+".nope"))
 	_, err = missing.Get(ctx, "a", "k")
 	var pgErr *pgconn.PgError
-	if errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
-		t.Fatalf("missing table = %v", err)
+	if errors.Is(err, idem.ErrTransient) || !errors.Is(err, idem.ErrMisconfigured) || !errors.As(err, &pgErr) ||
+		pgErr.Code != "42P01" || !strings.HasPrefix(err.Error(), "idempgx: get: ") || strings.Count(err.Error(), "idempgx: ") != 1 {
+		t.Fatalf("missing table = %v, want idempgx: get: … ErrMisconfigured with the 42P01", err)
 	}
 
 	// A lock timeout (55P03) is transient.
@@ -494,15 +523,16 @@ func TestErrorMapping(t *testing.T) {
 	if _, err := locker.Exec(ctx, "SELECT 1 FROM "+e.Store.Table()+" WHERE key = 'locked' FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
+	// The session says to wait forever; the store's own bound wins.
 	lcfg := pool.Config().Copy()
-	lcfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
+	lcfg.ConnConfig.RuntimeParams["lock_timeout"] = "0"
 	lcfg.MaxConns = 1
 	lpool, err := pgxpool.NewWithConfig(ctx, lcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lpool.Close()
-	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.Schema+".idempotency_keys"))
+	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.Schema+".idempotency_keys"), idempgx.WithLockTimeout(50*time.Millisecond))
 	err = ls.Release(ctx, leaseOf(req))
 	if !errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("release under lock_timeout = %v, want transient 55P03", err)

@@ -2,7 +2,8 @@ package idempgx
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	idem "github.com/idemgo/idem/core"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -22,299 +24,477 @@ type txKey struct{}
 // queries. ok is false when ctx carries none (the request was not claimed,
 // for instance when the idempotency key is optional and absent).
 //
-// The store owns the transaction: it commits it together with the stored
-// response after the handler returns, or rolls it back. Commit returns
-// ErrTxOwned and does nothing. Rollback rolls the handler's work back and
-// makes the settle fail, so nothing is stored and the key is released; to
-// abandon work, return an error (or a 5xx) instead. Savepoints (Begin)
-// work as in pgx. Once the store has finished the transaction, every method
-// returns pgx.ErrTxClosed, except Conn and LargeObjects, which reach the
-// connection directly: do not keep what they return past the handler.
+// The store owns the transaction and seals it: it commits it together with
+// the stored response after the handler returns, or rolls it back, and
+// nothing the handler does through this handle can end it early.
+//
+//   - Commit returns ErrTxOwned and does nothing.
+//   - Rollback returns ErrTxOwned, rolls the handler's work back and makes
+//     the settle store nothing, so the key is released; to abandon work,
+//     return an error (or a 5xx) instead.
+//   - Transaction-control statements (COMMIT, END, ROLLBACK except
+//     ROLLBACK TO SAVEPOINT, ABORT, BEGIN, START TRANSACTION, PREPARE
+//     TRANSACTION, COMMIT/ROLLBACK PREPARED, … AND CHAIN) sent through
+//     Exec, Query, QueryRow, SendBatch or Prepare are refused with
+//     ErrTxOwned before they reach the server, also inside multi-statement
+//     strings, and the refusal aborts the transaction as a failed
+//     statement does.
+//   - A statement that fails on the server aborts the transaction, as in
+//     PostgreSQL: later statements fail until a savepoint is rolled back
+//     to, and a settle stores nothing.
+//   - Savepoints (Begin) work as in pgx, and the savepoint handles are
+//     sealed the same way.
+//
+// Conn returns the raw connection, which the store cannot filter: a
+// transaction ended through it is detected (the handle then answers every
+// statement with an error wrapping idem.ErrTxEnded, and the claim stays in
+// progress for a takeover and Config.Reconcile), but what was committed
+// stays committed. Do not use it to end the transaction.
+//
+// Once the store has finished the transaction, every method returns
+// pgx.ErrTxClosed (LargeObjects returns large objects whose methods do),
+// except Conn, which reaches the connection directly: do not keep it, or
+// anything LargeObjects returned, past the handler.
 func Tx(ctx context.Context) (pgx.Tx, bool) {
-	t, ok := ctx.Value(txKey{}).(*handlerTx)
-	if !ok || t == nil {
+	h, ok := ctx.Value(txKey{}).(*handle)
+	if !ok || h == nil {
 		return nil, false
 	}
-	return t, true
+	return h, true
 }
 
-// BeginTx implements idem.Store. It acquires a pool connection (on a
-// context detached from ctx's cancellation, bounded by WithTxTimeout) and
-// returns a context carrying the transaction for Tx. BEGIN ISOLATION LEVEL
-// READ COMMITTED is not sent on its own: it goes to the server in one
-// pipelined batch with the handler's first statement, or with the settle
-// when the handler sent none. A first request thus costs the claim, the
-// handler's statements and the settle with its COMMIT, and no round trip
-// for BEGIN.
+// BeginTx implements idem.Store. It acquires a pool connection and begins
+// a READ COMMITTED transaction on it (one round trip), on a context
+// detached from ctx's cancellation and bounded by WithTxTimeout; a
+// connection found broken is replaced, at most twice. BEGIN also sets, for
+// this transaction only, a random marker Settle checks and the TCP
+// keepalive settings of DeadPeerTimeout. It returns a context carrying the
+// transaction for Tx.
 func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
 	defer cancel()
-	conn, err := s.pool.Acquire(bctx)
+	marker := newMarker()
+	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
+		BeginQuery: s.sql.beginPrefix + "'" + marker + "', true)"}
+	var (
+		conn *pgxpool.Conn
+		real pgx.Tx
+	)
+	err := s.onConn(bctx, func() error {
+		c, err := s.pool.Acquire(bctx)
+		if err != nil {
+			return err
+		}
+		tx, err := c.Conn().BeginTx(bctx, opts)
+		if err != nil {
+			c.Release() // destroyed by the pool unless idle
+			return err
+		}
+		conn, real = c, tx
+		return nil
+	})
 	if err != nil {
 		return ctx, nil, wrap("begin", err)
 	}
-	st := &storeTx{store: s, lease: l, conn: conn}
-	st.handler = &handlerTx{conn: conn.Conn(), owner: st}
-	return context.WithValue(ctx, txKey{}, st.handler), st, nil
+	st := &storeTx{store: s, lease: l, marker: marker, conn: conn}
+	st.h = &handle{real: real, conn: conn.Conn(), owner: st}
+	return context.WithValue(ctx, txKey{}, st.h), st, nil
 }
 
-// beginSQL starts every handler's transaction. READ COMMITTED is explicit:
-// the claim's concurrency argument needs it whatever the server's default.
-const beginSQL = "begin isolation level read committed"
+// newMarker returns the random value BeginTx puts into leaseSetting. It is
+// hex, so it goes into SQL text as it is.
+func newMarker() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// rawSavepoint is the savepoint Conn sets before it hands out the raw
+// connection. In an aborted transaction it is the only way to ask the
+// server whether the transaction is still the one BeginTx began: ROLLBACK
+// TO it succeeds only in that transaction.
+const rawSavepoint = "idem_raw"
+
+// abortSQL fails on the server, which aborts the transaction: what a
+// refused statement does, so that the transaction behaves as if the
+// refused statement had failed.
+const abortSQL = "SELECT 'idempgx: a statement that would end the transaction was refused; the transaction is aborted'::int"
+
+// errTxEnded is what the handle answers once the transaction ended by a
+// route it could not refuse.
+var errTxEnded = fmt.Errorf("idempgx: %w: the transaction ended outside the handle (on the raw connection); nothing more runs through it", idem.ErrTxEnded)
 
 // storeTx is the idem.Tx the engine drives.
 type storeTx struct {
-	store   *Store
-	lease   idem.Lease
-	handler *handlerTx
+	store  *Store
+	lease  idem.Lease
+	marker string
+	h      *handle
 
 	mu   sync.Mutex
 	conn *pgxpool.Conn // nil once finished and returned to the pool
 }
 
-// Settle implements idem.Tx. The fenced UPDATE and the COMMIT go to the
-// server as one pipelined batch: one round trip. When the fence misses the
-// UPDATE raises an error, so the server never runs the COMMIT; the
-// transaction is rolled back and Settle returns idem.ErrLeaseLost. A
-// transaction an earlier statement aborted (a handler that swallowed an
-// error), a COMMIT answered with ROLLBACK, or any other failure returns an
-// error and stores nothing; it never reports success unless the server
-// confirmed the COMMIT after the UPDATE changed exactly one row.
+// Used implements idem.Tx: whether the handler ran, or tried to run,
+// anything through the handle, or took its raw connection or large
+// objects.
+func (t *storeTx) Used() bool {
+	t.h.mu.Lock()
+	defer t.h.mu.Unlock()
+	return t.h.used
+}
+
+// Settle implements idem.Tx. The marker check and pinned settings, the
+// fenced UPDATE and COMMIT go to the server as one pipelined batch: one
+// round trip. It never reports success unless the server confirmed the
+// COMMIT after the UPDATE changed exactly one row in the transaction
+// BeginTx began. Otherwise nothing is stored and it returns:
+//
+//   - idem.ErrLeaseLost when the fence missed (the UPDATE raises, so the
+//     server skips the queued COMMIT);
+//   - ErrHandlerRolledBack when the handler called Rollback;
+//   - an error wrapping ErrTxAborted when a statement failed (or was
+//     refused) and left the transaction aborted;
+//   - an error wrapping idem.ErrTxEnded when the transaction ended behind
+//     the handle (TxStatus idle, or another transaction with another
+//     marker): part of the handler's work may have committed, so the
+//     engine keeps the claim in progress, and a later Release of this
+//     lease deletes nothing;
+//   - any other failure, wrapped.
 func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn == nil {
 		return errors.New("idempgx: settle: transaction already finished")
 	}
-	if t.handler.close() {
-		t.rollbackLocked(ctx)
-		return ErrHandlerRolledBack
-	}
+	f := t.h.close()
 	if out.State != idem.StateCompleted && out.State != idem.StateFailed {
-		t.rollbackLocked(ctx)
+		if ended, _ := t.abandon(ctx, f); ended {
+			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
+		}
 		return fmt.Errorf("idempgx: settle: invalid outcome state %q", out.State)
 	}
+	pg := t.conn.Conn().PgConn()
+	if f.rolledBack || f.ended || pg.IsBusy() || pg.IsClosed() || pg.TxStatus() != 'T' {
+		status := pg.TxStatus()
+		ended, err := t.abandon(ctx, f)
+		switch {
+		case ended:
+			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
+		case f.rolledBack:
+			return ErrHandlerRolledBack
+		case status == 'E':
+			return fmt.Errorf("idempgx: settle: %w", ErrTxAborted)
+		}
+		return wrap("settle", err)
+	}
+
 	hdr := out.Response.Header
 	if hdr == nil {
 		hdr = http.Header{}
-	}
-	headers, err := json.Marshal(hdr)
-	if err != nil {
-		t.rollbackLocked(ctx)
-		return fmt.Errorf("idempgx: settle: encode headers: %w", err)
 	}
 	body := out.Response.Body
 	if body == nil {
 		body = []byte{}
 	}
-
 	b := &pgx.Batch{}
-	begin := !t.handler.began() // the handler sent no statement: BEGIN goes first
-	if begin {
-		b.Queue(beginSQL)
-	}
+	b.Queue(t.store.sql.settleCheck, t.marker)
 	b.Queue(t.store.sql.settle, t.lease.Principal, t.lease.Key, t.lease.Token,
-		string(out.State), int32(out.Response.Status), string(headers), body)
+		string(out.State), int32(out.Response.Status), idem.EncodeHeader(hdr), body)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
-	var updErr error
-	if begin {
-		_, updErr = br.Exec()
-	}
-	// The statement returns 1 or raises; there is no third answer, so a
-	// nil error here means exactly one row was updated.
-	var one int
-	if updErr == nil {
+	_, checkErr := br.Exec()
+	// The UPDATE's statement returns 1 or raises; there is no third
+	// answer, so a nil error means exactly one row was updated.
+	var updErr, commitErr error
+	var commitTag pgconn.CommandTag
+	if checkErr == nil {
+		var one int
 		updErr = br.QueryRow().Scan(&one)
 	}
-	var commitTag pgconn.CommandTag
-	var commitErr error
-	if updErr == nil {
+	if checkErr == nil && updErr == nil {
 		commitTag, commitErr = br.Exec()
 	}
 	closeErr := br.Close()
 
 	switch {
-	case updErr != nil:
-		t.rollbackLocked(ctx)
-		var pgErr *pgconn.PgError
-		if errors.As(updErr, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, leaseLostMarker) {
-			return idem.ErrLeaseLost
+	case checkErr != nil:
+		if hasMarker(checkErr, txEndedMarker) {
+			f.ended = true
 		}
-		if sqlState(updErr) == "25P02" {
-			return fmt.Errorf("idempgx: settle: the transaction was aborted by an earlier failed statement, nothing was stored: %w", updErr)
+		if ended, _ := t.abandon(ctx, f); ended {
+			return fmt.Errorf("idempgx: settle: %w: %w", errTxEnded, checkErr)
+		}
+		return wrap("settle", checkErr)
+	case updErr != nil:
+		ended, _ := t.abandon(ctx, f)
+		switch {
+		case ended:
+			return fmt.Errorf("idempgx: settle: %w: %w", errTxEnded, updErr)
+		case hasMarker(updErr, leaseLostMarker):
+			return idem.ErrLeaseLost
+		case sqlState(updErr) == "25P02":
+			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, updErr)
 		}
 		return wrap("settle", updErr)
 	case commitErr != nil:
 		// The outcome of a COMMIT whose answer was lost is unknown to us;
 		// the caller releases (a no-op if it did commit: the row is no
 		// longer in_progress) and the retry finds out which.
-		t.rollbackLocked(ctx)
+		_, _ = t.abandon(ctx, f)
 		return wrap("settle: commit", commitErr)
 	case commitTag.String() != "COMMIT":
-		t.rollbackLocked(ctx)
+		_, _ = t.abandon(ctx, f)
 		return fmt.Errorf("idempgx: settle: commit: %w (server answered %q)", pgx.ErrTxCommitRollback, commitTag.String())
 	case closeErr != nil:
-		t.rollbackLocked(ctx)
+		_, _ = t.abandon(ctx, f)
 		return wrap("settle: commit", closeErr)
 	}
 	// Committed. The connection is idle, so it goes back to the pool
-	// without another round trip.
+	// without another round trip. Large objects the handler opened hold
+	// pgx's own transaction, which does not know the batch committed: it
+	// is closed (a ROLLBACK outside a transaction, answered with a
+	// warning), so that they answer pgx.ErrTxClosed instead of running on
+	// a connection another request may hold.
+	if f.loUsed {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.txTimeout)
+		_ = t.h.real.Rollback(rctx)
+		cancel()
+	}
 	t.conn.Release()
 	t.conn = nil
 	return nil
 }
 
+// hasMarker reports whether err is the 22P02 one of the store's statements
+// raises on purpose, carrying marker.
+func hasMarker(err error, marker string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, marker)
+}
+
 // Rollback implements idem.Tx. It is a no-op once the transaction is
 // finished (after Settle, or a previous Rollback). It runs on a context
 // detached from ctx's cancellation; if the ROLLBACK fails the connection is
-// closed, which makes the server abort the transaction.
+// closed, which makes the server abort the transaction. When the
+// transaction had ended behind the handle, it returns an error wrapping
+// idem.ErrTxEnded and a later Release of the lease deletes nothing.
 func (t *storeTx) Rollback(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn == nil {
 		return nil
 	}
-	t.handler.close()
-	return t.rollbackLocked(ctx)
+	ended, err := t.abandon(ctx, t.h.close())
+	if ended {
+		return fmt.Errorf("idempgx: rollback: %w", errTxEnded)
+	}
+	return wrap("rollback", err)
 }
 
-// rollbackLocked rolls back and returns the connection to the pool, which
-// destroys it unless it is idle. Callers hold t.mu.
-func (t *storeTx) rollbackLocked(ctx context.Context) error {
-	t.handler.close()
+// abandon rolls back whatever transaction the connection has open, finds
+// out whether the transaction BeginTx began ended behind the handle, and
+// returns the connection to the pool (which destroys it unless idle). An
+// ended transaction's lease is remembered, so that Release leaves the
+// claim in progress. Callers hold t.mu.
+//
+// Without the raw connection, only statements the handle filtered ran, so
+// an open transaction is BeginTx's. With it, an open transaction is asked
+// for the marker: in the same round trip as the ROLLBACK when it is not
+// aborted, after a ROLLBACK TO the savepoint Conn set when it is; without
+// that savepoint an aborted transaction cannot be told apart from another
+// one and counts as ended.
+func (t *storeTx) abandon(ctx context.Context, f handleState) (ended bool, err error) {
 	conn := t.conn
 	t.conn = nil
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.txTimeout)
 	defer cancel()
-	var err error
-	if conn.Conn().PgConn().TxStatus() != 'I' {
-		_, err = conn.Exec(rctx, "ROLLBACK")
+	pg := conn.Conn().PgConn()
+	ended = f.ended
+	realClosed := false // pgx's transaction knows it is over
+	switch status := pg.TxStatus(); {
+	case pg.IsClosed():
+		// The server rolls back what the connection had open when it
+		// goes; whether that was BeginTx's transaction is known only if
+		// no raw statement could have ended it.
+		ended = ended || f.raw
+		err = errConnClosed
+	case pg.IsBusy():
+		// A statement is still in flight (rows the handler left open):
+		// closing the connection below aborts whatever it is in.
+		ended = ended || f.raw
+		err = errConnBusy
+	case status == 'I':
+		// BeginTx began a transaction and nothing the handle let through
+		// ends one: it ended behind the handle.
+		ended = true
+	case ended || !f.raw:
+		err = t.h.real.Rollback(rctx)
+		realClosed = true
+	case status == 'T':
+		var same bool
+		same, err = t.sameTx(rctx, pg, "")
+		ended = !same
+	case f.rawSavepoint:
+		var same bool
+		same, err = t.sameTx(rctx, pg, "ROLLBACK TO SAVEPOINT "+rawSavepoint+"; ")
+		ended = !same
+	default:
+		ended = true
 	}
-	if err != nil {
+	if !pg.IsClosed() && !pg.IsBusy() && pg.TxStatus() != 'I' {
+		err = errors.Join(err, pg.Exec(rctx, "ROLLBACK").Close())
+	}
+	if f.loUsed && !realClosed && !pg.IsClosed() && !pg.IsBusy() {
+		// Large objects the handler holds answer pgx.ErrTxClosed from now
+		// on, instead of running on a connection another request gets.
+		_ = t.h.real.Rollback(rctx)
+	}
+	if err != nil || pg.TxStatus() != 'I' {
 		// Leave no doubt about the transaction: close the connection.
 		_ = conn.Conn().Close(rctx)
 	}
 	conn.Release()
-	return wrap("rollback", err)
+	if ended {
+		t.store.ended.add(t.lease)
+	}
+	return ended, err
 }
 
-// handlerTx is the pgx.Tx a handler gets from Tx. It runs the handler's
-// statements on the transaction's connection, sending BEGIN in one
-// pipelined batch with the first of them; refuses Commit; and turns
-// Rollback into "store nothing". Savepoints are its own (savepointTx).
-type handlerTx struct {
+// sameTx runs prefix, reads the marker and rolls back, in one round trip,
+// and reports whether the marker is the one BeginTx set.
+func (t *storeTx) sameTx(ctx context.Context, pg *pgconn.PgConn, prefix string) (bool, error) {
+	res, err := pg.Exec(ctx, prefix+"SELECT pg_catalog.current_setting('"+leaseSetting+"', true); ROLLBACK").ReadAll()
+	if err != nil {
+		if prefix != "" && sqlState(err) == "3B001" { // no such savepoint: another transaction
+			return false, nil
+		}
+		return false, err
+	}
+	for _, r := range res {
+		if len(r.Rows) == 1 && len(r.Rows[0]) == 1 {
+			return string(r.Rows[0][0]) == t.marker, nil
+		}
+	}
+	return false, nil
+}
+
+// handleState is what the store needs to know about the handle once it has
+// closed it.
+type handleState struct {
+	rolledBack   bool // the handler called Rollback
+	ended        bool // the handle saw the transaction end behind it
+	raw          bool // Conn handed out the raw connection
+	rawSavepoint bool // … after setting rawSavepoint
+	loUsed       bool // LargeObjects handed out pgx's transaction's large objects
+}
+
+// handle is the pgx.Tx a handler gets from Tx. It runs the handler's
+// statements through the real pgx transaction BeginTx began, after
+// refusing those that would end it, and watches the connection's
+// transaction status before and after each. Its methods are serialised
+// with each other and with the store's Settle and Rollback.
+type handle struct {
+	real  pgx.Tx
 	conn  *pgx.Conn
 	owner *storeTx
 
 	mu         sync.Mutex
-	begun      bool   // BEGIN was sent (and answered)
-	closed     bool   // the store finished the transaction, or the handler rolled back
-	rolledBack bool   // the handler called Rollback
-	savepoints int    // savepoints created, for their names
-	lo         pgx.Tx // pgx's own view of the transaction, for LargeObjects only
+	closed     bool // the store finished the transaction
+	used       bool
+	savepoints int // savepoints created, for their names
+	state      handleState
 }
 
-// close marks the handler's view finished and reports whether the handler
-// rolled back.
-func (h *handlerTx) close() (rolledBack bool) {
+// close marks the handle finished and returns its state.
+func (h *handle) close() handleState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
-	return h.rolledBack
+	return h.state
 }
 
-// began reports whether BEGIN was sent.
-func (h *handlerTx) began() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.begun
-}
-
-// use runs fn with the connection while the transaction is open. When
-// BEGIN has not been sent, fn gets begin = true and must send it first,
-// pipelined with its own statement, and report whether it did; otherwise
-// fn sends its statement as it is.
-func (h *handlerTx) use(fn func(begin bool) (begun bool)) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
+// enter checks, with h.mu held, that a statement may go out: the store has
+// not finished the transaction, the handler has not rolled it back, and it
+// has not ended behind the handle (the connection is idle).
+func (h *handle) enter() error {
+	switch {
+	case h.closed:
 		return pgx.ErrTxClosed
+	case h.state.rolledBack:
+		h.used = true
+		return ErrHandlerRolledBack
 	}
-	if fn(!h.begun) {
-		h.begun = true
+	h.used = true
+	if h.state.ended || h.conn.PgConn().TxStatus() == 'I' {
+		h.state.ended = true
+		return errTxEnded
 	}
 	return nil
 }
 
-// begin sends BEGIN on its own if it has not gone out yet, for the calls
-// that cannot carry it in a batch (CopyFrom, Prepare, savepoints, the
-// connection handed out by Conn).
-func (h *handlerTx) begin(ctx context.Context) error {
-	var err error
-	if uerr := h.use(func(begin bool) bool {
-		if !begin {
-			return true
-		}
-		_, err = h.conn.Exec(ctx, beginSQL)
-		return err == nil
-	}); uerr != nil {
-		return uerr
+// leave records, with h.mu held, whether the statement that just ran left
+// the connection idle: the transaction ended, and it reports so.
+func (h *handle) leave() bool {
+	if !h.state.ended && h.conn.PgConn().TxStatus() == 'I' {
+		h.state.ended = true
 	}
-	return err
+	return h.state.ended
 }
 
-// withBegin sends BEGIN and sql in one batch and reads BEGIN's answer.
-// The caller reads sql's result from br and closes it; on an error br is
-// already closed.
-func (h *handlerTx) withBegin(ctx context.Context, sql string, args []any) (br pgx.BatchResults, err error) {
-	b := &pgx.Batch{}
-	b.Queue(beginSQL)
-	b.Queue(sql, args...)
-	br = h.conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, err
-	}
-	return br, nil
+// detached returns a context for the store's own statements on the
+// handle's connection: not cancelled with the handler's, bounded.
+func (h *handle) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), h.owner.store.txTimeout)
 }
 
-// pipelinable reports whether args can go into a pgx.Batch as they are:
-// Exec and Query also take a QueryExecMode, a QueryRewriter or a result
-// format as their first argument, which a batch does not.
-func pipelinable(args []any) bool {
-	if len(args) == 0 {
-		return true
+// refuse refuses a statement, with h.mu held: the transaction is aborted
+// on the server as if the statement had failed there (or, if that cannot
+// be done, the connection is closed, which aborts it too), and the error
+// wraps ErrTxOwned.
+func (h *handle) refuse(ctx context.Context, what string) error {
+	h.abort(ctx)
+	return fmt.Errorf("%w: %q refused: it would end the transaction; the transaction is now aborted", ErrTxOwned, what)
+}
+
+// abort makes the server abort the open transaction, with h.mu held.
+func (h *handle) abort(ctx context.Context) {
+	if h.conn.PgConn().TxStatus() != 'T' {
+		return // already aborted, or ended (which enter reports)
 	}
-	switch args[0].(type) {
-	case pgx.QueryExecMode, pgx.QueryRewriter, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
-		return false
+	actx, cancel := h.detached(ctx)
+	defer cancel()
+	_, _ = h.conn.Exec(actx, abortSQL)
+	if pg := h.conn.PgConn(); pg.TxStatus() != 'E' && !pg.IsClosed() {
+		_ = h.conn.Close(actx)
 	}
-	return true
 }
 
 // Begin starts a savepoint inside the store's transaction. The savepoint
-// is closed, like the transaction, once the store has finished it.
-func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	return h.savepoint(ctx)
-}
-
-func (h *handlerTx) savepoint(ctx context.Context) (pgx.Tx, error) {
-	if err := h.begin(ctx); err != nil {
+// handle is sealed like this one; it is closed, like the transaction, once
+// the store has finished it.
+func (h *handle) Begin(ctx context.Context) (pgx.Tx, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
 		return nil, err
 	}
-	h.mu.Lock()
 	h.savepoints++
 	name := "idem_sp_" + strconv.Itoa(h.savepoints)
-	h.mu.Unlock()
-	if _, err := h.Exec(ctx, "savepoint "+name); err != nil {
+	_, err := h.real.Exec(ctx, "savepoint "+name)
+	if h.leave() && err == nil {
+		err = errTxEnded
+	}
+	if err != nil {
 		return nil, err
 	}
-	return &savepointTx{root: h, name: name}, nil
+	return &savepoint{root: h, name: name}, nil
 }
 
-// Commit refuses: the store commits the transaction with the outcome.
-func (h *handlerTx) Commit(context.Context) error {
+// Commit refuses: the store commits the transaction with the outcome. It
+// returns ErrTxOwned and changes nothing, or pgx.ErrTxClosed once the store
+// has finished the transaction.
+func (h *handle) Commit(context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -323,255 +503,254 @@ func (h *handlerTx) Commit(context.Context) error {
 	return ErrTxOwned
 }
 
-// Rollback rolls the handler's work back: the transaction is marked so that
-// the settle stores nothing, and closed for further use. The server-side
-// ROLLBACK happens when the store finishes the transaction.
-func (h *handlerTx) Rollback(context.Context) error {
+// Rollback refuses to end the transaction but honours the intent: the
+// transaction is aborted on the server, nothing more runs through the
+// handle, and the settle stores nothing (ErrHandlerRolledBack), so the
+// work is never committed and the engine releases the key. It returns
+// ErrTxOwned, or pgx.ErrTxClosed once the store has finished the
+// transaction.
+func (h *handle) Rollback(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return pgx.ErrTxClosed
 	}
-	h.closed, h.rolledBack = true, true
-	return nil
+	h.used = true
+	h.state.rolledBack = true
+	h.abort(ctx)
+	return ErrTxOwned
 }
 
-func (h *handlerTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	if err := h.begin(ctx); err != nil {
+// CopyFrom runs COPY FROM STDIN in the transaction, as pgx.Tx does.
+func (h *handle) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
 		return 0, err
 	}
-	var (
-		n   int64
-		err error
-	)
-	if uerr := h.use(func(bool) bool {
-		n, err = h.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
-		return true
-	}); uerr != nil {
-		return 0, uerr
+	n, err := h.real.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	if h.leave() && err == nil {
+		err = errTxEnded
 	}
 	return n, err
 }
 
-func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	var br pgx.BatchResults
-	if err := h.use(func(begin bool) bool {
-		if !begin {
-			br = h.conn.SendBatch(ctx, b)
-			return true
-		}
-		withBegin := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: beginSQL}}, b.QueuedQueries...)}
-		br = h.conn.SendBatch(ctx, withBegin)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			br = errBatch{err}
-			return false
-		}
-		return true
-	}); err != nil {
-		return errBatch{err}
-	}
-	return br
-}
-
-// LargeObjects needs pgx's own transaction type, which only pgx's BeginTx
-// makes: it sends BEGIN (a round trip; inside a transaction begun by a
-// pipelined statement the server answers it with a warning). This rarely
-// used call is the only one that does. BeginTx fails only on a broken
-// connection; the handler then panics with the error, which releases the
-// key like any panic (LargeObjects has no error to return). After the
-// store finished the transaction the connection may serve another request,
-// so a first LargeObjects call then panics with pgx.ErrTxClosed.
-func (h *handlerTx) LargeObjects() pgx.LargeObjects {
+// SendBatch sends b in the transaction, as pgx.Tx does, after rewriting
+// each query as pgx would (QueryRewriter arguments) and refusing the whole
+// batch, before anything is sent, if any query holds a
+// transaction-control statement. A batch that begins its own transaction
+// (Batch.BeginTx) is refused the same way.
+func (h *handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.lo == nil && h.closed {
-		panic(fmt.Errorf("idempgx: LargeObjects: %w", pgx.ErrTxClosed))
+	if err := h.enter(); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
-	if h.lo == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), h.owner.store.txTimeout)
-		defer cancel()
-		tx, err := h.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		if err != nil {
-			h.rolledBack = true
-			panic(fmt.Errorf("idempgx: LargeObjects: begin: %w", err))
+	texts := make([]string, 0, len(b.QueuedQueries))
+	for _, q := range b.QueuedQueries {
+		var rw pgx.QueryRewriter
+		args := q.Arguments
+		for len(args) > 0 {
+			r, ok := args[0].(pgx.QueryRewriter)
+			if !ok {
+				break
+			}
+			rw, args = r, args[1:]
 		}
-		h.lo, h.begun = tx, true
+		if rw != nil {
+			sql, rargs, err := rw.RewriteQuery(ctx, h.conn, q.SQL, args)
+			if err != nil {
+				return pgx.FailedBatchResults(b, fmt.Errorf("rewrite query failed: %w", err))
+			}
+			q.SQL, q.Arguments = sql, rargs
+		}
+		texts = append(texts, q.SQL)
 	}
-	return h.lo.LargeObjects()
+	// Each query is one statement on the wire, except under the simple
+	// protocol, where pgx joins them with "\n;" into one text.
+	for _, sql := range append(texts, strings.Join(texts, "\n;")) {
+		if words, bad := txControlStatement(sql); bad {
+			return pgx.FailedBatchResults(b, h.refuse(ctx, words))
+		}
+	}
+	return h.real.SendBatch(ctx, b)
 }
 
-func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	var (
-		sd  *pgconn.StatementDescription
-		err error
-	)
-	if uerr := h.use(func(bool) bool {
-		// Preparing needs no transaction; BEGIN waits for a statement.
-		sd, err = h.conn.Prepare(ctx, name, sql)
-		return false
-	}); uerr != nil {
-		return nil, uerr
+// LargeObjects returns the large objects of pgx's own transaction, the one
+// BeginTx began; it never fails or panics. Once the store has finished the
+// transaction (or it ended behind the handle, or the handler rolled it
+// back) their methods return pgx.ErrTxClosed.
+func (h *handle) LargeObjects() pgx.LargeObjects {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.state.ended || h.state.rolledBack {
+		return closedTx.LargeObjects()
+	}
+	h.used, h.state.loUsed = true, true
+	return h.real.LargeObjects()
+}
+
+// closedTx is a closed pgx.Tx with no connection: every method returns
+// pgx.ErrTxClosed without any I/O. pgx makes one for a batch that began a
+// transaction and failed before sending anything.
+var closedTx = func() pgx.Tx {
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	return pgx.FailedBatchResults(&b, pgx.ErrTxClosed).Tx()
+}()
+
+// Prepare prepares sql on the connection, as pgx.Tx does, after refusing
+// a transaction-control statement.
+func (h *handle) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
+		return nil, err
+	}
+	if words, bad := txControlStatement(sql); bad {
+		return nil, h.refuse(ctx, words)
+	}
+	sd, err := h.real.Prepare(ctx, name, sql)
+	if h.leave() && err == nil {
+		err = errTxEnded
 	}
 	return sd, err
 }
 
-func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	var (
-		tag pgconn.CommandTag
-		err error
-	)
-	if !pipelinable(args) {
-		if err := h.begin(ctx); err != nil {
-			return tag, err
-		}
+// Exec runs sql in the transaction, as pgx.Tx does, after refusing a
+// transaction-control statement anywhere in it.
+func (h *handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
-	if uerr := h.use(func(begin bool) bool {
-		if !begin {
-			tag, err = h.conn.Exec(ctx, sql, args...)
-			return true
-		}
-		br, berr := h.withBegin(ctx, sql, args)
-		if berr != nil {
-			err = berr
-			return false
-		}
-		tag, err = br.Exec()
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return true
-	}); uerr != nil {
-		return tag, uerr
+	sql, args, err := rewrite(ctx, h.conn, sql, args, false)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if words, bad := txControlStatement(sql); bad {
+		return pgconn.CommandTag{}, h.refuse(ctx, words)
+	}
+	tag, err := h.real.Exec(ctx, sql, args...)
+	if h.leave() && err == nil {
+		err = errTxEnded
 	}
 	return tag, err
 }
 
-func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	var (
-		rows pgx.Rows
-		err  error
-	)
-	if !pipelinable(args) {
-		if err := h.begin(ctx); err != nil {
-			return nil, err
-		}
+// Query runs sql in the transaction, as pgx.Tx does, after refusing a
+// transaction-control statement anywhere in it. The rows are pgx's own.
+func (h *handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
+		return errRows{err, h.conn.TypeMap()}, err
 	}
-	if uerr := h.use(func(begin bool) bool {
-		if !begin {
-			rows, err = h.conn.Query(ctx, sql, args...)
-			return true
-		}
-		br, berr := h.withBegin(ctx, sql, args)
-		if berr != nil {
-			err = berr
-			return false
-		}
-		var inner pgx.Rows
-		if inner, err = br.Query(); err != nil {
-			_ = br.Close()
-			return true
-		}
-		rows = &batchRows{Rows: inner, br: br}
-		return true
-	}); uerr != nil {
-		return nil, uerr
+	sql, args, err := rewrite(ctx, h.conn, sql, args, true)
+	if err != nil {
+		return errRows{err, h.conn.TypeMap()}, err
 	}
-	return rows, err
+	if words, bad := txControlStatement(sql); bad {
+		err := h.refuse(ctx, words)
+		return errRows{err, h.conn.TypeMap()}, err
+	}
+	return h.real.Query(ctx, sql, args...)
 }
 
-func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, err := h.Query(ctx, sql, args...)
+// QueryRow runs sql in the transaction, as pgx.Tx does, after refusing a
+// transaction-control statement anywhere in it.
+func (h *handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.enter(); err != nil {
+		return errRow{err}
+	}
+	sql, args, err := rewrite(ctx, h.conn, sql, args, true)
 	if err != nil {
 		return errRow{err}
 	}
-	return queryRow{rows}
+	if words, bad := txControlStatement(sql); bad {
+		return errRow{h.refuse(ctx, words)}
+	}
+	return h.real.QueryRow(ctx, sql, args...)
 }
 
-// Conn returns the transaction's connection, with BEGIN sent, so that what
-// the handler runs on it is part of the transaction. Do not keep it past
-// the handler.
-func (h *handlerTx) Conn() *pgx.Conn {
-	ctx, cancel := context.WithTimeout(context.Background(), h.owner.store.txTimeout)
-	defer cancel()
-	if err := h.begin(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		// Nothing run on the connection may commit on its own: the
-		// settle stores nothing for a handler whose BEGIN failed.
-		h.mu.Lock()
-		h.rolledBack = true
-		h.mu.Unlock()
+// Conn returns the transaction's connection. What runs on it is part of
+// the transaction but is not filtered: a transaction ended through it is
+// only detected afterwards. The first call sets a savepoint (one round
+// trip) by which the store can later tell an aborted transaction from
+// another one. Do not keep the connection past the handler.
+func (h *handle) Conn() *pgx.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return h.conn
+	}
+	h.used = true
+	if !h.state.raw {
+		h.state.raw = true
+		if h.conn.PgConn().TxStatus() == 'T' {
+			ctx, cancel := h.detached(context.Background())
+			_, err := h.conn.Exec(ctx, "SAVEPOINT "+rawSavepoint)
+			cancel()
+			h.state.rawSavepoint = err == nil
+		}
 	}
 	return h.conn
 }
 
-// batchRows are the rows of a handler's first query, which went out
-// pipelined behind BEGIN: closing them also closes the batch, which must
-// happen before the connection can run anything else.
-type batchRows struct {
-	pgx.Rows
-	br     pgx.BatchResults
-	closed bool
-	err    error
-}
-
-func (r *batchRows) Next() bool {
-	if r.Rows.Next() {
-		return true
-	}
-	r.Close()
-	return false
-}
-
-func (r *batchRows) Close() {
-	if r.closed {
-		return
-	}
-	r.closed = true
-	r.Rows.Close()
-	r.err = r.br.Close()
-}
-
-func (r *batchRows) Err() error {
-	if err := r.Rows.Err(); err != nil {
-		return err
-	}
-	return r.err
-}
-
-// queryRow is pgx's QueryRow over Rows: Scan reads the first row and
-// closes the rows.
-type queryRow struct{ rows pgx.Rows }
-
-func (r queryRow) Scan(dest ...any) error {
-	defer r.rows.Close()
-	if err := r.rows.Err(); err != nil {
-		return err
-	}
-	if !r.rows.Next() {
-		if err := r.rows.Err(); err != nil {
-			return err
+// rewrite does what pgx does with a statement's leading option arguments
+// before it sends it: a QueryRewriter (pgx.NamedArgs, pgx.StrictNamedArgs,
+// …) rewrites sql and the arguments, so that the filter sees the text the
+// server gets. Other options (pgx.QueryExecMode and, for Query,
+// pgx.QueryResultFormats and pgx.QueryResultFormatsByOID) stay in front of
+// the rewritten arguments for pgx.
+func rewrite(ctx context.Context, conn *pgx.Conn, sql string, args []any, formats bool) (string, []any, error) {
+	var (
+		opts []any
+		rw   pgx.QueryRewriter
+		i    int
+	)
+options:
+	for ; i < len(args); i++ {
+		switch a := args[i].(type) {
+		case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			if !formats {
+				break options
+			}
+			opts = append(opts, a)
+		case pgx.QueryExecMode:
+			opts = append(opts, a)
+		case pgx.QueryRewriter:
+			rw = a
+		default:
+			break options
 		}
-		return pgx.ErrNoRows
 	}
-	if err := r.rows.Scan(dest...); err != nil {
-		return err
+	if rw == nil {
+		return sql, args, nil
 	}
-	r.rows.Close()
-	return r.rows.Err()
+	sql, rest, err := rw.RewriteQuery(ctx, conn, sql, args[i:])
+	if err != nil {
+		return "", nil, fmt.Errorf("rewrite query failed: %w", err)
+	}
+	return sql, append(opts, rest...), nil
 }
 
-// savepointTx is a savepoint inside a handlerTx: Commit releases it and
-// Rollback rolls back to it, as pgx's savepoints do, while the store's
-// transaction is open; afterwards, or once it is released or rolled back,
-// every method returns pgx.ErrTxClosed.
-type savepointTx struct {
-	root   *handlerTx
+// savepoint is a savepoint inside a handle: Commit releases it and
+// Rollback rolls back to it, as pgx's savepoints do, and every statement
+// goes through the handle's filter. Once it is released or rolled back,
+// or the store has finished the transaction, its methods return
+// pgx.ErrTxClosed.
+type savepoint struct {
+	root   *handle
 	name   string
 	mu     sync.Mutex
 	closed bool
 }
 
-func (s *savepointTx) open() error {
+func (s *savepoint) open() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -580,89 +759,126 @@ func (s *savepointTx) open() error {
 	return nil
 }
 
-func (s *savepointTx) end(ctx context.Context, sql string) error {
+// end releases the savepoint or rolls back to it, and closes it either way.
+func (s *savepoint) end(ctx context.Context, sql string) error {
 	if err := s.open(); err != nil {
 		return err
 	}
-	_, err := s.root.Exec(ctx, sql+s.name)
+	h := s.root
+	h.mu.Lock()
+	err := h.enter()
+	if err == nil {
+		_, err = h.real.Exec(ctx, sql+s.name)
+		if h.leave() && err == nil {
+			err = errTxEnded
+		}
+	}
+	h.mu.Unlock()
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	return err
 }
 
-func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+// Begin starts a savepoint nested in this one.
+func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
-	return s.root.savepoint(ctx)
+	return s.root.Begin(ctx)
 }
 
-func (s *savepointTx) Commit(ctx context.Context) error { return s.end(ctx, "release savepoint ") }
+// Commit releases the savepoint.
+func (s *savepoint) Commit(ctx context.Context) error { return s.end(ctx, "release savepoint ") }
 
-func (s *savepointTx) Rollback(ctx context.Context) error {
+// Rollback rolls back to the savepoint and releases it.
+func (s *savepoint) Rollback(ctx context.Context) error {
 	return s.end(ctx, "rollback to savepoint ")
 }
 
-func (s *savepointTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+// CopyFrom is the handle's CopyFrom.
+func (s *savepoint) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
 	if err := s.open(); err != nil {
 		return 0, err
 	}
 	return s.root.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
-func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+// SendBatch is the handle's SendBatch.
+func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := s.open(); err != nil {
-		return errBatch{err}
+		return pgx.FailedBatchResults(b, err)
 	}
 	return s.root.SendBatch(ctx, b)
 }
 
-func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.root.LargeObjects() }
+// LargeObjects is the handle's LargeObjects.
+func (s *savepoint) LargeObjects() pgx.LargeObjects {
+	if err := s.open(); err != nil {
+		return closedTx.LargeObjects()
+	}
+	return s.root.LargeObjects()
+}
 
-func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+// Prepare is the handle's Prepare.
+func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
 	return s.root.Prepare(ctx, name, sql)
 }
 
-func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+// Exec is the handle's Exec.
+func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := s.open(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return s.root.Exec(ctx, sql, args...)
 }
 
-func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+// Query is the handle's Query.
+func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if err := s.open(); err != nil {
-		return nil, err
+		return errRows{err, s.root.conn.TypeMap()}, err
 	}
 	return s.root.Query(ctx, sql, args...)
 }
 
-func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+// QueryRow is the handle's QueryRow.
+func (s *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := s.open(); err != nil {
 		return errRow{err}
 	}
 	return s.root.QueryRow(ctx, sql, args...)
 }
 
-func (s *savepointTx) Conn() *pgx.Conn { return s.root.Conn() }
+// Conn is the handle's Conn.
+func (s *savepoint) Conn() *pgx.Conn { return s.root.Conn() }
 
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-type errBatch struct{ err error }
+// errRows are the rows of a statement refused before it was sent.
+type errRows struct {
+	err error
+	tm  *pgtype.Map
+}
 
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
-func (b errBatch) Close() error                     { return b.err }
-func (b errBatch) Tx() pgx.Tx                       { return nil }
+func (r errRows) Close()                                       {}
+func (r errRows) Err() error                                   { return r.err }
+func (r errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r errRows) Next() bool                                   { return false }
+func (r errRows) Scan(...any) error                            { return r.err }
+func (r errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r errRows) RawValues() [][]byte                          { return nil }
+func (r errRows) Conn() *pgx.Conn                              { return nil }
+func (r errRows) TypeMap() *pgtype.Map                         { return r.tm }
 
 var (
-	_ pgx.Tx = (*handlerTx)(nil)
-	_ pgx.Tx = (*savepointTx)(nil)
+	_ pgx.Tx   = (*handle)(nil)
+	_ pgx.Tx   = (*savepoint)(nil)
+	_ pgx.Rows = errRows{}
+	_ idem.Tx  = (*storeTx)(nil)
 )

@@ -172,6 +172,35 @@ func (e *Env) Backend() storetest.Backend {
 			}
 			return nil
 		},
+		Dialect: "postgres",
+		Exec: func(ctx context.Context, sql string, args ...any) error {
+			tx, ok := idempgx.Tx(ctx)
+			if !ok {
+				return errors.New("no idempgx transaction in context")
+			}
+			_, err := tx.Exec(ctx, sql, args...)
+			return err
+		},
+		EndHandle: func(ctx context.Context, commit bool) error {
+			tx, ok := idempgx.Tx(ctx)
+			if !ok {
+				return errors.New("no idempgx transaction in context")
+			}
+			if commit {
+				return tx.Commit(ctx)
+			}
+			return tx.Rollback(ctx)
+		},
+		// COMMIT on the raw connection the handle's Conn returns: the one
+		// route the handle cannot filter.
+		EndTxAround: func(ctx context.Context) error {
+			tx, ok := idempgx.Tx(ctx)
+			if !ok {
+				return errors.New("no idempgx transaction in context")
+			}
+			_, err := tx.Conn().Exec(ctx, "COMMIT")
+			return err
+		},
 	}
 }
 

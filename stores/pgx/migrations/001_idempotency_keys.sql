@@ -5,11 +5,13 @@
 -- handler's own writes), or deleted when the attempt is released. Times are
 -- PostgreSQL's clock (now()), never the application's.
 --
--- This file creates the table under its default name. For another name,
--- render the schema with idempgx.Schema("your_table") instead of copying
--- this file. The statements are idempotent (IF NOT EXISTS).
+-- This file creates the table under its default name, schema-qualified so
+-- that it lands where the store looks whatever the search_path. For
+-- another name, render the schema with idempgx.Schema("your_schema.your_table")
+-- instead of copying this file. The statements are idempotent (IF NOT
+-- EXISTS).
 
-CREATE TABLE IF NOT EXISTS idempotency_keys (
+CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     principal   text        NOT NULL,
     key         text        NOT NULL,
     -- SHA-256 of method, path, principal and body (32 bytes): never the body.
@@ -18,14 +20,17 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
                 CHECK (state IN ('in_progress', 'completed', 'failed')),
     -- Fences settle and release: they only act while it still matches.
     lease_token text        NOT NULL,
-    request_id  text        NOT NULL DEFAULT '',
+    -- The first attempt's request id; idem bounds it to 255 bytes.
+    request_id  text        NOT NULL DEFAULT ''
+                CHECK (octet_length(request_id) <= 255),
     created_at  timestamptz NOT NULL DEFAULT now(),
     locked_at   timestamptz NOT NULL DEFAULT now(),
     -- Retention: past it the row counts as absent and may be purged.
     expires_at  timestamptz NOT NULL,
     -- The stored response; present exactly when the row is settled.
     status      integer,
-    headers     jsonb,
+    -- Response headers, byte-exact, in idem.EncodeHeader's format.
+    headers     bytea,
     body        bytea,
     PRIMARY KEY (principal, key),
     CHECK ((state = 'in_progress') = (status IS NULL))
@@ -33,8 +38,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 
 -- Stale in_progress rows (crashed or hung holders), oldest lease first.
 CREATE INDEX IF NOT EXISTS idempotency_keys_locked_at_idx
-    ON idempotency_keys (locked_at) WHERE state = 'in_progress';
+    ON public.idempotency_keys (locked_at) WHERE state = 'in_progress';
 
 -- The sweeper's index for deleting expired rows in batches.
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx
-    ON idempotency_keys (expires_at);
+    ON public.idempotency_keys (expires_at);

@@ -1,0 +1,424 @@
+package idempgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemgo/idem/core"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
+)
+
+// The pgx.Tx behaviour suite: the same statements, one by one, through the
+// handle idempgx gives a handler and through a plain pgx.Tx on the same
+// server, with the outcomes compared: success or error (SQLSTATE, or the
+// kind of client-side error), rows, command tags, and in the end what
+// committed. The plain transaction ends with Commit, ours with Settle; a
+// plain COMMIT answered with ROLLBACK must be a settle that stores nothing.
+// The intended differences (Commit, Rollback and transaction-control
+// statements answer ErrTxOwned) are checked separately, in
+// TestBehaviourIntendedDifferences.
+
+// behaviourStep runs one thing through tx against table tbl and describes
+// what happened.
+type behaviourStep func(ctx context.Context, tx pgx.Tx, tbl string) string
+
+// describeErr reduces err to what both transactions must agree on.
+func describeErr(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &pgErr):
+		return "pg " + pgErr.Code
+	case errors.Is(err, pgx.ErrTxClosed):
+		return "tx closed"
+	case errors.Is(err, pgx.ErrNoRows):
+		return "no rows"
+	}
+	return "client error"
+}
+
+func execStep(sql string, args ...any) behaviourStep {
+	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		tag, err := tx.Exec(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...)
+		return fmt.Sprintf("exec %s tag=%q", describeErr(err), tag.String())
+	}
+}
+
+func queryStep(sql string, args ...any) behaviourStep {
+	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		rows, err := tx.Query(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...)
+		if err != nil {
+			return "query " + describeErr(err)
+		}
+		var out []string
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				out = append(out, "values "+describeErr(err))
+				break
+			}
+			out = append(out, fmt.Sprint(vals...))
+		}
+		rows.Close()
+		return fmt.Sprintf("query rows=%q err=%s tag=%q", out, describeErr(rows.Err()), rows.CommandTag().String())
+	}
+}
+
+func queryRowStep(sql string, args ...any) behaviourStep {
+	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		var v any
+		err := tx.QueryRow(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...).Scan(&v)
+		return fmt.Sprintf("queryrow %v %s", v, describeErr(err))
+	}
+}
+
+func batchStep(sqls ...string) behaviourStep {
+	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		b := &pgx.Batch{}
+		for _, s := range sqls {
+			b.Queue(strings.ReplaceAll(s, "TBL", tbl))
+		}
+		br := tx.SendBatch(ctx, b)
+		var out []string
+		for range sqls {
+			tag, err := br.Exec()
+			out = append(out, fmt.Sprintf("%s %q", describeErr(err), tag.String()))
+		}
+		return fmt.Sprintf("batch %q close=%s", out, describeErr(br.Close()))
+	}
+}
+
+var behaviourSteps = map[string]behaviourStep{
+	"insert":        execStep("INSERT INTO TBL (n, s) VALUES ($1, $2)", 1, "one"),
+	"insert simple": execStep("INSERT INTO TBL (n, s) VALUES (2, 'two')"),
+	"query all":     queryStep("SELECT n, s FROM TBL ORDER BY n"),
+	"query early close": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		rows, err := tx.Query(ctx, "SELECT g FROM generate_series(1, 1000) g")
+		if err != nil {
+			return "query " + describeErr(err)
+		}
+		rows.Next()
+		var first int
+		scanErr := rows.Scan(&first)
+		rows.Close()
+		return fmt.Sprintf("early close first=%d scan=%s err=%s", first, describeErr(scanErr), describeErr(rows.Err()))
+	},
+	"query row":    queryRowStep("SELECT count(*) FROM TBL"),
+	"query no row": queryRowStep("SELECT n FROM TBL WHERE n < 0"),
+	"batch":        batchStep("INSERT INTO TBL (n, s) VALUES (3, 'three')", "SELECT 1", "UPDATE TBL SET s = s || '!' WHERE n = 3"),
+	"copy from": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		n, err := tx.CopyFrom(ctx, pgx.Identifier(strings.Split(strings.ReplaceAll(tbl, `"`, ""), ".")), []string{"n", "s"},
+			pgx.CopyFromRows([][]any{{10, "ten"}, {11, "eleven"}}))
+		return fmt.Sprintf("copy %d %s", n, describeErr(err))
+	},
+	"prepare": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		name := "ins_" + strings.NewReplacer(`"`, "", ".", "_").Replace(tbl)
+		sd, err := tx.Prepare(ctx, name, "INSERT INTO "+tbl+" (n, s) VALUES ($1, $2)")
+		if err != nil {
+			return "prepare " + describeErr(err)
+		}
+		tag, err := tx.Exec(ctx, name, 20, "twenty")
+		return fmt.Sprintf("prepare params=%d exec %s %q", len(sd.ParamOIDs), describeErr(err), tag.String())
+	},
+	"large objects": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		lo := tx.LargeObjects()
+		oid, err := lo.Create(ctx, 0)
+		if err != nil {
+			return "lo create " + describeErr(err)
+		}
+		obj, err := lo.Open(ctx, oid, pgx.LargeObjectModeRead|pgx.LargeObjectModeWrite)
+		if err != nil {
+			return "lo open " + describeErr(err)
+		}
+		n, err := obj.Write([]byte("large object"))
+		if err != nil {
+			return "lo write " + describeErr(err)
+		}
+		if _, err := obj.Seek(0, io.SeekStart); err != nil {
+			return "lo seek " + describeErr(err)
+		}
+		buf := make([]byte, 64)
+		m, err := obj.Read(buf)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return "lo read " + describeErr(err)
+		}
+		return fmt.Sprintf("lo wrote %d read %q close %s unlink %s", n, buf[:m], describeErr(obj.Close()), describeErr(lo.Unlink(ctx, oid)))
+	},
+	"conn": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		tag, err := tx.Conn().Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (30, 'thirty')")
+		return fmt.Sprintf("conn exec %s %q", describeErr(err), tag.String())
+	},
+	"nested savepoints": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		var out []string
+		sp1, err := tx.Begin(ctx)
+		out = append(out, "begin1 "+describeErr(err))
+		if err != nil {
+			return strings.Join(out, "; ")
+		}
+		_, err = sp1.Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (40, 'kept')")
+		out = append(out, "insert1 "+describeErr(err))
+		sp2, err := sp1.Begin(ctx)
+		out = append(out, "begin2 "+describeErr(err))
+		if err == nil {
+			_, err = sp2.Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (41, 'undone')")
+			out = append(out, "insert2 "+describeErr(err))
+			out = append(out, "rollback2 "+describeErr(sp2.Rollback(ctx)))
+			_, err = sp2.Exec(ctx, "SELECT 1")
+			out = append(out, "after rollback2 "+describeErr(err))
+		}
+		out = append(out, "commit1 "+describeErr(sp1.Commit(ctx)), "commit1 again "+describeErr(sp1.Commit(ctx)))
+		return strings.Join(out, "; ")
+	},
+	"savepoint recovers a failure": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return "begin " + describeErr(err)
+		}
+		_, failErr := sp.Exec(ctx, "SELECT 1/0")
+		_, abortedErr := sp.Exec(ctx, "SELECT 1")
+		rbErr := sp.Rollback(ctx)
+		_, afterErr := tx.Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (50, 'after recovery')")
+		return fmt.Sprintf("fail %s aborted %s rollback %s after %s", describeErr(failErr), describeErr(abortedErr), describeErr(rbErr), describeErr(afterErr))
+	},
+	"named args":      execStep("INSERT INTO TBL (n, s) VALUES (@n, @s)", pgx.NamedArgs{"n": 60, "s": "sixty"}),
+	"exec mode":       execStep("INSERT INTO TBL (n, s) VALUES ($1, $2)", pgx.QueryExecModeSimpleProtocol, 61, "sixty-one"),
+	"multi statement": execStep("INSERT INTO TBL (n, s) VALUES (70, 'a'); INSERT INTO TBL (n, s) VALUES (71, 'b')"),
+}
+
+// failures are first statements that fail in each of the ways a statement
+// can: at parse, at describe (a missing table), at bind (an argument the
+// server cannot read), at execution, and before anything is sent (an
+// argument pgx cannot encode, which aborts nothing, in either
+// transaction).
+var failures = map[string]behaviourStep{
+	"parse error":          execStep("SELEC 1"),
+	"missing table":        execStep("INSERT INTO idem_no_such_table VALUES (1)"),
+	"missing table query":  queryStep("SELECT * FROM idem_no_such_table"),
+	"bind error":           execStep("SELECT $1::int", "not a number"),
+	"bind error query row": queryRowStep("SELECT $1::int", "not a number"),
+	"execution error":      execStep("SELECT 1/0"),
+	"execution error rows": queryStep("SELECT 1/(g - 3) FROM generate_series(1, 5) g"),
+	"execution error batch": batchStep("INSERT INTO TBL (n, s) VALUES (80, 'in batch')", "SELECT 1/0",
+		"INSERT INTO TBL (n, s) VALUES (81, 'after')"),
+	"client encode error": execStep("SELECT $1::int", make(chan int)),
+}
+
+type behaviourScenario struct {
+	name  string
+	steps []string // keys of behaviourSteps or failures
+}
+
+func behaviourScenarios() []behaviourScenario {
+	var out []behaviourScenario
+	for name := range behaviourSteps {
+		out = append(out, behaviourScenario{name: name, steps: []string{name, "query all"}})
+	}
+	out = append(out, behaviourScenario{name: "everything", steps: []string{"insert", "insert simple", "query all",
+		"query early close", "query row", "query no row", "batch", "copy from", "prepare", "large objects", "conn",
+		"nested savepoints", "savepoint recovers a failure", "named args", "exec mode", "multi statement", "query all"}})
+	for name := range failures {
+		// The failure first, then a further statement, then the commit.
+		out = append(out, behaviourScenario{name: "first: " + name, steps: []string{name, "insert", "query row"}})
+		out = append(out, behaviourScenario{name: "after a write: " + name, steps: []string{"insert", name, "insert simple"}})
+	}
+	return out
+}
+
+// runPlain runs the steps in a plain pgx transaction and commits.
+func runPlain(ctx context.Context, t *testing.T, pool *pgxpool.Pool, tbl string, steps []string) (got []string, commit string) {
+	t.Helper()
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, s := range steps {
+		got = append(got, lookupStep(s)(ctx, tx, tbl))
+	}
+	switch err := tx.Commit(ctx); {
+	case err == nil:
+		return got, "committed"
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		return got, "rolled back"
+	default:
+		return got, "commit error " + describeErr(err)
+	}
+}
+
+// runOurs runs the steps through idempgx's handle and settles.
+func runOurs(ctx context.Context, t *testing.T, e *env, tbl string, steps []string) (got []string, commit string) {
+	t.Helper()
+	req := claimReq("alice", "behaviour-"+randHex(6), "body", time.Minute)
+	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stx.Rollback(ctx) }()
+	tx, _ := idempgx.Tx(txCtx)
+	for _, s := range steps {
+		got = append(got, lookupStep(s)(txCtx, tx, tbl))
+	}
+	switch err := stx.Settle(ctx, okResponse("ok")); {
+	case err == nil:
+		return got, "committed"
+	case errors.Is(err, idempgx.ErrTxAborted):
+		return got, "rolled back"
+	default:
+		return got, "commit error " + describeErr(err) + ": " + err.Error()
+	}
+}
+
+func lookupStep(name string) behaviourStep {
+	if s, ok := behaviourSteps[name]; ok {
+		return s
+	}
+	return failures[name]
+}
+
+func TestBehaviourSameAsPgxTx(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			cfg := idempgxtest.PoolConfig(t, 4)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool := idempgxtest.OpenPool(t, cfg)
+			e := newEnv(t, pool)
+			for _, sc := range behaviourScenarios() {
+				plainTbl := e.Schema + ".plain_" + randHex(4)
+				oursTbl := e.Schema + ".ours_" + randHex(4)
+				for _, tbl := range []string{plainTbl, oursTbl} {
+					if _, err := pool.Exec(ctx, "CREATE TABLE "+tbl+" (n int NOT NULL, s text NOT NULL)"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				plain, plainCommit := runPlain(ctx, t, pool, plainTbl, sc.steps)
+				ours, oursCommit := runOurs(ctx, t, e, oursTbl, sc.steps)
+				for i := range sc.steps {
+					if plain[i] != ours[i] {
+						t.Errorf("%s, step %d (%s):\n  pgx.Tx:  %s\n  idempgx: %s", sc.name, i, sc.steps[i], plain[i], ours[i])
+					}
+				}
+				if plainCommit != oursCommit {
+					t.Errorf("%s: pgx.Tx %s, idempgx %s", sc.name, plainCommit, oursCommit)
+				}
+				var plainRows, oursRows string
+				for tbl, dst := range map[string]*string{plainTbl: &plainRows, oursTbl: &oursRows} {
+					if err := pool.QueryRow(ctx, "SELECT coalesce(string_agg(n || ':' || s, ',' ORDER BY n, s), '') FROM "+tbl).Scan(dst); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if plainRows != oursRows {
+					t.Errorf("%s: committed rows differ:\n  pgx.Tx:  %s\n  idempgx: %s", sc.name, plainRows, oursRows)
+				}
+				if testing.Verbose() {
+					t.Logf("%s: %s, rows %q, same in both", sc.name, plainCommit, plainRows)
+				}
+			}
+		})
+	}
+}
+
+// TestBehaviourIntendedDifferences: where the handle differs from a pgx.Tx
+// on purpose. Each is refused with ErrTxOwned; the refused statement, like a
+// failed one, aborts the transaction (Commit, which changes nothing, does
+// not), and the settle then stores nothing.
+func TestBehaviourIntendedDifferences(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	e := newEnv(t, newPool(t, 4, nil))
+	owned := func(err error) bool { return errors.Is(err, idempgx.ErrTxOwned) && errors.Is(err, idem.ErrTxOwned) }
+	cases := []struct {
+		name    string
+		do      func(ctx context.Context, tx pgx.Tx) error
+		aborts  bool
+		settles error // what Settle wraps afterwards
+	}{
+		{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false, nil},
+		{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, true, idempgx.ErrHandlerRolledBack},
+		{"Exec COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true, idempgx.ErrTxAborted},
+		{"Query ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Query(ctx, "ROLLBACK"); return err }, true, idempgx.ErrTxAborted},
+		{"QueryRow BEGIN", func(ctx context.Context, tx pgx.Tx) error { return tx.QueryRow(ctx, "BEGIN").Scan() }, true, idempgx.ErrTxAborted},
+		{"Prepare COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Prepare(ctx, "c", "COMMIT"); return err }, true, idempgx.ErrTxAborted},
+		{"SendBatch with END", func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			b.Queue("END")
+			return tx.SendBatch(ctx, b).Close()
+		}, true, idempgx.ErrTxAborted},
+		{"Batch.BeginTx", func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		}, true, idempgx.ErrTxAborted},
+		{"savepoint Exec COMMIT AND CHAIN", func(ctx context.Context, tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = sp.Exec(ctx, "COMMIT AND CHAIN")
+			return err
+		}, true, idempgx.ErrTxAborted},
+		{"named args rewritten to COMMIT", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo("COMMIT"))
+			return err
+		}, true, idempgx.ErrTxAborted},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req := claimReq("alice", "diff-"+randHex(6), "body", time.Minute)
+			if _, err := e.Store.Claim(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = stx.Rollback(ctx) }()
+			tx, _ := idempgx.Tx(txCtx)
+			if err := e.WriteEffect(txCtx, req.Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.do(txCtx, tx); !owned(err) {
+				t.Fatalf("%s = %v, want ErrTxOwned", c.name, err)
+			}
+			_, after := tx.Exec(txCtx, "SELECT 1")
+			if aborted := after != nil; aborted != c.aborts {
+				t.Fatalf("a statement after %s: %v; want aborted=%v", c.name, after, c.aborts)
+			}
+			err = stx.Settle(ctx, okResponse("ok"))
+			if c.settles == nil && err != nil || c.settles != nil && !errors.Is(err, c.settles) {
+				t.Fatalf("settle after %s = %v, want %v", c.name, err, c.settles)
+			}
+			want := 1
+			if c.settles != nil {
+				want = 0
+			}
+			if n := e.mustCount(t, req.Key); n != want {
+				t.Fatalf("%d effects committed after %s, want %d", n, c.name, want)
+			}
+		})
+	}
+}
+
+// rewriteTo is a QueryRewriter that turns any statement into sql.
+type rewriteTo string
+
+func (r rewriteTo) RewriteQuery(_ context.Context, _ *pgx.Conn, _ string, args []any) (string, []any, error) {
+	return string(r), args, nil
+}

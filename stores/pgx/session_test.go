@@ -1,0 +1,450 @@
+package idempgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemgo/idem/core"
+	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
+)
+
+// TestSessionChangesDoNotReachTheStore: every connection of the store's
+// pool carries session settings a handler may have left behind: a
+// search_path that puts a schema of look-alikes before pg_catalog (a now()
+// from the year 2000 and a count(*) that always answers 1, which would
+// defeat the settle's fence), another TimeZone, DateStyle, IntervalStyle
+// and bytea_output, and short lock and statement timeouts. Under both the
+// extended and the simple protocol (where results are text), the store's
+// claim, settle, replay, fence, release, stale listing and purge behave as
+// on a clean session.
+func TestSessionChangesDoNotReachTheStore(t *testing.T) {
+	t.Parallel()
+	base := newPool(t, 4, nil)
+	e := newEnv(t, base)
+	ctx := testCtx(t)
+	shadow := pgx.Identifier{e.Schema + "_shadow"}.Sanitize()
+	if _, err := base.Exec(ctx, `CREATE SCHEMA `+shadow+`;
+		CREATE FUNCTION `+shadow+`.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01 00:00:00+00'::timestamptz$$;
+		CREATE FUNCTION `+shadow+`.one(bigint) RETURNS bigint LANGUAGE sql AS $$SELECT 1::bigint$$;
+		CREATE AGGREGATE `+shadow+`.count(*) (sfunc = `+shadow+`.one, stype = bigint, initcond = '1')`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = base.Exec(context.Background(), "DROP SCHEMA "+shadow+" CASCADE") })
+	// The look-alikes work where the session's search_path reaches them.
+	var year int
+	var one int64
+	if err := base.QueryRow(ctx, "SELECT extract(year FROM "+shadow+".now())::int, (SELECT "+shadow+".count(*) FROM generate_series(1, 0))").Scan(&year, &one); err != nil || year != 2000 || one != 1 {
+		t.Fatalf("look-alikes: year %d, count %d, %v", year, one, err)
+	}
+	session := "SET search_path TO " + shadow + ", pg_catalog; SET TIME ZONE 'Pacific/Kiritimati'; SET DateStyle = 'SQL, DMY'; " +
+		"SET IntervalStyle = 'iso_8601'; SET bytea_output = 'escape'; SET lock_timeout = '10ms'; SET statement_timeout = '150ms'"
+
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := idempgxtest.PoolConfig(t, 3)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, session); return err }
+			pool := idempgxtest.OpenPool(t, cfg)
+			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sp string
+			if err := pool.QueryRow(ctx, "SHOW search_path").Scan(&sp); err != nil || !strings.Contains(sp, e.Schema+"_shadow") {
+				t.Fatalf("the polluted session's search_path is %q (%v)", sp, err)
+			}
+			polluted := &env{&idempgxtest.Env{Pool: pool, Schema: e.Schema, Store: s}}
+
+			// Claim: the database's real clock.
+			req := claimReq("alice", "sess-"+randHex(4), "body", time.Minute)
+			res, err := s.Claim(ctx, req)
+			if err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			if d := time.Since(res.Now); d < -time.Minute || d > time.Minute {
+				t.Fatalf("claim's now() = %v: a look-alike now() answered", res.Now)
+			}
+			if d := res.Record.ExpiresAt.Sub(res.Now); d != req.Retention {
+				t.Fatalf("expires_at - now = %v, want %v", d, req.Retention)
+			}
+
+			// Settle and replay: status, headers and body as sent.
+			out := okResponse("\x00\xff body")
+			out.Response.Header["X-Bin"] = []string{"\xfe\x00"}
+			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if err := polluted.WriteEffect(txCtx, req.Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Settle(ctx, out); err != nil {
+				t.Fatalf("settle: %v", err)
+			}
+			replay, err := s.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
+			if err != nil || replay.Claimed || replay.Record.Response == nil ||
+				string(replay.Record.Response.Body) != string(out.Response.Body) ||
+				replay.Record.Response.Header.Get("X-Bin") != "\xfe\x00" {
+				t.Fatalf("replay: %+v %v", replay, err)
+			}
+			if rec, err := s.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted ||
+				string(rec.Response.Body) != string(out.Response.Body) {
+				t.Fatalf("get: %+v %v", rec, err)
+			}
+
+			// The fence holds although count(*) has a look-alike that
+			// always answers 1: a holder that lost its lease commits
+			// nothing.
+			old := claimReq("alice", "fence-"+randHex(4), "body", time.Minute)
+			if _, err := s.Claim(ctx, old); err != nil {
+				t.Fatal(err)
+			}
+			oldCtx, oldTx, err := s.BeginTx(ctx, leaseOf(old))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = oldTx.Rollback(ctx) }()
+			if err := polluted.WriteEffect(oldCtx, old.Key); err != nil {
+				t.Fatal(err)
+			}
+			if res, err := s.Claim(ctx, claimReq("alice", old.Key, "body", time.Microsecond)); err != nil || !res.Reclaimed {
+				t.Fatalf("takeover: %+v %v", res, err)
+			}
+			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("settle after losing the lease = %v, want ErrLeaseLost", err)
+			}
+			if n := e.mustCount(t, old.Key); n != 0 {
+				t.Fatalf("the holder that lost its lease committed %d effects", n)
+			}
+
+			// The session's 10 ms lock timeout and 150 ms statement
+			// timeout do not apply: a release waits for a row held 400
+			// ms, as the store's own timeouts allow.
+			held := claimReq("alice", "held-"+randHex(4), "body", time.Minute)
+			if _, err := s.Claim(ctx, held); err != nil {
+				t.Fatal(err)
+			}
+			locker := holdRow(t, ctx, base, e.Store.Table(), held.Principal, held.Key)
+			unlocked := make(chan struct{})
+			go func() {
+				defer close(unlocked)
+				time.Sleep(400 * time.Millisecond)
+				_ = locker.Rollback(context.Background())
+			}()
+			start := time.Now()
+			err = s.Release(ctx, leaseOf(held))
+			<-unlocked
+			if err != nil {
+				t.Fatalf("release behind a row lock held 400 ms: %v", err)
+			}
+			if waited := time.Since(start); waited < 300*time.Millisecond {
+				t.Fatalf("release returned after %v: the row lock was not held?", waited)
+			}
+
+			// The sweeper's calls.
+			if _, err := s.ListStale(ctx, time.Microsecond, 10); err != nil {
+				t.Fatalf("list stale: %v", err)
+			}
+			if _, err := s.PurgeExpired(ctx, 10); err != nil {
+				t.Fatalf("purge: %v", err)
+			}
+		})
+	}
+}
+
+// holdRow begins a transaction on pool that updates the row, and so holds
+// it as an uncommitted settle would. The caller ends it; cleanup rolls it
+// back otherwise.
+func holdRow(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table, principal, key string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	tag, err := tx.Exec(ctx, "UPDATE "+table+" SET request_id = request_id WHERE principal = $1 AND key = $2", principal, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("hold the row: %v %v", tag, err)
+	}
+	return tx
+}
+
+// TestBoundedWaits: each store call that meets a row an uncommitted
+// transaction holds (as an uncommitted settle does) answers within the
+// lock timeout with a transient error, instead of waiting for it; with a
+// longer lock timeout, the statement timeout bounds it.
+func TestBoundedWaits(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := newPool(t, 6, nil)
+	e := newEnv(t, pool)
+	const bound = 200 * time.Millisecond
+	byLock, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"),
+		idempgx.WithLockTimeout(bound), idempgx.WithStatementTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStatement, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"),
+		idempgx.WithLockTimeout(5*time.Second), idempgx.WithStatementTimeout(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(lease time.Duration) func(*idempgx.Store, idem.ClaimRequest) error {
+		return func(s *idempgx.Store, req idem.ClaimRequest) error {
+			_, err := s.Claim(ctx, claimReq("alice", req.Key, "body", lease))
+			return err
+		}
+	}
+	ops := map[string]struct {
+		settled bool // the held row is completed (a replay) rather than in progress
+		do      func(s *idempgx.Store, req idem.ClaimRequest) error
+	}{
+		"claim of a key in progress": {false, claim(time.Hour)},
+		"takeover of a stale key":    {false, claim(time.Microsecond)},
+		"replay of a completed key":  {true, claim(time.Hour)},
+		"release":                    {false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Release(ctx, leaseOf(req)) }},
+		"settle": {false, func(s *idempgx.Store, req idem.ClaimRequest) error {
+			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if err := e.WriteEffect(txCtx, req.Key); err != nil {
+				return err
+			}
+			return tx.Settle(ctx, okResponse("late"))
+		}},
+	}
+	for name, o := range ops {
+		for by, s := range map[string]*idempgx.Store{"lock timeout": byLock, "statement timeout": byStatement} {
+			t.Run(name+" by "+by, func(t *testing.T) {
+				req := claimReq("alice", "wait-"+randHex(6), "body", time.Hour)
+				if _, err := e.Store.Claim(ctx, req); err != nil {
+					t.Fatal(err)
+				}
+				if o.settled {
+					if err := e.runAttempt(ctx, leaseOf(req), req.Key+"/first", "first"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				holdRow(t, ctx, pool, e.Store.Table(), req.Principal, req.Key)
+				start := time.Now()
+				err := o.do(s, req)
+				waited := time.Since(start)
+				wantCode := "55P03" // lock_not_available
+				if by == "statement timeout" {
+					wantCode = "57014" // query_canceled
+				}
+				if !errors.Is(err, idem.ErrTransient) || sqlStateOf(err) != wantCode {
+					t.Fatalf("%s behind a held row: %v after %v, want a transient %s", name, err, waited, wantCode)
+				}
+				if waited < bound/2 || waited > bound+2*time.Second {
+					t.Fatalf("%s answered after %v, want about %v", name, waited, bound)
+				}
+				if n := e.mustCount(t, req.Key); n != 0 {
+					t.Fatalf("%d effects committed", n)
+				}
+			})
+		}
+	}
+}
+
+// TestDeadPeerSettings: BEGIN sets TCP keepalives and tcp_user_timeout for
+// the handler's transaction, derived from the statement timeout, so that
+// the server drops a client that went silent mid-transaction (a half-sent
+// settle holding a row lock) within DeadPeerTimeout instead of the
+// operating system's two hours. A partition cannot be simulated over
+// loopback; this checks that the settings are in force in the handler's
+// transaction, and only there.
+func TestDeadPeerSettings(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := newPool(t, 1, nil) // one connection, over TCP: the DSN names 127.0.0.1
+	e := newEnv(t, pool)
+	settings := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		var v string
+		if err := q.QueryRow(ctx, `SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
+			WHERE name IN ('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	session := settings(pool)
+	for _, c := range []struct {
+		statement time.Duration
+		want      string
+		deadPeer  time.Duration
+	}{
+		{idempgx.DefaultStatementTimeout, "tcp_keepalives_count=4 tcp_keepalives_idle=4 tcp_keepalives_interval=1 tcp_user_timeout=8000", 8 * time.Second},
+		{10 * time.Second, "tcp_keepalives_count=4 tcp_keepalives_idle=10 tcp_keepalives_interval=3 tcp_user_timeout=22000", 22 * time.Second},
+		{300 * time.Millisecond, "tcp_keepalives_count=4 tcp_keepalives_idle=1 tcp_keepalives_interval=1 tcp_user_timeout=5000", 5 * time.Second},
+	} {
+		s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"), idempgx.WithStatementTimeout(c.statement))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.DeadPeerTimeout(); got != c.deadPeer {
+			t.Errorf("statement timeout %v: DeadPeerTimeout() = %v, want %v", c.statement, got, c.deadPeer)
+		}
+		req := claimReq("alice", "peer-"+randHex(4), "body", time.Minute)
+		if _, err := s.Claim(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }() // a failed check must not strand the connection
+		htx, _ := idempgx.Tx(txCtx)
+		inTx := settings(htx)
+		var marker string
+		if err := htx.QueryRow(txCtx, "SELECT current_setting('idem.lease', true)").Scan(&marker); err != nil || len(marker) != 32 {
+			t.Fatalf("the lease marker in the handler's transaction: %q %v", marker, err)
+		}
+		if err := tx.Settle(ctx, okResponse("x")); err != nil {
+			t.Fatal(err)
+		}
+		after := settings(pool)
+		if inTx != c.want {
+			t.Errorf("statement timeout %v: in the handler's transaction %s, want %s", c.statement, inTx, c.want)
+		}
+		if after != session {
+			t.Errorf("after the transaction the session has %s, want its own %s", after, session)
+		}
+		t.Logf("statement timeout %v: handler's transaction %s (dead peer noticed within %v); session %s", c.statement, inTx, s.DeadPeerTimeout(), session)
+	}
+}
+
+// TestCheck: Check (and Migrate, which ends with it) names what makes the
+// table unusable, as a *SchemaError wrapping idem.ErrMisconfigured.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := newPool(t, 4, nil)
+	e := newEnv(t, pool)
+	if err := e.Store.Check(ctx); err != nil {
+		t.Fatalf("Check of a migrated table: %v", err)
+	}
+	good, err := idempgx.Schema(e.Schema + ".t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name       string
+		ddl        string // run after the good schema for table t, "" for no table at all
+		missing    []string
+		wrongTypes []string
+	}{
+		{"no table", "", []string{"table"}, nil},
+		{"a column missing", "ALTER TABLE {t} DROP COLUMN request_id", []string{"column request_id"}, nil},
+		{"the old jsonb headers", "ALTER TABLE {t} ALTER COLUMN headers TYPE jsonb USING NULL", nil, []string{"headers: jsonb, want bytea"}},
+		{"text where a time belongs", "ALTER TABLE {t} ALTER COLUMN expires_at TYPE text", nil, []string{"expires_at: text, want timestamptz"}},
+		{"no unique index", "ALTER TABLE {t} DROP CONSTRAINT t_pkey", []string{"unique index on (principal, key)"}, nil},
+		{"a partial unique index only", "ALTER TABLE {t} DROP CONSTRAINT t_pkey; CREATE UNIQUE INDEX ON {t} (principal, key) WHERE state = 'completed'",
+			[]string{"unique index on (principal, key)"}, nil},
+		{"another unique index", "ALTER TABLE {t} DROP CONSTRAINT t_pkey; CREATE UNIQUE INDEX ON {t} (key, principal)", nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			schema := e.Schema + "_c" + randHex(3)
+			if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+			table := schema + ".t"
+			if c.ddl != "" {
+				ddl := strings.ReplaceAll(good, `"`+e.Schema+`"."t"`, table) + ";" + strings.ReplaceAll(c.ddl, "{t}", table)
+				if _, err := pool.Exec(ctx, ddl); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err := idempgx.New(pool, idempgx.WithTable(table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkErr := s.Check(ctx)
+			var se *idempgx.SchemaError
+			if c.missing == nil && c.wrongTypes == nil {
+				if checkErr != nil {
+					t.Fatalf("Check = %v, want nil", checkErr)
+				}
+				return
+			}
+			if !errors.As(checkErr, &se) || !errors.Is(checkErr, idem.ErrMisconfigured) {
+				t.Fatalf("Check = %v, want a *SchemaError wrapping ErrMisconfigured", checkErr)
+			}
+			if fmt.Sprint(se.Missing) != fmt.Sprint(c.missing) || fmt.Sprint(se.WrongType) != fmt.Sprint(c.wrongTypes) {
+				t.Fatalf("Check: missing %q, wrong %q; want %q, %q", se.Missing, se.WrongType, c.missing, c.wrongTypes)
+			}
+			if c.ddl != "" {
+				// Migrate leaves the table as it is and reports it the same way.
+				if err := s.Migrate(ctx); !errors.As(err, &se) {
+					t.Fatalf("Migrate on an unusable table = %v, want a *SchemaError", err)
+				}
+			}
+			t.Logf("%s: %v", c.name, checkErr)
+		})
+	}
+
+	// Privileges, checked for the user the pool connects as.
+	role := "idempgx_check_" + randHex(4)
+	if _, err := pool.Exec(ctx, "CREATE ROLE "+role+"; GRANT USAGE ON SCHEMA "+pgx.Identifier{e.Schema}.Sanitize()+" TO "+role+
+		"; GRANT SELECT, UPDATE ON "+e.Store.Table()+" TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+	cfg := idempgxtest.PoolConfig(t, 2)
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	limited := idempgxtest.OpenPool(t, cfg)
+	s, err := idempgx.New(limited, idempgx.WithTable(e.Schema+".idempotency_keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var se *idempgx.SchemaError
+	if err := s.Check(ctx); !errors.As(err, &se) || fmt.Sprint(se.Missing) != "[privilege INSERT privilege DELETE]" {
+		t.Fatalf("Check as a role without INSERT and DELETE = %v", err)
+	}
+	// At run time the same lack is a misconfiguration, never "retry".
+	_, err = s.Claim(ctx, claimReq("alice", "priv-"+randHex(4), "body", time.Minute))
+	if !errors.Is(err, idem.ErrMisconfigured) || errors.Is(err, idem.ErrTransient) || sqlStateOf(err) != "42501" {
+		t.Fatalf("claim without INSERT = %v, want ErrMisconfigured (42501)", err)
+	}
+}
+
+// TestMisconfiguredThroughTheEngine: a store whose table is missing makes
+// the engine answer its store-misconfigured problem, not "retry later".
+func TestMisconfiguredThroughTheEngine(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := newPool(t, 2, nil)
+	e := newEnv(t, pool)
+	s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".missing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := idem.New(idem.Config{Store: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, resp := eng.Begin(ctx, idem.Request{Method: "POST", Path: "/p", Principal: "alice", Key: "k",
+		ContentType: "application/json", Body: strings.NewReader(`{}`)})
+	if a != nil {
+		a.Abort()
+		t.Fatal("the engine claimed on a missing table")
+	}
+	if resp.Status != http.StatusInternalServerError || !strings.Contains(string(resp.Body), string(idem.ProblemMisconfigured)) {
+		t.Fatalf("answered %d %s, want 500 %s", resp.Status, resp.Body, idem.ProblemMisconfigured)
+	}
+}
