@@ -89,7 +89,10 @@ func TestLedgerCrashSoak(t *testing.T) {
 	ledgerTable, idemTable := "ledger_test_"+suffix, "ledger_idem_"+suffix
 	args := []string{"-nats", natsURL, "-dsn", pgDSN, "-stream", stream, "-subject", subject,
 		"-ledger-table", ledgerTable, "-idem-table", idemTable,
-		"-request-timeout", "1s", "-lease", "2500ms", "-ack-wait", "3s", "-nak-delay", "100ms"}
+		"-request-timeout", "1s", "-lease", "2500ms", "-ack-wait", "3s", "-nak-delay", "100ms",
+		// Most of a handler's time is between its ledger write and its
+		// commit, so most SIGKILLs land there.
+		"-handler-delay", "4ms"}
 
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgDSN)

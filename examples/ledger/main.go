@@ -51,6 +51,7 @@ type config struct {
 	natsURL, dsn, stream, subject, consumer, ledgerTable, idemTable string
 	requestTimeout, lease                                        time.Duration
 	ackWait, nakDelay                                            time.Duration
+	handlerDelay                                                 time.Duration
 }
 
 func parseConfig(args []string) (config, error) {
@@ -66,6 +67,7 @@ func parseConfig(args []string) (config, error) {
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 2*time.Second, "deadline of one event's handler")
 	fs.DurationVar(&c.lease, "lease", 0, "claim lease (default: request timeout + store timeout + 1s)")
 	fs.DurationVar(&c.ackWait, "ack-wait", 10*time.Second, "redelivery of an unacked message after")
+	fs.DurationVar(&c.handlerDelay, "handler-delay", 0, "sleep after the ledger row is written, before the commit (crash drills)")
 	fs.DurationVar(&c.nakDelay, "nak-delay", 200*time.Millisecond, "first backoff of a transient failure, doubled per delivery up to 10s")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -96,6 +98,9 @@ func run(args []string, stderr *os.File) int {
 type Ledger struct {
 	Engine *idem.Engine
 	Table  string
+	// Delay is slept after the ledger row is written, before the commit
+	// (-handler-delay), so a crash drill lands between the two.
+	Delay time.Duration
 }
 
 // Event is a payment event as the producer publishes it.
@@ -144,6 +149,9 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 			header.Get(EventIDHeader), header.Get(AccountHeader), ev.PaymentID, ev.Amount, ev.Currency)
 		if err != nil {
 			return idem.Response{}, err // transient: rolled back, released, Nak
+		}
+		if l.Delay > 0 {
+			time.Sleep(l.Delay)
 		}
 		return idem.Response{Status: statusRecorded}, nil
 	})
@@ -207,7 +215,7 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	l := &Ledger{Engine: engine, Table: cfg.ledgerTable}
+	l := &Ledger{Engine: engine, Table: cfg.ledgerTable, Delay: cfg.handlerDelay}
 
 	nc, err := nats.Connect(cfg.natsURL, nats.Name("idem-ledger"))
 	if err != nil {
