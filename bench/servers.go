@@ -214,7 +214,7 @@ func NewGormServer(ctx context.Context, db *gorm.DB) (http.Handler, error) {
 		return nil, err
 	}
 	return newServer(ctx, store, func(ctx context.Context, id, account string, p PaymentRequest) error {
-		tx, ok := idemgorm.TxFrom(ctx)
+		tx, ok := idemgorm.Tx(ctx)
 		if !ok {
 			return errors.New("no idempotency transaction")
 		}

@@ -37,6 +37,7 @@ require (
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	github.com/valyala/tcplisten v1.0.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
+	gorm.io/plugin/dbresolver v1.6.2 // indirect
 )
 
 require (

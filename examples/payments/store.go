@@ -128,11 +128,11 @@ func openGorm(ctx context.Context, d gorm.Dialector, where string) (*backend, er
 }
 
 // gormRepo keeps payments through GORM. Writes go through
-// idemgorm.TxFrom(ctx): the idempotency transaction.
+// idemgorm.Tx(ctx): the idempotency transaction.
 type gormRepo struct{ db *gorm.DB }
 
 func (r gormRepo) Insert(ctx context.Context, p Payment) error {
-	tx, ok := idemgorm.TxFrom(ctx)
+	tx, ok := idemgorm.Tx(ctx)
 	if !ok {
 		return errNoTx
 	}

@@ -3,7 +3,9 @@ package idemgorm
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // dialect is the SQL flavour of the database behind the *gorm.DB.
@@ -40,7 +42,24 @@ func dialectOf(name string) (dialect, error) {
 	return 0, fmt.Errorf("idemgorm: unsupported GORM dialect %q (want postgres, mysql or sqlite)", name)
 }
 
+// beginSQL starts the handler's transaction. SQLite's is IMMEDIATE: it
+// takes the write lock at once, so a transaction that read first can never
+// fail to upgrade (SQLITE_BUSY_SNAPSHOT, which no busy timeout retries).
+func (d dialect) beginSQL() string {
+	switch d {
+	case dialectMySQL:
+		return "START TRANSACTION"
+	case dialectSQLite:
+		return "BEGIN IMMEDIATE"
+	}
+	return "BEGIN"
+}
+
 // DefaultTable is the table the store uses unless WithTable names another.
+// The store qualifies it (and any unqualified WithTable name) in New: on
+// PostgreSQL with current_schema() (public by default), on MySQL with the
+// DSN's database, on SQLite with main, so that a handler's search_path,
+// USE or TEMP table cannot point the store's statements elsewhere.
 const DefaultTable = "idempotency_keys"
 
 // identRE is what a table name (or each part of a schema-qualified one) must
@@ -68,7 +87,8 @@ func parseTableName(s string, d dialect) (tableName, error) {
 }
 
 // quote quotes an identifier that identRE (or a fixed column name) already
-// vouches for, so no escaping is needed.
+// vouches for, so no escaping is needed. Backticks on MySQL, which read the
+// same whatever ANSI_QUOTES says.
 func (d dialect) quote(ident string) string {
 	if d == dialectMySQL {
 		return "`" + ident + "`"
@@ -101,20 +121,14 @@ func (d dialect) nowExpr() string {
 	}
 }
 
-// nowOut is the database clock in the form timeValue scans.
-func (d dialect) nowOut() string {
-	if d == dialectMySQL {
-		return d.timeOut("UTC_TIMESTAMP(6)")
-	}
-	return d.nowExpr()
-}
-
-// timeOut turns a stored time column into what timeValue scans: a
-// timestamptz on PostgreSQL, unix microseconds elsewhere. MySQL's DATETIME
-// holds UTC and is read as a number so that neither the driver's
-// parseTime/loc nor the session time zone can shift it.
+// timeOut turns a time column (or the clock) into unix microseconds, which
+// timeValue scans: no session setting (TimeZone, DateStyle, time_zone)
+// and no driver option (parseTime, loc) can change an integer.
 func (d dialect) timeOut(col string) string {
-	if d == dialectMySQL {
+	switch d {
+	case dialectPostgres:
+		return "CAST(EXTRACT(EPOCH FROM " + col + ") * 1000000 AS bigint)"
+	case dialectMySQL:
 		return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + col + ")"
 	}
 	return col
@@ -144,9 +158,29 @@ func (d dialect) nowMinus() string {
 	}
 }
 
-// queries holds every statement of one store, built once in New.
+// bind turns the ? placeholders of a store query into the dialect's own.
+// The store's queries carry no ? inside literals.
+func (d dialect) bind(q string) string {
+	if d != dialectPostgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
+// queries holds every statement of one store, built once in New, with the
+// dialect's placeholders.
 type queries struct {
-	cols string // the record's columns, in scanRecord's order (times aliased *_t)
+	cols string // the record's columns, in recordRow's order
 
 	claimPG     string // PostgreSQL: insert or return the existing row, one statement
 	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
@@ -160,46 +194,69 @@ type queries struct {
 	purge       string
 	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
 	listStale   string
+
+	// PostgreSQL: set_config values for the lock and statement timeouts.
+	lockTimeoutPG, stmtTimeoutPG string
 }
 
-func buildQueries(d dialect, t tableName) queries {
+// mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
+// run time; "" for MySQL, where Store.mysqlSession sets the session
+// variable instead (MySQL has no SET STATEMENT, and its SET_VAR hint does
+// not take innodb_lock_wait_timeout).
+func mysqlTimeouts(maria bool, lock time.Duration) string {
+	if !maria {
+		return ""
+	}
+	return fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout = %d, max_statement_time = %d FOR ",
+		mysqlLockSeconds(lock), 2*mysqlLockSeconds(lock))
+}
+
+// mysqlLockSeconds is the lock timeout in InnoDB's whole seconds, at least 1.
+func mysqlLockSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) queries {
 	T := d.qualified(t)
 	K := d.quote("key")
 	now := d.nowExpr()
 	var q queries
 
-	headers := "headers"
-	if d == dialectPostgres {
-		headers = "headers::text AS headers"
-	}
 	q.cols = strings.Join([]string{
-		"principal", K, "fingerprint", "state", "lease_token", "request_id", "status", headers, "body",
-		d.timeOut("created_at") + " AS created_t",
-		d.timeOut("locked_at") + " AS locked_t",
-		d.timeOut("expires_at") + " AS expires_t",
+		"principal", K, "fingerprint", "state", "lease_token", "request_id", "status", "headers", "body",
+		d.timeOut("created_at"), d.timeOut("locked_at"), d.timeOut("expires_at"),
 	}, ", ")
-	nowCol := d.nowOut() + " AS db_now"
+	nowCol := d.timeOut(now) + " AS db_now"
 	insertCols := "(principal, " + K + ", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at)"
 	insertVals := "VALUES (?, ?, ?, 'in_progress', ?, ?, " + now + ", " + now + ", " + d.nowPlus() + ")"
+	my := ""
+	if d == dialectMySQL {
+		my = mysqlTimeouts(maria, lock)
+	}
 
 	// PostgreSQL: one round trip answers both "inserted" and "here is the
-	// row that was there". The outer SELECT reads the statement's snapshot,
-	// which does not contain the CTE's own insert, so exactly one branch
-	// yields a row — or none, when the conflicting row committed after the
-	// snapshot was taken (the INSERT waited for it). Claim loops on that.
+	// row that was there". The outer SELECT reads the statement's
+	// snapshot, which does not contain the CTE's own insert; NOT EXISTS
+	// keeps it from returning a row as well when the INSERT did insert
+	// (a concurrent release deleted the row the snapshot still shows, and
+	// the INSERT waited for it). It returns no row when the conflicting row
+	// committed after the snapshot was taken: Claim loops on that.
 	//
-	// The claim's own commit does not wait for a WAL flush
-	// (synchronous_commit off, for this statement's transaction only): the
-	// row is visible to other claims at once, and the settle's synchronous
-	// commit later flushes the WAL up to and including it. A claim lost in
-	// a database crash took its holder's transaction with it, so the retry
-	// runs afresh. A first request waits for one flush instead of two.
-	q.claimPG = "WITH durability AS (SELECT set_config('synchronous_commit', 'off', true))," +
-		" ins AS (INSERT INTO " + T + " " + insertCols + " " + insertVals +
-		" ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins, durability" +
-		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T + ", durability" +
-		" WHERE principal = ? AND " + K + " = ?"
+	// cfg runs before the INSERT produces its row, so its settings hold
+	// for the INSERT's waits: lock_timeout bounds the wait for a row
+	// another transaction holds (a settle not yet committed), and
+	// synchronous_commit off lets the claim's own commit skip the WAL
+	// flush (this statement's transaction only): the settle's synchronous
+	// commit later flushes the WAL up to and including it, and a claim lost
+	// in a crash took its holder's transaction with it.
+	q.claimPG = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
+		" ins AS (INSERT INTO " + T + " " + insertCols +
+		" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), now(), now(), " + d.nowPlus() +
+		" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
+		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
+		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
+		" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
 
 	// SQLite: the same decision, in two statements that each answer for
 	// themselves: the INSERT returns a row only when it inserted one.
@@ -209,66 +266,79 @@ func buildQueries(d dialect, t tableName) queries {
 	// MySQL / MariaDB. There is no ON CONFLICT … DO NOTHING, INSERT IGNORE
 	// would also swallow unrelated errors (and turn them into warnings), and
 	// UPDATE has no RETURNING. So: INSERT … ON DUPLICATE KEY UPDATE whose
-	// assignments change the existing row only when it is claimable because
-	// it expired. Assignments run left to right and each sees the values
-	// assigned before it, so the condition is evaluated exactly once, in the
-	// first assignment, on the old row: lease_token becomes the caller's
-	// fresh token iff the row has expired. Every later assignment asks "does
-	// the row now carry my token?" — a question the first one answered — and
-	// copies the new values only then. Tokens are unique per attempt, so the
-	// answer cannot come from anywhere else.
+	// assignments change the existing row only when it has expired. Every
+	// assignment asks the same question of the old row, "expires_at <=
+	// now", and expires_at is assigned last: by default assignments run
+	// left to right and see the values assigned before them, under
+	// MariaDB's SIMULTANEOUS_ASSIGNMENT they all see the old row, and in
+	// both every assignment but the last reads the old expires_at, while
+	// UTC_TIMESTAMP(6) is one value for the whole statement. So the row is
+	// replaced whole, or not touched at all.
 	//
-	// The caller's verdict is then unambiguous: it holds the key iff the row
-	// carries its token (read right after, as MySQL cannot return it). Rows
-	// affected corroborate it: 1 = inserted, 2 = expired row replaced,
-	// 0 = existing row unchanged (a replay writes nothing) — except that with
-	// clientFoundRows=true the driver reports 1 for an unchanged duplicate,
-	// which is why the token, not the count, decides. A stale in-progress
-	// lease is taken over separately by takeStale, as on the other dialects,
-	// so that Reclaimed comes from that statement's own answer.
-	mine := "lease_token = ?"
-	q.upsertMy = "INSERT INTO " + T +
+	// The caller's verdict is then unambiguous: it holds the key iff the
+	// row carries its token (read right after, as MySQL cannot return it).
+	// Rows affected corroborate it: 1 = inserted, 2 = expired row
+	// replaced, 0 = existing row unchanged (a replay writes nothing) —
+	// except that with clientFoundRows=true the driver reports 1 for an
+	// unchanged duplicate, which is why the token, not the count, decides.
+	expired := "expires_at <= " + now
+	set := func(col, val string) string { return col + " = IF(" + expired + ", " + val + ", " + col + ")" }
+	q.upsertMy = my + "INSERT INTO " + T +
 		" (principal, " + K + ", fingerprint, state, lease_token, request_id, status, headers, body, created_at, locked_at, expires_at)" +
 		" VALUES (?, ?, ?, 'in_progress', ?, ?, NULL, NULL, NULL, " + now + ", " + now + ", " + d.nowPlus() + ")" +
-		" ON DUPLICATE KEY UPDATE" +
-		" lease_token = IF(expires_at <= " + now + ", ?, lease_token)," +
-		" fingerprint = IF(" + mine + ", ?, fingerprint)," +
-		" state = IF(" + mine + ", 'in_progress', state)," +
-		" request_id = IF(" + mine + ", ?, request_id)," +
-		" status = IF(" + mine + ", NULL, status)," +
-		" headers = IF(" + mine + ", NULL, headers)," +
-		" body = IF(" + mine + ", NULL, body)," +
-		" created_at = IF(" + mine + ", " + now + ", created_at)," +
-		" locked_at = IF(" + mine + ", " + now + ", locked_at)," +
-		" expires_at = IF(" + mine + ", " + d.nowPlus() + ", expires_at)"
+		" ON DUPLICATE KEY UPDATE " + strings.Join([]string{
+		set("lease_token", "?"),
+		set("fingerprint", "?"),
+		set("state", "'in_progress'"),
+		set("request_id", "?"),
+		set("status", "NULL"),
+		set("headers", "NULL"),
+		set("body", "NULL"),
+		set("created_at", now),
+		set("locked_at", now),
+		set("expires_at", d.nowPlus()), // last: every assignment before it reads the old value
+	}, ", ")
 
 	where := " WHERE principal = ? AND " + K + " = ?"
-	q.selectNow = "SELECT " + q.cols + ", " + nowCol + " FROM " + T + where
-	q.get = "SELECT " + q.cols + " FROM " + T + where
+	// LIMIT 1: MySQL's sql_select_limit, which a handler can leave on a
+	// pooled connection, does not apply to a SELECT with its own LIMIT.
+	q.selectNow = "SELECT " + q.cols + ", " + nowCol + " FROM " + T + where + " LIMIT 1"
+	q.get = "SELECT " + q.cols + " FROM " + T + where + " LIMIT 1"
 
 	returning := ""
 	if d != dialectMySQL {
 		returning = " RETURNING " + q.cols + ", " + nowCol
 	}
+	pgLock, pgFrom := "", ""
+	if d == dialectPostgres {
+		pgLock = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt) "
+		pgFrom = " FROM cfg"
+	}
 	// The takeovers are fenced by the token the caller saw and re-check
 	// their condition with the database clock at the moment they run; a
 	// row that changed in between matches nothing and Claim starts over.
-	q.takeExpired = "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?," +
+	q.takeExpired = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?," +
 		" status = NULL, headers = NULL, body = NULL, created_at = " + now + ", locked_at = " + now +
-		", expires_at = " + d.nowPlus() +
+		", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND expires_at <= " + now + returning
-	q.takeStale = "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
-		", expires_at = " + d.nowPlus() +
+	q.takeStale = pgLock + my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
+		", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND state = 'in_progress' AND fingerprint = ?" +
 		" AND locked_at <= " + d.nowMinus() + " AND expires_at > " + now + returning
 
-	headersIn := "?"
 	if d == dialectPostgres {
-		headersIn = "CAST(CAST(? AS text) AS jsonb)"
+		// The handler's transaction: cfg's settings last to its end, so
+		// they bound the settle's own lock wait and the COMMIT after it,
+		// whatever SET LOCAL the handler ran.
+		q.settle = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('statement_timeout', ?, true) AS st)" +
+			" UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
+			where + " AND lease_token = ? AND state = 'in_progress'"
+		q.release = pgLock + "DELETE FROM " + T + " USING cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
+	} else {
+		q.settle = my + "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
+			where + " AND lease_token = ? AND state = 'in_progress'"
+		q.release = my + "DELETE FROM " + T + where + " AND lease_token = ? AND state = 'in_progress'"
 	}
-	q.settle = "UPDATE " + T + " SET state = ?, status = ?, headers = " + headersIn + ", body = ?" +
-		where + " AND lease_token = ? AND state = 'in_progress'"
-	q.release = "DELETE FROM " + T + where + " AND lease_token = ? AND state = 'in_progress'"
 
 	switch d {
 	case dialectPostgres:
@@ -287,12 +357,19 @@ func buildQueries(d dialect, t tableName) queries {
 		// the DELETE locks only rows it deletes, in key order.
 		q.pickMy = "SELECT principal, " + K + " FROM " + T + " WHERE expires_at <= " + now +
 			" ORDER BY expires_at LIMIT ?"
-		q.purge = "DELETE FROM " + T + " WHERE (principal, " + K + ") IN (%s) AND expires_at <= " + now
+		q.purge = my + "DELETE FROM " + T + " WHERE (principal, " + K + ") IN (%s) AND expires_at <= " + now
 	default:
 		q.purge = "DELETE FROM " + T + " WHERE rowid IN (SELECT rowid FROM " + T +
 			" WHERE expires_at <= " + now + " ORDER BY expires_at LIMIT ?) AND expires_at <= " + now
 	}
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND locked_at <= " + d.nowMinus() +
 		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
+
+	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.selectNow, &q.takeExpired, &q.takeStale,
+		&q.settle, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
+		*p = d.bind(*p)
+	}
+	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"
+	q.stmtTimeoutPG = strconv.FormatInt(max(2*lock.Milliseconds(), 1), 10) + "ms"
 	return q
 }

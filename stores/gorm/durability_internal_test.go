@@ -58,7 +58,7 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 	var inClaim string
 	err = db.Transaction(func(tx *gorm.DB) error {
 		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-		rows, err := tx.Raw(s.q.claimPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID,
+		rows, err := tx.Raw(s.q.claimPG, s.q.lockTimeoutPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID,
 			r.Retention.Microseconds(), r.Principal, r.Key).Rows()
 		if err != nil {
 			return err
@@ -86,7 +86,7 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	htx, _ := TxFrom(txCtx)
+	htx, _ := Tx(txCtx)
 	if got := show(htx); got != server {
 		t.Fatalf("synchronous_commit in the handler's transaction = %q, want %q", got, server)
 	}

@@ -2,52 +2,58 @@ package idemgorm
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
 )
 
-// transientError marks a driver error as worth retrying while keeping it
-// (and so its driver type) reachable through errors.As.
-type transientError struct{ err error }
-
-func (e *transientError) Error() string { return e.err.Error() }
-
-func (e *transientError) Unwrap() []error { return []error{idem.ErrTransient, e.err} }
-
-// wrap adds what the store was doing to err and marks it transient when the
-// database says that retrying can succeed. It returns nil for nil.
-func wrap(op string, err error) error {
+// wrap adds what the store was doing to err, once ("idemgorm: claim: …"),
+// and marks it transient or misconfigured by what the database says (see
+// classify). It returns nil for nil.
+func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if isTransient(err) && !errors.Is(err, idem.ErrTransient) {
-		err = &transientError{err}
+	if errors.Is(err, idem.ErrTransient) || errors.Is(err, idem.ErrMisconfigured) {
+		return idem.WrapStoreError("idemgorm", op, idem.ClassOther, err)
 	}
-	return fmt.Errorf("idemgorm: %s: %w", op, err)
+	return idem.WrapStoreError("idemgorm", op, errorClass(err), err)
+}
+
+// errorClass tells a transient error from a misconfiguration.
+func errorClass(err error) idem.ErrorClass {
+	switch {
+	case isTransient(err):
+		return idem.ClassTransient
+	case isMisconfigured(err):
+		return idem.ClassMisconfigured
+	}
+	return idem.ClassOther
 }
 
 // isTransient reports whether err is a serialization failure, a deadlock,
-// a lock timeout or a busy database: the same statement may succeed if it
-// runs again.
+// a lock or statement timeout or a busy database: the same statement may
+// succeed if it runs again.
 func isTransient(err error) bool {
+	if errors.Is(err, errGateTimeout) {
+		return true
+	}
 	// PostgreSQL (pgx's *pgconn.PgError and lib/pq's *pq.Error both have
 	// SQLState): serialization_failure, deadlock_detected,
-	// lock_not_available (lock_timeout).
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch pg.SQLState() {
-		case "40001", "40P01", "55P03":
-			return true
-		}
+	// lock_not_available (lock_timeout), query_canceled
+	// (statement_timeout).
+	switch sqlState(err) {
+	case "40001", "40P01", "55P03", "57014":
+		return true
 	}
-	// MySQL / MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
+	// MySQL / MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT,
+	// ER_STATEMENT_TIMEOUT (MariaDB's max_statement_time),
+	// ER_QUERY_TIMEOUT (MySQL's max_execution_time).
 	var my *mysql.MySQLError
 	if errors.As(err, &my) {
 		switch my.Number {
-		case 1213, 1205:
+		case 1213, 1205, 1969, 3024:
 			return true
 		}
 	}
@@ -65,19 +71,65 @@ func isTransient(err error) bool {
 	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "database table is locked")
 }
 
+// isMisconfigured reports whether err says that the table, a column or a
+// permission is missing: no retry fixes it.
+func isMisconfigured(err error) bool {
+	switch sqlState(err) {
+	case "42P01", "42703", "42501", "3F000", "42883", "42804":
+		// undefined_table, undefined_column, insufficient_privilege,
+		// invalid_schema_name, undefined_function, datatype_mismatch
+		return true
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case 1146, 1054, 1142, 1143, 1044, 1045, 1049, 1227, 1370:
+			// no such table, unknown column, table/column access denied,
+			// database access denied, access denied, unknown database,
+			// specific access denied, routine access denied
+			return true
+		}
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) && lite.Code()&0xff == 8 { // SQLITE_READONLY
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") ||
+		strings.Contains(msg, "has no column named")
+}
+
+func sqlState(err error) string {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return pg.SQLState()
+	}
+	return ""
+}
+
 // isFastTransient reports whether err is a transient error that the
 // database raised at once (a deadlock or serialization failure), so that
 // Claim may simply run its statement again. Lock timeouts and a busy SQLite
 // already waited their full timeout and are returned instead.
 func isFastTransient(err error) bool {
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		s := pg.SQLState()
-		return s == "40001" || s == "40P01"
+	switch sqlState(err) {
+	case "40001", "40P01":
+		return true
 	}
 	var my *mysql.MySQLError
 	if errors.As(err, &my) {
 		return my.Number == 1213
 	}
 	return false
+}
+
+// endsTx reports whether a failed statement on the handle ended the
+// transaction itself: a MySQL deadlock rolls the whole transaction back,
+// and a lost connection takes it with it.
+func (s *Store) endsTx(err error) bool {
+	var my *mysql.MySQLError
+	if errors.As(err, &my) && my.Number == 1213 {
+		return true
+	}
+	return connGone(err)
 }

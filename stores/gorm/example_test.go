@@ -41,7 +41,7 @@ func Example() {
 		panic(err)
 	}
 	ctx := context.Background()
-	if err := store.Migrate(ctx); err != nil { // or feed idemgorm.Migration("sqlite") to your tool
+	if err := store.Migrate(ctx); err != nil { // or feed store.Schema() to your migration tool
 		panic(err)
 	}
 	if err := db.AutoMigrate(&Payment{}); err != nil {

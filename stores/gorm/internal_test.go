@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,11 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
+
+// oddMySQLMode is a sql_mode a handler (or a DSN) may set: MariaDB's
+// SIMULTANEOUS_ASSIGNMENT changes what ON DUPLICATE KEY UPDATE assignments
+// see; the others change how quotes read.
+const oddMySQLMode = "SIMULTANEOUS_ASSIGNMENT,ANSI_QUOTES,NO_BACKSLASH_ESCAPES,STRICT_TRANS_TABLES"
 
 func mysqlTestDSN() string {
 	if dsn := os.Getenv("IDEM_MYSQL_DSN"); dsn != "" {
@@ -67,13 +73,12 @@ func req(key, body, token string, lease, retention time.Duration) idem.ClaimRequ
 func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 	t.Helper()
 	ret := r.Retention.Microseconds()
-	res := s.db.Exec(s.q.upsertMy, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, ret,
-		r.Token, r.Token, r.Fingerprint, r.Token, r.Token, r.RequestID,
-		r.Token, r.Token, r.Token, r.Token, r.Token, r.Token, ret)
-	if res.Error != nil {
-		t.Fatal(res.Error)
+	n, err := s.exec(context.Background(), s.q.upsertMy, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, ret,
+		r.Token, r.Fingerprint, r.RequestID, ret)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return res.RowsAffected
+	return n
 }
 
 // TestMySQLUpsertProof states the MySQL claim statement's answers on the
@@ -81,10 +86,24 @@ func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 // expired, and unchanged (nothing written) for every other existing row —
 // settled, live in progress, stale in progress (that is takeStale's job),
 // another fingerprint. And the token decides, whatever the count says.
+//
+// It runs under the default sql_mode and under one with MariaDB's
+// SIMULTANEOUS_ASSIGNMENT (assignments see the old row, not the values
+// assigned to their left), ANSI_QUOTES and NO_BACKSLASH_ESCAPES, with an
+// odd time_zone.
 func TestMySQLUpsertProof(t *testing.T) {
-	for _, foundRows := range []bool{false, true} {
-		t.Run(fmt.Sprintf("clientFoundRows=%v", foundRows), func(t *testing.T) {
-			s := mysqlStore(t, func(c *mysqldriver.Config) { c.ClientFoundRows = foundRows })
+	for _, c := range []struct {
+		foundRows bool
+		mode      string
+	}{{false, ""}, {true, ""}, {false, oddMySQLMode}, {true, oddMySQLMode}} {
+		foundRows := c.foundRows
+		t.Run(fmt.Sprintf("clientFoundRows=%v/sql_mode=%q", foundRows, c.mode), func(t *testing.T) {
+			s := mysqlStore(t, func(cfg *mysqldriver.Config) {
+				cfg.ClientFoundRows = foundRows
+				if c.mode != "" {
+					cfg.Params = map[string]string{"sql_mode": "'" + c.mode + "'", "time_zone": "'+13:00'"}
+				}
+			})
 			ctx := context.Background()
 			unchanged := int64(0)
 			if foundRows {
@@ -136,10 +155,18 @@ func TestMySQLUpsertProof(t *testing.T) {
 				t.Fatalf("Claim on a settled row: %+v %v", res, err)
 			}
 
-			// Expired: replaced in place, all columns fresh.
+			// Expired: replaced in place, all columns fresh — also a
+			// completed row, whose state, status, headers and body must go.
 			short := "k-" + suffix()
 			if n := s.upsert(t, req(short, "a", "u1", time.Hour, 30*time.Millisecond)); n != 1 {
 				t.Fatalf("insert: %d", n)
+			}
+			_, stx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: short, Token: "u1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+				t.Fatal(err)
 			}
 			time.Sleep(50 * time.Millisecond)
 			if n := s.upsert(t, req(short, "other body", "u2", time.Hour, time.Hour)); n != 2 {
@@ -151,6 +178,33 @@ func TestMySQLUpsertProof(t *testing.T) {
 				rec.RequestID != "r-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
 				!rec.CreatedAt.Equal(rec.LockedAt) {
 				t.Fatalf("replaced row = %+v", rec)
+			}
+			// And Claim on an expired completed row claims it whole.
+			time.Sleep(10 * time.Millisecond)
+			exp := "k-" + suffix()
+			r1 := req(exp, "a", "v1", time.Hour, 30*time.Millisecond)
+			if res, err := s.Claim(ctx, r1); err != nil || !res.Claimed {
+				t.Fatalf("first claim: %+v %v", res, err)
+			}
+			_, vtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := vtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			res, err = s.Claim(ctx, req(exp, "other", "v2", time.Hour, time.Hour))
+			if err != nil || !res.Claimed || res.Record.State != idem.StateInProgress || res.Record.Response != nil ||
+				res.Record.LeaseToken != "v2" {
+				t.Fatalf("claim of an expired completed row: %+v %v", res, err)
+			}
+			_, wtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v2"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("new")}}); err != nil {
+				t.Fatalf("settle after claiming an expired row: %v", err)
 			}
 		})
 	}
@@ -185,7 +239,7 @@ func TestTransientMapping(t *testing.T) {
 		{errors.New("database is locked"), true},
 		{errors.New("connection refused"), false},
 	} {
-		err := wrap("op", c.err)
+		err := (&Store{}).wrap("op", c.err)
 		if got := errors.Is(err, idem.ErrTransient); got != c.transient {
 			t.Errorf("%v: transient = %v, want %v", c.err, got, c.transient)
 		}
@@ -193,7 +247,7 @@ func TestTransientMapping(t *testing.T) {
 			t.Errorf("%v: wrapped as %q, lost the cause or the context", c.err, err)
 		}
 	}
-	if wrap("op", nil) != nil {
+	if (&Store{}).wrap("op", nil) != nil {
 		t.Error("wrap(nil) != nil")
 	}
 }
@@ -225,10 +279,11 @@ func TestTableNames(t *testing.T) {
 
 func TestMigrationRendering(t *testing.T) {
 	for _, d := range []dialect{dialectPostgres, dialectMySQL, dialectSQLite} {
-		raw, err := Migration(d.String())
+		b, err := migrations.ReadFile("migrations/" + d.String() + ".sql")
 		if err != nil {
 			t.Fatal(err)
 		}
+		raw := string(b)
 		tbl := tableName{name: "pay_idem"}
 		if d != dialectSQLite {
 			tbl.schema = "billing"
@@ -244,7 +299,224 @@ func TestMigrationRendering(t *testing.T) {
 			t.Errorf("%s: %d statements", d, n)
 		}
 	}
-	if _, err := Migration("oracle"); err == nil {
-		t.Error("Migration(oracle) succeeded")
+}
+
+// TestMySQLPurgeFillsItsBatch: a row the purge picked that is no longer
+// expired when its DELETE runs (re-claimed meanwhile, or deleted by another
+// purger) does not make PurgeExpired return a short batch while expired
+// rows remain: the sweeper, which stops at the first short batch, would
+// stop early.
+func TestMySQLPurgeFillsItsBatch(t *testing.T) {
+	s := mysqlStore(t, func(*mysqldriver.Config) {})
+	ctx := context.Background()
+	for i := range 30 {
+		if _, err := s.Claim(ctx, req(fmt.Sprintf("p-%02d", i), "a", "t"+suffix(), time.Hour, time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	stolen := 0
+	purgeTestHook = func(picked []any) {
+		if stolen > 0 {
+			return
+		}
+		// Another request claims the first picked key again: it is no
+		// longer expired when the DELETE re-checks.
+		key := string(picked[1].([]byte))
+		if res, err := s.Claim(ctx, req(key, "a", "again-"+suffix(), time.Hour, time.Hour)); err != nil || !res.Claimed {
+			t.Errorf("re-claim %s: %+v %v", key, res, err)
+		}
+		stolen++
+	}
+	t.Cleanup(func() { purgeTestHook = nil })
+	n, err := s.PurgeExpired(ctx, 10)
+	if err != nil || n != 10 || stolen != 1 {
+		t.Fatalf("PurgeExpired(10) = %d, %v (stolen %d), want a full batch of 10 while 19 expired rows remain", n, err, stolen)
+	}
+}
+
+// TestMySQLSessionTimeoutPath runs the path the store takes on MySQL
+// (which has no SET STATEMENT) on MariaDB: the session's
+// innodb_lock_wait_timeout is set before each writing statement.
+func TestMySQLSessionTimeoutPath(t *testing.T) {
+	s := mysqlStore(t, func(*mysqldriver.Config) {})
+	s.maria = false
+	s.lock = time.Second
+	s.q = buildQueries(s.dialect, s.qtable, false, s.lock)
+	if strings.Contains(s.q.upsertMy, "SET STATEMENT") {
+		t.Fatal("the MySQL path still uses SET STATEMENT")
+	}
+	ctx := context.Background()
+	r := req("m-"+suffix(), "a", "t1", time.Minute, time.Hour)
+	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	pool, err := s.pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pool.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback() }()
+	if _, err := other.ExecContext(ctx, "UPDATE "+s.dialect.qualified(s.qtable)+" SET state = state WHERE principal = ? AND `key` = ?", r.Principal, r.Key); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = s.Release(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if took := time.Since(start); !errors.Is(err, idem.ErrTransient) || took > 3500*time.Millisecond {
+		t.Fatalf("release under a held row: %v after %v, want a transient error within the 1s lock timeout", err, took)
+	}
+	_ = other.Rollback()
+	_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+}
+
+// captureLogger is a GORM logger that keeps every line at every level.
+type captureLogger struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *captureLogger) LogMode(logger.LogLevel) logger.Interface { return l }
+func (l *captureLogger) add(level, msg string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, level+" "+fmt.Sprintf(msg, args...))
+}
+func (l *captureLogger) Info(_ context.Context, msg string, args ...any) { l.add("INFO", msg, args...) }
+func (l *captureLogger) Warn(_ context.Context, msg string, args ...any) { l.add("WARN", msg, args...) }
+func (l *captureLogger) Error(_ context.Context, msg string, args ...any) {
+	l.add("ERROR", msg, args...)
+}
+func (l *captureLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int64), err error) {
+	sql, _ := fc()
+	l.add("TRACE", "%s %v", sql, err)
+}
+func (l *captureLogger) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// runRequests claims n fresh keys on s and settles each.
+func runRequests(t *testing.T, s *Store, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for range n {
+		r := req("log-"+suffix(), "a", "t-"+suffix(), time.Minute, time.Hour)
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMySQLNoLogOnNormalRequests: the store's statements (the marker table
+// created on each new connection among them, which fails once with 1146
+// by design) never reach the application's GORM logger, even at Info.
+func TestMySQLNoLogOnNormalRequests(t *testing.T) {
+	capture := &captureLogger{}
+	db, err := gorm.Open(mysql.Open(mysqlTestDSN()), &gorm.Config{Logger: capture})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	sqlDB.SetMaxIdleConns(0) // every request on a new connection
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	s, err := New(db, WithTable("idem_log_"+suffix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + s.Table()) })
+	runRequests(t, s, 5)
+	if lines := capture.all(); len(lines) != 0 {
+		t.Fatalf("the store logged on normal requests:\n%s", strings.Join(lines, "\n"))
+	}
+	if !s.Guarded() {
+		t.Fatal("root lost the marker guard")
+	}
+}
+
+// TestMySQLMarkerRefusedSaysSoOnce: a database user without CREATE
+// TEMPORARY TABLES cannot have the marker: the store goes on unguarded,
+// says so once in the log, and Guarded reports it.
+func TestMySQLMarkerRefusedSaysSoOnce(t *testing.T) {
+	root, err := gorm.Open(mysql.Open(mysqlTestDSN()), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootDB, _ := root.DB()
+	t.Cleanup(func() { _ = rootDB.Close() })
+	cfg, err := mysqldriver.ParseDSN(mysqlTestDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := "idem_nt_" + suffix()
+	for _, q := range []string{
+		"CREATE USER IF NOT EXISTS 'idem_notemp'@'%'",
+		"CREATE USER IF NOT EXISTS 'idem_notemp'@'localhost'",
+		"CREATE TABLE " + table + " (x INT)", // placeholder so GRANT names an existing table
+	} {
+		if err := root.Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { root.Exec("DROP TABLE IF EXISTS " + table) })
+	if err := root.Exec("DROP TABLE " + table).Error; err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"%", "localhost"} {
+		if err := root.Exec(fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, DROP ON `%s`.* TO 'idem_notemp'@'%s'", cfg.DBName, host)).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := root.Exec(fmt.Sprintf("REVOKE CREATE TEMPORARY TABLES ON `%s`.* FROM 'idem_notemp'@'%s'", cfg.DBName, host)).Error; err != nil &&
+			!strings.Contains(err.Error(), "1141") {
+			t.Fatal(err)
+		}
+	}
+	cfg.User, cfg.Passwd = "idem_notemp", ""
+	capture := &captureLogger{}
+	db, err := gorm.Open(mysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: capture})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	sqlDB.SetMaxIdleConns(0)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	s, err := New(db, WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	runRequests(t, s, 4)
+	if s.Guarded() {
+		t.Fatal("Guarded with the marker refused")
+	}
+	var warns []string
+	for _, l := range capture.all() {
+		if strings.Contains(l, "marker") {
+			warns = append(warns, l)
+		}
+	}
+	if len(warns) != 1 || !strings.HasPrefix(warns[0], "WARN ") {
+		t.Fatalf("the store said %d times that the marker is off (want once, as a warning):\n%s", len(warns), strings.Join(capture.all(), "\n"))
 	}
 }

@@ -2,42 +2,34 @@ package idemgorm
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"fmt"
 	"regexp"
 	"strings"
 
-	"gorm.io/gorm"
+	idem "github.com/idemgo/idem/core"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Migration returns the schema for dialect ("postgres", "mysql" or
-// "sqlite") as SQL for the default table name, DefaultTable: the file
-// migrations/<dialect>.sql, for feeding to goose, golang-migrate, atlas or
-// any other migration tool.
-func Migration(dialect string) (string, error) {
-	d, err := dialectOf(dialect)
-	if err != nil {
-		return "", err
-	}
-	b, err := migrations.ReadFile("migrations/" + d.String() + ".sql")
-	if err != nil {
-		return "", fmt.Errorf("idemgorm: migration for %s: %w", d, err)
-	}
-	return string(b), nil
-}
-
-// Migration returns the schema SQL for this store's dialect and table
-// name: the embedded file with the table, its indexes and its constraints
-// renamed when WithTable chose another name.
-func (s *Store) Migration() string {
+// Schema returns the SQL that creates the store's table and its indexes
+// for its dialect and table name: the embedded migrations/<dialect>.sql,
+// with the table, its indexes and its constraints renamed when WithTable
+// chose another name, and the table qualified as the store names it. It is
+// idempotent (CREATE … IF NOT EXISTS); feed it to goose, golang-migrate,
+// atlas or your own tool, or call Migrate.
+func (s *Store) Schema() string {
 	b, err := migrations.ReadFile("migrations/" + s.dialect.String() + ".sql")
 	if err != nil {
 		panic(err) // embedded at build time: cannot happen
 	}
-	return renderMigration(string(b), s.dialect, s.table)
+	t := s.qtable
+	if s.dialect == dialectSQLite {
+		t = s.table // SQLite refuses a qualified table in CREATE INDEX … ON
+	}
+	return renderMigration(string(b), s.dialect, t)
 }
 
 // defaultNameRE matches the default table name and the names derived from
@@ -45,9 +37,6 @@ func (s *Store) Migration() string {
 var defaultNameRE = regexp.MustCompile(`\b` + DefaultTable + `(_[a-z0-9_]+)?\b`)
 
 func renderMigration(sqlText string, d dialect, t tableName) string {
-	if t.schema == "" && t.name == DefaultTable {
-		return sqlText
-	}
 	return defaultNameRE.ReplaceAllStringFunc(sqlText, func(m string) string {
 		suffix := strings.TrimPrefix(m, DefaultTable)
 		if suffix == "" {
@@ -59,30 +48,151 @@ func renderMigration(sqlText string, d dialect, t tableName) string {
 	})
 }
 
-// Migrate creates the store's table and indexes if they do not exist, from
-// the embedded migration for its dialect. It is idempotent. On PostgreSQL it
-// runs in one transaction under an advisory lock, so instances starting
-// together do not trip over each other.
+// Migrate creates the store's table and indexes if they do not exist
+// (Schema), then checks the table (Check). It is idempotent. On
+// PostgreSQL it runs in one transaction under an advisory lock, so
+// instances starting together do not trip over each other.
 func (s *Store) Migrate(ctx context.Context) error {
-	stmts := splitStatements(s.Migration())
-	run := func(db *gorm.DB) error {
+	pool, err := s.pool()
+	if err != nil {
+		return s.wrap("migrate", err)
+	}
+	stmts := splitStatements(s.Schema())
+	if s.dialect != dialectPostgres {
 		for _, st := range stmts {
-			if err := db.Exec(st).Error; err != nil {
-				return fmt.Errorf("idemgorm: migrate %s: %w", s.Table(), err)
+			if _, err := pool.ExecContext(ctx, st); err != nil {
+				return s.wrap("migrate "+s.Table(), err)
 			}
 		}
-		return nil
+		return s.Check(ctx)
 	}
-	db := s.db.WithContext(ctx)
-	if s.dialect != dialectPostgres {
-		return run(db)
+	tx, err := pool.BeginTx(ctx, nil)
+	if err != nil {
+		return s.wrap("migrate", err)
 	}
-	return db.Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec("SELECT pg_advisory_xact_lock(hashtext(?))", "idemgorm:migrate:"+s.Table()).Error; err != nil {
-			return fmt.Errorf("idemgorm: migrate: advisory lock: %w", err)
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "idemgorm:migrate:"+s.Table()); err != nil {
+		return s.wrap("migrate: advisory lock", err)
+	}
+	for _, st := range stmts {
+		if _, err := tx.ExecContext(ctx, st); err != nil {
+			return s.wrap("migrate "+s.Table(), err)
 		}
-		return run(tx)
-	})
+	}
+	if err := tx.Commit(); err != nil {
+		return s.wrap("migrate", err)
+	}
+	return s.Check(ctx)
+}
+
+// SchemaError is the error Check returns (wrapped) when the store's table
+// is missing, lacks a column, has a column of the wrong kind, or refuses
+// the store's statements. errors.Is(err, idem.ErrMisconfigured) holds for
+// it.
+type SchemaError struct {
+	// Table is the qualified table name.
+	Table string
+	// Column is the column at fault, "" when the problem is the table.
+	Column string
+	// Problem says what is wrong.
+	Problem string
+}
+
+// Error implements error.
+func (e *SchemaError) Error() string {
+	if e.Column == "" {
+		return fmt.Sprintf("table %s: %s", e.Table, e.Problem)
+	}
+	return fmt.Sprintf("table %s, column %s: %s", e.Table, e.Column, e.Problem)
+}
+
+// Unwrap makes errors.Is(err, idem.ErrMisconfigured) hold.
+func (e *SchemaError) Unwrap() error { return idem.ErrMisconfigured }
+
+// storeColumns are the columns the store reads and writes; binary ones
+// must hold any bytes (headers became binary with idem.EncodeHeader).
+var storeColumns = []struct {
+	name   string
+	binary bool
+}{
+	{"principal", false}, {"key", false}, {"fingerprint", true}, {"state", false}, {"lease_token", false},
+	{"request_id", false}, {"status", false}, {"headers", true}, {"body", true},
+	{"created_at", false}, {"locked_at", false}, {"expires_at", false},
+}
+
+// Check verifies that the store's table exists with every column the store
+// uses (the binary ones binary), and that the store's statements may read
+// and write it, without changing anything. It returns an error wrapping a
+// *SchemaError, and idem.ErrMisconfigured, that names the missing piece.
+// Migrate calls it; call it at start-up when your own tool migrates.
+func (s *Store) Check(ctx context.Context) error {
+	pool, err := s.pool()
+	if err != nil {
+		return s.wrap("check", err)
+	}
+	fail := func(column, problem string) error {
+		return idem.WrapStoreError("idemgorm", "check", idem.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
+	}
+	var rows *sql.Rows
+	switch s.dialect {
+	case dialectPostgres:
+		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
+			" WHERE table_schema = $1 AND table_name = $2 LIMIT 1000", s.qtable.schema, s.qtable.name)
+	case dialectMySQL:
+		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
+			" WHERE table_schema = ? AND table_name = ? LIMIT 1000", s.qtable.schema, s.qtable.name)
+	default:
+		rows, err = pool.QueryContext(ctx, "SELECT name, type FROM pragma_table_info(?, 'main')", s.qtable.name)
+	}
+	if err != nil {
+		return s.wrap("check", err)
+	}
+	types := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			_ = rows.Close()
+			return s.wrap("check", err)
+		}
+		types[strings.ToLower(name)] = strings.ToLower(typ)
+	}
+	if err := rows.Err(); err != nil {
+		return s.wrap("check", err)
+	}
+	_ = rows.Close()
+	if len(types) == 0 {
+		return fail("", "does not exist, or this database user cannot see it: run Migrate or feed Schema() to your migration tool")
+	}
+	for _, c := range storeColumns {
+		typ, ok := types[c.name]
+		if !ok {
+			return fail(c.name, "is missing: the table predates this version of the store, or was made by hand")
+		}
+		if c.binary && !strings.Contains(typ, "bytea") && !strings.Contains(typ, "blob") && !strings.Contains(typ, "binary") {
+			return fail(c.name, fmt.Sprintf("is %s, want a binary type (bytea, LONGBLOB, BLOB): headers are stored byte-exact since idem.EncodeHeader", typ))
+		}
+	}
+	// The statements the store runs, matching nothing: the database checks
+	// the names and the privileges without changing a row.
+	T := s.dialect.qualified(s.qtable)
+	K := s.dialect.quote("key")
+	probes := []string{"SELECT " + s.q.cols + " FROM " + T + " WHERE 1 = 0 LIMIT 1"}
+	if s.dialect != dialectSQLite {
+		probes = append(probes,
+			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status WHERE 1 = 0",
+			"DELETE FROM "+T+" WHERE 1 = 0",
+			"INSERT INTO "+T+" (principal, "+K+", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at)"+
+				" SELECT principal, "+K+", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at FROM "+T+" WHERE 1 = 0")
+	}
+	for _, p := range probes {
+		if _, err := pool.ExecContext(ctx, p); err != nil {
+			if isMisconfigured(err) {
+				return fail("", fmt.Sprintf("the store's statements are refused: %v", err))
+			}
+			return s.wrap("check", err)
+		}
+	}
+	return nil
 }
 
 // splitStatements splits a migration file into statements: comment lines

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"time"
-
-	"gorm.io/gorm"
 )
 
 // SQLiteDSN returns a DSN for github.com/glebarez/sqlite (and the
@@ -17,9 +15,11 @@ import (
 //     the readers;
 //   - busy_timeout: a writer that finds the write lock taken waits up to
 //     busyTimeout for it instead of failing at once with SQLITE_BUSY;
-//   - _txlock=immediate: every transaction takes the write lock when it
-//     begins, so a transaction that read first can never fail to upgrade to
-//     a writer (SQLITE_BUSY_SNAPSHOT, which no busy timeout retries).
+//   - _txlock=immediate: every transaction GORM begins takes the write
+//     lock when it begins, so a transaction that read first can never fail
+//     to upgrade to a writer (SQLITE_BUSY_SNAPSHOT, which no busy timeout
+//     retries). The store's own transactions begin IMMEDIATE whatever the
+//     DSN says.
 //
 // SQLite has one writer at a time. With this DSN each idempotent request
 // holds the write lock from BeginTx until Settle or Rollback, and every
@@ -77,7 +77,7 @@ func (g *writeGate) acquire(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-timer.C:
-		return &transientError{errGateTimeout}
+		return errGateTimeout
 	}
 }
 
@@ -85,11 +85,15 @@ func (g *writeGate) release() { <-g.turn }
 
 // sqliteBusyTimeout reads the connection's busy timeout, to wait as long for
 // the gate as SQLite would wait for its lock.
-func sqliteBusyTimeout(db *gorm.DB) time.Duration {
+func sqliteBusyTimeout(s *Store) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	pool, err := s.pool()
+	if err != nil {
+		return 5 * time.Second
+	}
 	var ms int64
-	if err := db.WithContext(ctx).Raw("PRAGMA busy_timeout").Row().Scan(&ms); err != nil || ms <= 0 {
+	if err := pool.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil || ms <= 0 {
 		return 5 * time.Second
 	}
 	return time.Duration(ms) * time.Millisecond

@@ -1,21 +1,21 @@
 // Package idemgorm is an idem.Store on GORM for PostgreSQL, MySQL/MariaDB
 // and SQLite. The handler's own writes and the stored outcome commit in one
-// GORM transaction, which handlers reach with DB or TxFrom.
+// transaction, which handlers reach with Tx (or DB).
 //
 // Every claim is decided by one atomic statement's own answer, never by a
 // read followed by a write, and every time comparison uses the database's
-// clock. A replay of a settled record writes nothing. See README.md for the
-// statement each dialect uses and why.
+// clock. A replay of a settled record writes nothing. The transaction the
+// handler gets is sealed: it cannot end it, half-commit it, or change what
+// the store's own statements do. See README.md for the statement each
+// dialect uses and why.
 package idemgorm
 
 import (
 	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,63 +23,194 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+	"gorm.io/plugin/dbresolver"
 )
 
 // Store is an idem.Store on a *gorm.DB. It is safe for concurrent use by
 // many goroutines and, through the database, by many processes.
+//
+// The store runs its own statements on the *sql.DB behind the *gorm.DB (the
+// primary's, when gorm.io/plugin/dbresolver is configured), never through
+// GORM's callbacks or logger: a replica never answers a claim, and a
+// normal request logs nothing.
 type Store struct {
 	db      *gorm.DB
+	logger  logger.Interface
 	dialect dialect
-	table   tableName
+	table   tableName // as given (the migration's name)
+	qtable  tableName // as the store's statements name it, always qualified
 	q       queries
+	lock    time.Duration
+	maria   bool // MySQL flavour: MariaDB (SET STATEMENT) or MySQL
 
 	unguarded atomic.Bool // MySQL refused the temporary marker table
 	gate      *writeGate  // SQLite: this process's writers, in order
 }
 
 // Option configures a Store.
-type Option func(*options)
+type Option func(*config) error
 
-type options struct {
-	table string
+type config struct {
+	table       string
+	lockTimeout time.Duration
 }
 
 // WithTable makes the store use the table name instead of DefaultTable. The
 // name is lower-case letters, digits and underscores, at most 48
 // characters, optionally prefixed with a schema ("billing.idempotency_keys")
-// on PostgreSQL and MySQL. New rejects anything else, so the name can never
-// carry SQL.
-func WithTable(name string) Option { return func(o *options) { o.table = name } }
+// on PostgreSQL and MySQL (where a schema is a database). New rejects
+// anything else, so the name can never carry SQL. An unqualified name is
+// qualified by New: on PostgreSQL with the schema the connection's
+// search_path selects when New runs (current_schema(), public by default),
+// on MySQL with the DSN's database, on SQLite with main.
+func WithTable(name string) Option {
+	return func(c *config) error {
+		if name == "" {
+			return errors.New("idemgorm: WithTable: empty name")
+		}
+		c.table = name
+		return nil
+	}
+}
+
+// WithLockTimeout bounds how long any of the store's statements waits for
+// a row lock another transaction holds (a settle not yet committed, a
+// stuck handler's claim): past it the statement fails with an error
+// wrapping idem.ErrTransient, so a claim meeting such a row answers in
+// time instead of waiting for it. The default is 2 seconds; keep it below
+// the engine's StoreTimeout. MySQL counts it in whole seconds (at least
+// one); PostgreSQL's statement timeout for the settle's transaction is
+// twice as long.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("idemgorm: WithLockTimeout: %v is not positive", d)
+		}
+		c.lockTimeout = d
+		return nil
+	}
+}
+
+// DefaultLockTimeout is the lock timeout unless WithLockTimeout sets one.
+const DefaultLockTimeout = 2 * time.Second
 
 // New returns a Store on db. The dialect comes from db.Dialector.Name():
 // "postgres", "mysql" (MySQL 8 and MariaDB 10.5+) or "sqlite" (SQLite
-// 3.37+, for example github.com/glebarez/sqlite). New does not create the
-// table: run the embedded migration with your own tool (Migration) or call
-// Migrate.
+// 3.37+, for example github.com/glebarez/sqlite). On PostgreSQL New asks
+// which schema an unqualified table name is in (current_schema()), on
+// MySQL which flavour the server is and which database the DSN selected,
+// on SQLite the busy timeout: one short query, at start-up, before any
+// handler can have changed a connection's session. New does not create the table: run
+// Schema with your own migration tool, or call Migrate (which checks the
+// table too; Check checks an existing one).
 //
-// For SQLite, open db with SQLiteDSN (WAL, a busy timeout, immediate
-// transactions) so that concurrent requests queue instead of failing.
+// For SQLite, open db with SQLiteDSN (WAL, a busy timeout) so that
+// concurrent requests queue instead of failing.
 func New(db *gorm.DB, opts ...Option) (*Store, error) {
-	if db == nil || db.Dialector == nil {
-		return nil, errors.New("idemgorm: New: nil *gorm.DB")
+	if db == nil || db.Dialector == nil || db.Statement == nil {
+		return nil, errors.New("idemgorm: New: nil or uninitialised *gorm.DB")
 	}
-	o := options{table: DefaultTable}
+	if _, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok {
+		return nil, errors.New("idemgorm: New: the *gorm.DB is a transaction; pass the application's *gorm.DB")
+	}
+	c := config{table: DefaultTable, lockTimeout: DefaultLockTimeout}
 	for _, opt := range opts {
-		opt(&o)
+		if err := opt(&c); err != nil {
+			return nil, err
+		}
 	}
 	d, err := dialectOf(db.Dialector.Name())
 	if err != nil {
 		return nil, err
 	}
-	t, err := parseTableName(o.table, d)
+	t, err := parseTableName(c.table, d)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, dialect: d, table: t, q: buildQueries(d, t)}
-	if d == dialectSQLite {
-		s.gate = newWriteGate(sqliteBusyTimeout(db))
+	s := &Store{db: db, logger: db.Logger, dialect: d, table: t, qtable: t, lock: c.lockTimeout}
+	if s.logger == nil {
+		s.logger = logger.Discard
 	}
+	switch d {
+	case dialectPostgres:
+		if t.schema == "" {
+			if err := s.probePostgres(); err != nil {
+				return nil, err
+			}
+		}
+	case dialectSQLite:
+		s.qtable.schema = "main"
+		s.gate = newWriteGate(sqliteBusyTimeout(s))
+	case dialectMySQL:
+		if err := s.probeMySQL(); err != nil {
+			return nil, err
+		}
+	}
+	s.q = buildQueries(d, s.qtable, s.maria, s.lock)
 	return s, nil
+}
+
+// probePostgres qualifies an unqualified table name with the schema the
+// connection's search_path selects now (current_schema(), usually public):
+// the DSN's choice, fixed at New, so that a handler's later SET
+// search_path cannot move the store's statements.
+func (s *Store) probePostgres() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var schema sql.NullString
+	if err := pool.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return s.wrap("new", err)
+	}
+	if !schema.Valid || schema.String == "" {
+		return s.wrap("new", fmt.Errorf("%w: the connection's search_path names no existing schema: fix it or use WithTable(\"schema.table\")", idem.ErrMisconfigured))
+	}
+	s.qtable.schema = schema.String
+	return nil
+}
+
+// probeMySQL learns the server's flavour and, for an unqualified table
+// name, the DSN's database.
+func (s *Store) probeMySQL() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := s.pool()
+	if err != nil {
+		return err
+	}
+	var version string
+	var database sql.NullString
+	if err := pool.QueryRowContext(ctx, "SELECT VERSION(), DATABASE() LIMIT 1").Scan(&version, &database); err != nil {
+		return s.wrap("new", err)
+	}
+	s.maria = strings.Contains(strings.ToLower(version), "mariadb")
+	if s.qtable.schema == "" {
+		if !database.Valid || database.String == "" {
+			return s.wrap("new", fmt.Errorf("%w: the MySQL connection selects no database: name one in the DSN or use WithTable(\"database.table\")", idem.ErrMisconfigured))
+		}
+		s.qtable.schema = database.String
+	}
+	return nil
+}
+
+// pool returns the *sql.DB the store's statements run on: the primary's
+// (dbresolver's source) when dbresolver is configured, otherwise db's own.
+func (s *Store) pool() (*sql.DB, error) {
+	p := s.db.Clauses(dbresolver.Write).Statement.ConnPool
+	switch x := p.(type) {
+	case *sql.DB:
+		return x, nil
+	case gorm.GetDBConnector:
+		db, err := x.GetDBConn()
+		if err == nil && db != nil {
+			return db, nil
+		}
+	}
+	return nil, fmt.Errorf("idemgorm: the *gorm.DB's connection pool is a %T, which hands out no *sql.DB", p)
 }
 
 // Dialect returns the dialect the store detected: "postgres", "mysql" or
@@ -87,34 +218,21 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 func (s *Store) Dialect() string { return s.dialect.String() }
 
 // Guarded reports whether Settle can tell a transaction the database ended
-// by itself from a live one, so that it never commits an outcome without
-// the handler's writes. It is always true on PostgreSQL (an aborted
-// transaction refuses every statement) and SQLite; on MySQL it is true
-// unless creating the per-connection TEMPORARY marker table was refused.
+// by itself from a live one, through routes the handle cannot see. It is
+// always true on PostgreSQL (an aborted transaction refuses every
+// statement) and SQLite; on MySQL it is true unless creating the
+// per-connection TEMPORARY marker table was refused.
 func (s *Store) Guarded() bool { return !s.unguarded.Load() }
 
-// Table returns the (possibly schema-qualified) table name the store uses.
-func (s *Store) Table() string {
-	if s.table.schema != "" {
-		return s.table.schema + "." + s.table.name
-	}
-	return s.table.name
-}
+// Table returns the qualified table name the store's statements use,
+// unquoted ("public.idempotency_keys").
+func (s *Store) Table() string { return s.qtable.schema + "." + s.qtable.name }
 
-// Limits of the MySQL schema's VARBINARY columns. Claim refuses longer
-// values on MySQL instead of letting a non-strict sql_mode truncate them,
-// which could make two principals or keys the same.
+// Limits the schema holds on every dialect, and Claim checks.
 const (
-	mysqlMaxPrincipal   = 512
-	mysqlMaxKey         = 512
-	mysqlMaxFingerprint = 255
-	mysqlMaxToken       = 255
+	maxFingerprint = 255
+	maxToken       = 255
 )
-
-// maxRequestID bounds the stored request id; a longer one is cut. It is
-// there for tracing a replay to its original, and a client must not be
-// able to make a claim fail by sending a huge request id.
-const maxRequestID = 1024
 
 // maxClaimRounds bounds Claim's loop. Each round that does not decide means
 // another request changed the row between two statements (it committed,
@@ -125,62 +243,77 @@ const maxClaimRounds = 20
 func (s *Store) checkClaim(req idem.ClaimRequest) error {
 	switch {
 	case req.Principal == "":
-		return errors.New("idemgorm: Claim: empty principal")
+		return errors.New("idemgorm: claim: empty principal")
 	case req.Key == "":
-		return errors.New("idemgorm: Claim: empty key")
+		return errors.New("idemgorm: claim: empty key")
 	case req.Token == "":
-		return errors.New("idemgorm: Claim: empty lease token")
+		return errors.New("idemgorm: claim: empty lease token")
 	case len(req.Fingerprint) == 0:
-		return errors.New("idemgorm: Claim: empty fingerprint")
+		return errors.New("idemgorm: claim: empty fingerprint")
 	case req.Lease <= 0 || req.Retention <= 0:
-		return fmt.Errorf("idemgorm: Claim: lease %v and retention %v must be positive", req.Lease, req.Retention)
-	}
-	if s.dialect == dialectMySQL {
-		switch {
-		case len(req.Principal) > mysqlMaxPrincipal:
-			return fmt.Errorf("idemgorm: Claim: principal is %d bytes, the mysql schema holds %d", len(req.Principal), mysqlMaxPrincipal)
-		case len(req.Key) > mysqlMaxKey:
-			return fmt.Errorf("idemgorm: Claim: key is %d bytes, the mysql schema holds %d", len(req.Key), mysqlMaxKey)
-		case len(req.Fingerprint) > mysqlMaxFingerprint:
-			return fmt.Errorf("idemgorm: Claim: fingerprint is %d bytes, the mysql schema holds %d", len(req.Fingerprint), mysqlMaxFingerprint)
-		case len(req.Token) > mysqlMaxToken:
-			return fmt.Errorf("idemgorm: Claim: lease token is %d bytes, the mysql schema holds %d", len(req.Token), mysqlMaxToken)
-		}
+		return fmt.Errorf("idemgorm: claim: lease %v and retention %v must be positive", req.Lease, req.Retention)
+	case len(req.Principal) > idem.MaxPrincipalLength:
+		return fmt.Errorf("idemgorm: claim: principal is %d bytes, the schema holds %d", len(req.Principal), idem.MaxPrincipalLength)
+	case len(req.Key) > idem.MaxKeyLengthLimit:
+		return fmt.Errorf("idemgorm: claim: key is %d bytes, the schema holds %d", len(req.Key), idem.MaxKeyLengthLimit)
+	case len(req.Fingerprint) > maxFingerprint:
+		return fmt.Errorf("idemgorm: claim: fingerprint is %d bytes, the schema holds %d", len(req.Fingerprint), maxFingerprint)
+	case len(req.Token) > maxToken:
+		return fmt.Errorf("idemgorm: claim: lease token is %d bytes, the schema holds %d", len(req.Token), maxToken)
 	}
 	return nil
+}
+
+// boundRequestID cuts id to idem.MaxRequestIDLength bytes at a character
+// boundary (the engine already does; the store holds no more).
+func boundRequestID(id string) string {
+	if len(id) <= idem.MaxRequestIDLength {
+		return id
+	}
+	cut := idem.MaxRequestIDLength
+	for cut > 0 && id[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return id[:cut]
 }
 
 // Claim implements idem.Store. The first statement inserts the caller's
 // in-progress record or finds the existing one, atomically (on SQLite a
 // read comes first, so that replays do not queue for the single writer;
-// the INSERT still decides). A found record
-// that is claimable (past its expiry, or in progress with a lease older than
-// req.Lease and the same fingerprint) is taken over with one UPDATE fenced
-// by the token that was read and re-checked against the database clock.
-// Whenever a statement finds that another request changed the row in
-// between, Claim starts again; deadlocks and serialization failures are
-// retried the same way. A settled record is returned as it is, and nothing
-// is written.
+// the INSERT still decides). A found record that is claimable (past its
+// expiry, or in progress with a lease older than req.Lease and the same
+// fingerprint) is taken over with one UPDATE fenced by the token that was
+// read and re-checked against the database clock. Whenever a statement
+// finds that another request changed the row in between, Claim starts
+// again; deadlocks and serialization failures are retried the same way. A
+// settled record is returned as it is, and nothing is written. A row
+// locked by another transaction for longer than the lock timeout makes
+// Claim fail with an error wrapping idem.ErrTransient.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
 	if err := s.checkClaim(req); err != nil {
 		return idem.ClaimResult{}, err
 	}
-	if len(req.RequestID) > maxRequestID {
-		req.RequestID = req.RequestID[:maxRequestID]
-	}
+	req.RequestID = boundRequestID(req.RequestID)
 	var lastErr error
 	for round := range maxClaimRounds {
 		res, decided, err := s.claimOnce(ctx, req)
 		switch {
 		case err == nil && decided:
+			if res.Claimed && (res.Record.LeaseToken != req.Token || res.Record.State != idem.StateInProgress ||
+				!bytes.Equal(res.Record.Fingerprint, req.Fingerprint)) {
+				// Never answer Claimed for a row that is not the caller's
+				// own in-progress row.
+				return idem.ClaimResult{}, s.wrap("claim", fmt.Errorf("the claimed row is %s with token %q, not this claim's in-progress row",
+					res.Record.State, res.Record.LeaseToken))
+			}
 			return res, nil
 		case err != nil && !isFastTransient(err):
-			return idem.ClaimResult{}, wrap("claim", err)
+			return idem.ClaimResult{}, s.wrap("claim", err)
 		case err != nil:
 			lastErr = err
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return idem.ClaimResult{}, fmt.Errorf("idemgorm: claim: %w", cerr)
+			return idem.ClaimResult{}, s.wrap("claim", cerr)
 		}
 		if round > 0 {
 			// Back off a little: another request is changing this row
@@ -192,7 +325,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	if lastErr == nil {
 		lastErr = errors.New("the record kept changing")
 	}
-	return idem.ClaimResult{}, wrap("claim", fmt.Errorf("%w: no decision after %d rounds: %w", idem.ErrTransient, maxClaimRounds, lastErr))
+	return idem.ClaimResult{}, idem.WrapStoreError("idemgorm", "claim", idem.ClassTransient,
+		fmt.Errorf("no decision after %d rounds: %w", maxClaimRounds, lastErr))
 }
 
 // writeTurn runs fn in its turn among this process's SQLite writers (see
@@ -212,22 +346,22 @@ func (s *Store) writeTurn(ctx context.Context, fn func() error) error {
 // between two statements and the round must be run again.
 func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.ClaimResult, decided bool, err error) {
 	var (
-		rec      idem.Record
-		now      time.Time
+		r        rowWithNow
 		found    bool
 		inserted bool
 	)
 	switch s.dialect {
 	case dialectPostgres:
-		rec, now, inserted, found, err = s.claimPostgres(ctx, req)
+		r, inserted, found, err = s.claimPostgres(ctx, req)
 	case dialectSQLite:
-		rec, now, inserted, found, err = s.claimSQLite(ctx, req)
+		r, inserted, found, err = s.claimSQLite(ctx, req)
 	default:
-		rec, now, inserted, found, err = s.claimMySQL(ctx, req)
+		r, inserted, found, err = s.claimMySQL(ctx, req)
 	}
 	if err != nil || !found {
 		return res, false, err
 	}
+	rec, now := r.rec, r.now
 	if inserted {
 		return idem.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 	}
@@ -240,10 +374,10 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		if s.dialect == dialectMySQL {
 			return res, false, nil
 		}
-		taken, ok, terr := s.takeover(ctx, s.q.takeExpired, []any{
+		taken, ok, terr := s.takeover(ctx, s.q.takeExpired, s.lockArgs(
 			req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken,
-		}, req)
+		), req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
@@ -251,10 +385,10 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 
 	case rec.State == idem.StateInProgress && now.Sub(rec.LockedAt) >= req.Lease &&
 		bytes.Equal(rec.Fingerprint, req.Fingerprint):
-		taken, ok, terr := s.takeover(ctx, s.q.takeStale, []any{
+		taken, ok, terr := s.takeover(ctx, s.q.takeStale, s.lockArgs(
 			req.Token, req.RequestID, req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken, req.Fingerprint, req.Lease.Microseconds(),
-		}, req)
+		), req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
@@ -264,28 +398,44 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 	return idem.ClaimResult{Record: rec, Now: now}, true, nil
 }
 
+// lockArgs prepends PostgreSQL's lock timeout to a statement's arguments
+// (its statements set it in a leading CTE).
+func (s *Store) lockArgs(args ...any) []any {
+	if s.dialect != dialectPostgres {
+		return args
+	}
+	return append([]any{s.q.lockTimeoutPG}, args...)
+}
+
 // claimPostgres inserts or returns the existing row in one statement.
-func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (rec idem.Record, now time.Time, inserted, found bool, err error) {
-	rows, err := s.db.WithContext(ctx).Raw(s.q.claimPG,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
-		req.Principal, req.Key).Rows()
+func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+	pool, err := s.pool()
 	if err != nil {
-		return rec, now, false, false, err
+		return r, false, false, err
+	}
+	rows, err := pool.QueryContext(ctx, s.q.claimPG, s.q.lockTimeoutPG,
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
+		req.Principal, req.Key)
+	if err != nil {
+		return r, false, false, err
 	}
 	defer rows.Close()
 	if !rows.Next() {
 		// The conflicting row committed after this statement's snapshot.
-		return rec, now, false, false, rows.Err()
+		return r, false, false, rows.Err()
 	}
-	var r recordRow
-	if err := rows.Scan(append([]any{&inserted}, r.dest(true)...)...); err != nil {
-		return rec, now, false, false, err
+	var rr recordRow
+	if err := rows.Scan(append([]any{&inserted}, rr.dest(true)...)...); err != nil {
+		return r, false, false, err
+	}
+	if rows.Next() {
+		return r, false, false, errors.New("the claim statement returned more than one row")
 	}
 	if err := rows.Close(); err != nil {
-		return rec, now, false, false, err
+		return r, false, false, err
 	}
-	rec, err = r.record()
-	return rec, r.now.t, inserted, err == nil, err
+	rec, err := rr.record()
+	return rowWithNow{rec, rr.now.t}, inserted, err == nil, err
 }
 
 // claimSQLite reads the row first and inserts only when there is none.
@@ -299,10 +449,10 @@ func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (rec i
 // row only when it inserted one. When it conflicts (another request
 // inserted in between) the row is read again; when that row is gone too
 // (released meanwhile) the round starts over.
-func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (rec idem.Record, now time.Time, inserted, found bool, err error) {
+func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	r, ok, err := s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
 	if err != nil || ok {
-		return r.rec, r.now, false, ok, err
+		return r, false, ok, err
 	}
 	err = s.writeTurn(ctx, func() error {
 		r, ok, err = s.queryRow(ctx, true, s.q.insertLite,
@@ -310,55 +460,44 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (rec ide
 		return err
 	})
 	if err != nil {
-		return rec, now, false, false, err
+		return r, false, false, err
 	}
 	if ok {
-		return r.rec, r.now, true, true, nil
+		return r, true, true, nil
 	}
 	r, ok, err = s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
-	if err != nil || !ok {
-		return rec, now, false, false, err
-	}
-	return r.rec, r.now, false, true, nil
+	return r, false, ok, err
 }
 
 // claimMySQL runs the conditional upsert (see buildQueries) and reads the
-// row it left. The row carries the caller's token iff the upsert inserted
-// it or replaced an expired one.
-func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (rec idem.Record, now time.Time, inserted, found bool, err error) {
+// row it left, both on the primary. The row carries the caller's token iff
+// the upsert inserted it or replaced an expired one.
+func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	ret := req.Retention.Microseconds()
-	res := s.db.WithContext(ctx).Exec(s.q.upsertMy,
+	affected, err := s.exec(ctx, s.q.upsertMy,
 		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, ret,
-		req.Token,                  // lease_token = IF(expired, token, lease_token)
-		req.Token, req.Fingerprint, // fingerprint
-		req.Token,                // state
-		req.Token, req.RequestID, // request_id
-		req.Token, req.Token, req.Token, // status, headers, body
-		req.Token, req.Token, // created_at, locked_at
-		req.Token, ret, // expires_at
-	)
-	if res.Error != nil {
-		return rec, now, false, false, res.Error
+		req.Token, req.Fingerprint, req.RequestID, ret)
+	if err != nil {
+		return r, false, false, err
 	}
-	affected := res.RowsAffected
 	if affected < 0 || affected > 2 {
-		return rec, now, false, false, fmt.Errorf("upsert reported %d rows affected, want 0, 1 or 2", affected)
+		return r, false, false, fmt.Errorf("upsert reported %d rows affected, want 0, 1 or 2", affected)
 	}
 	r, ok, err := s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
 	if err != nil || !ok {
-		return rec, now, false, false, err
+		return r, false, false, err
 	}
 	mine := r.rec.LeaseToken == req.Token
 	if mine && affected == 0 {
-		return rec, now, false, false, errors.New("upsert changed no row, yet the row carries this claim's token")
+		return r, false, false, errors.New("upsert changed no row, yet the row carries this claim's token")
 	}
 	if !mine && affected == 2 {
 		// We replaced an expired row and someone took it from us within
 		// the same instant: only possible with a lease or retention of
 		// (almost) zero. Not ours any more; decide again.
-		return rec, now, false, false, nil
+		return r, false, false, nil
 	}
-	return r.rec, r.now, mine, true, nil
+	return r, mine, true, nil
 }
 
 // takeover runs a fenced takeover UPDATE. ok is false when it matched no
@@ -382,13 +521,13 @@ func (s *Store) takeover(ctx context.Context, query string, args []any, req idem
 		}
 		return r, true, nil
 	}
-	res := s.db.WithContext(ctx).Exec(query, args...)
-	if res.Error != nil {
-		return rowWithNow{}, false, res.Error
+	n, err := s.exec(ctx, query, args...)
+	if err != nil {
+		return rowWithNow{}, false, err
 	}
 	// The UPDATE always changes lease_token when it matches, so "changed"
 	// and "found" rows agree whatever clientFoundRows says.
-	if res.RowsAffected != 1 {
+	if n != 1 {
 		return rowWithNow{}, false, nil
 	}
 	r, ok, err := s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
@@ -403,10 +542,55 @@ type rowWithNow struct {
 	now time.Time
 }
 
+// exec runs one of the store's writing statements on the primary and
+// returns the rows it affected, with the lock timeout in force (see
+// execOn).
+func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	if s.dialect == dialectMySQL && !s.maria {
+		conn, err := pool.Conn(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer conn.Close()
+		res, err := s.execOn(ctx, conn, query, args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	res, err := pool.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// execOn runs one of the store's writing statements on conn. PostgreSQL's
+// and MariaDB's statements carry their timeouts themselves; on MySQL the
+// session's innodb_lock_wait_timeout is set first (MySQL has no
+// per-statement way), and left at the store's value.
+func (s *Store) execOn(ctx context.Context, conn *sql.Conn, query string, args ...any) (sql.Result, error) {
+	if s.dialect == dialectMySQL && !s.maria {
+		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = "+
+			strconv.FormatInt(mysqlLockSeconds(s.lock), 10)); err != nil {
+			return nil, err
+		}
+	}
+	return conn.ExecContext(ctx, query, args...)
+}
+
 // queryRow runs a statement that returns at most one record row (plus the
-// database clock when withNow) and reads it completely.
+// database clock when withNow) on the primary and reads it completely.
 func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args ...any) (rowWithNow, bool, error) {
-	rows, err := s.db.WithContext(ctx).Raw(query, args...).Rows()
+	pool, err := s.pool()
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	rows, err := pool.QueryContext(ctx, query, args...)
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
@@ -435,14 +619,14 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 // Release implements idem.Store: a DELETE fenced by the lease token and the
 // in-progress state. It returns idem.ErrLeaseLost when it deleted nothing.
 func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
-	var res *gorm.DB
-	if err := s.writeTurn(ctx, func() error {
-		res = s.db.WithContext(ctx).Exec(s.q.release, lease.Principal, lease.Key, lease.Token)
-		return res.Error
+	var n int64
+	if err := s.writeTurn(ctx, func() (err error) {
+		n, err = s.exec(ctx, s.q.release, s.lockArgs(lease.Principal, lease.Key, lease.Token)...)
+		return err
 	}); err != nil {
-		return wrap("release", err)
+		return s.wrap("release", err)
 	}
-	if res.RowsAffected != 1 {
+	if n != 1 {
 		return idem.ErrLeaseLost
 	}
 	return nil
@@ -453,7 +637,7 @@ func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
 	r, ok, err := s.queryRow(ctx, false, s.q.get, principal, key)
 	if err != nil {
-		return idem.Record{}, wrap("get", err)
+		return idem.Record{}, s.wrap("get", err)
 	}
 	if !ok {
 		return idem.Record{}, idem.ErrNotFound
@@ -461,45 +645,70 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 	return r.rec, nil
 }
 
+// purgeRounds bounds the statements one PurgeExpired call runs to fill its
+// batch.
+const purgeRounds = 8
+
 // PurgeExpired implements idem.Store: it deletes at most limit records
-// whose expires_at has passed on the database clock. Run it in a loop until
-// it returns less than limit. Several purgers may run at once: on
-// PostgreSQL they skip each other's rows (FOR UPDATE SKIP LOCKED); on MySQL
-// each picks its batch without locking and deletes it by primary key, so
-// two may pick the same rows and the later one deletes fewer; on SQLite
-// they take turns. Each record is counted by the purger that deleted it.
+// whose expires_at has passed on the database clock. Several purgers may
+// run at once: on PostgreSQL they skip each other's rows (FOR UPDATE SKIP
+// LOCKED); on MySQL each picks its batch without locking and deletes it by
+// primary key, so two may pick the same rows; on SQLite they take turns.
+// Each record is counted by the purger that deleted it. A statement that
+// deleted fewer rows than asked while expired rows remained (another
+// purger took them, or skipped rows were locked) is followed by another,
+// so that PurgeExpired returns less than limit only when a statement found
+// nothing more to delete: the sweeper, which stops at the first short
+// batch, does not stop early because another sweeper was faster.
 func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	if s.dialect == dialectMySQL {
-		n, err := s.purgeMySQL(ctx, limit)
-		return n, wrap("purge expired", err)
+	total := 0
+	for range purgeRounds {
+		n, err := s.purgeOnce(ctx, limit-total)
+		total += n
+		if err != nil {
+			return total, s.wrap("purge expired", err)
+		}
+		if n == 0 || total >= limit {
+			break
+		}
 	}
-	var res *gorm.DB
-	if err := s.writeTurn(ctx, func() error {
-		res = s.db.WithContext(ctx).Exec(s.q.purge, limit)
-		return res.Error
-	}); err != nil {
-		return 0, wrap("purge expired", err)
-	}
-	return int(res.RowsAffected), nil
+	return total, nil
 }
+
+func (s *Store) purgeOnce(ctx context.Context, limit int) (int, error) {
+	if s.dialect == dialectMySQL {
+		return s.purgeMySQL(ctx, limit)
+	}
+	var n int64
+	err := s.writeTurn(ctx, func() (err error) {
+		n, err = s.exec(ctx, s.q.purge, limit)
+		return err
+	})
+	return int(n), err
+}
+
+// purgeTestHook, when set by a test, runs between the MySQL purge's pick
+// and its DELETE with the picked (principal, key) pairs.
+var purgeTestHook func(picked []any)
 
 // purgeMySQL picks at most limit expired rows with a plain read and
 // deletes those still expired by primary key (see queries.pickMy).
 func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
-	db := s.db.WithContext(ctx)
-	rows, err := db.Raw(s.q.pickMy, limit).Rows()
+	pool, err := s.pool()
+	if err != nil {
+		return 0, err
+	}
+	rows, err := pool.QueryContext(ctx, s.q.pickMy, limit)
 	if err != nil {
 		return 0, err
 	}
 	defer rows.Close()
 	args := make([]any, 0, 2*limit)
 	for rows.Next() {
-		// Strings, as Claim passes them: GORM would expand a []byte
-		// inside parentheses into a list of its bytes.
-		var principal, key string
+		var principal, key []byte
 		if err := rows.Scan(&principal, &key); err != nil {
 			return 0, err
 		}
@@ -511,9 +720,12 @@ func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
 	if len(args) == 0 {
 		return 0, nil
 	}
+	if purgeTestHook != nil {
+		purgeTestHook(args)
+	}
 	pairs := strings.Repeat("(?, ?), ", len(args)/2)
-	res := db.Exec(fmt.Sprintf(s.q.purge, pairs[:len(pairs)-2]), args...)
-	return int(res.RowsAffected), res.Error
+	n, err := s.exec(ctx, fmt.Sprintf(s.q.purge, pairs[:len(pairs)-2]), args...)
+	return int(n), err
 }
 
 // ListStale implements idem.Store: at most limit in-progress records whose
@@ -522,25 +734,29 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.db.WithContext(ctx).Raw(s.q.listStale, olderThan.Microseconds(), limit).Rows()
+	pool, err := s.pool()
 	if err != nil {
-		return nil, wrap("list stale", err)
+		return nil, s.wrap("list stale", err)
+	}
+	rows, err := pool.QueryContext(ctx, s.q.listStale, olderThan.Microseconds(), limit)
+	if err != nil {
+		return nil, s.wrap("list stale", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		var r recordRow
 		if err := rows.Scan(r.dest(false)...); err != nil {
-			return nil, wrap("list stale", err)
+			return nil, s.wrap("list stale", err)
 		}
 		rec, err := r.record()
 		if err != nil {
-			return nil, wrap("list stale", err)
+			return nil, s.wrap("list stale", err)
 		}
 		out = append(out, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap("list stale", err)
+		return nil, s.wrap("list stale", err)
 	}
 	return out, nil
 }
@@ -548,9 +764,8 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 // recordRow is one scanned row of queries.cols (and the clock).
 type recordRow struct {
 	principal, key, state, token, requestID string
-	fingerprint, body                       []byte
+	fingerprint, headers, body              []byte
 	status                                  sql.NullInt64
-	headers                                 sql.NullString
 	created, locked, expires, now           timeValue
 }
 
@@ -573,33 +788,26 @@ func (r *recordRow) record() (idem.Record, error) {
 		return idem.Record{}, fmt.Errorf("record %q/%q has unknown state %q", r.principal, r.key, r.state)
 	}
 	if r.status.Valid {
-		resp := &idem.Response{Status: int(r.status.Int64), Header: http.Header{}, Body: r.body}
-		if resp.Body == nil {
-			resp.Body = []byte{}
+		h, err := idem.DecodeHeader(r.headers)
+		if err != nil {
+			return idem.Record{}, fmt.Errorf("record %q/%q: stored headers: %w", r.principal, r.key, err)
 		}
-		if r.headers.Valid && r.headers.String != "" {
-			if err := json.Unmarshal([]byte(r.headers.String), &resp.Header); err != nil {
-				return idem.Record{}, fmt.Errorf("record %q/%q: stored headers: %w", r.principal, r.key, err)
-			}
-			if resp.Header == nil {
-				resp.Header = http.Header{}
-			}
+		body := r.body
+		if body == nil {
+			body = []byte{}
 		}
-		rec.Response = resp
+		rec.Response = &idem.Response{Status: int(r.status.Int64), Header: h, Body: body}
 	}
 	return rec, nil
 }
 
-// timeValue scans a time column as the dialects return it: a time.Time
-// (PostgreSQL) or unix microseconds as an integer, possibly in text form
-// (MySQL without prepared statements returns numbers as text).
+// timeValue scans a time column as the store's statements return it: unix
+// microseconds as an integer, possibly in text form (MySQL without
+// prepared statements, PostgreSQL's simple protocol).
 type timeValue struct{ t time.Time }
 
 func (v *timeValue) Scan(src any) error {
 	switch x := src.(type) {
-	case time.Time:
-		v.t = x
-		return nil
 	case int64:
 		v.t = time.UnixMicro(x)
 		return nil
@@ -609,6 +817,9 @@ func (v *timeValue) Scan(src any) error {
 		return v.parse(x)
 	case float64:
 		v.t = time.UnixMicro(int64(x))
+		return nil
+	case time.Time:
+		v.t = x
 		return nil
 	case nil:
 		return errors.New("idemgorm: NULL time")
@@ -623,19 +834,6 @@ func (v *timeValue) parse(s string) error {
 	}
 	v.t = time.UnixMicro(n)
 	return nil
-}
-
-// encodeHeader is the stored form of a response header: JSON of the map,
-// "{}" when empty.
-func encodeHeader(h http.Header) (string, error) {
-	if len(h) == 0 {
-		return "{}", nil
-	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		return "", err
-	}
-	return string(b), nil
 }
 
 var _ idem.Store = (*Store)(nil)

@@ -3,109 +3,190 @@ package idemgorm
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
-
-	idem "github.com/idemgo/idem/core"
-	"gorm.io/gorm"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
+	idem "github.com/idemgo/idem/core"
+	"gorm.io/gorm"
 )
 
 // txKey is the context key under which BeginTx puts the transaction. No
 // other package can make one, so nothing else can put a value there.
 type txKey struct{}
 
-// Tx is the transaction BeginTx began for one handler: a GORM transaction
-// that the handler's writes and the stored outcome share. It implements
-// idem.Tx.
-type Tx struct {
-	store *Store
-	lease idem.Lease
-	db    *gorm.DB // the GORM transaction
+// Tx returns the *gorm.DB of the idempotency transaction that ctx carries,
+// bound to ctx (its deadline cancels the handler's statements), and true;
+// or nil and false when ctx carries none — the request is not running under
+// a claimed idempotency key.
+//
+// Handlers write through it so that their effects commit together with the
+// stored response, or not at all. The transaction is sealed: Commit and
+// Rollback on it are refused with an error wrapping ErrTxOwned, so are
+// statements that would end or implicitly commit it (COMMIT, ROLLBACK,
+// BEGIN, and on MySQL DDL and the other statements that commit
+// implicitly), before they reach the database; after a statement fails,
+// every later one is refused with ErrTxAborted and nothing is stored,
+// except that ROLLBACK TO SAVEPOINT to an earlier savepoint recovers. GORM's
+// Transaction method on it nests with a SAVEPOINT. Return from the handler
+// to commit; return an error (or a 5xx) to roll back.
+func Tx(ctx context.Context) (*gorm.DB, bool) {
+	t, ok := ctx.Value(txKey{}).(*storeTx)
+	if !ok || t == nil {
+		return nil, false
+	}
+	return t.handle.WithContext(ctx), true
+}
+
+// DB returns the *gorm.DB a handler should use for ctx: the idempotency
+// transaction when ctx carries one (see Tx), otherwise fallback bound to
+// ctx — typically the application's own *gorm.DB, for routes or requests
+// that run without an idempotency key. It returns nil when ctx carries no
+// transaction and fallback is nil.
+func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
+	if tx, ok := Tx(ctx); ok {
+		return tx
+	}
+	if fallback == nil {
+		return nil
+	}
+	return fallback.WithContext(ctx)
+}
+
+// storeTx is the transaction BeginTx began for one handler, on a
+// connection of its own (a *sql.Conn, not a *sql.Tx: the store runs BEGIN
+// and COMMIT itself, so that the COMMIT is bounded by the settle's context
+// and a connection whose transaction state is unknown is closed, never put
+// back into the pool).
+type storeTx struct {
+	store  *Store
+	lease  idem.Lease
+	conn   *sql.Conn
+	handle *gorm.DB
 
 	marked bool // MySQL: the marker row is in place
 	gated  bool // SQLite: holds the store's write turn until finished
 
-	mu   sync.Mutex
-	done bool
+	mu            sync.Mutex
+	done          bool     // Settle or Rollback ran
+	closed        bool     // the handle runs nothing more
+	used          bool     // the handler ran something through the handle
+	failed        error    // the first failure of a statement on the handle
+	lost          bool     // that failure ended the transaction or lost the connection
+	rollbackAsked bool     // the handler called Rollback on the handle
+	dirty         bool     // the handler changed session state: close the connection, do not pool it
+	savepoints    []string // the handler's savepoints, oldest first
 }
 
-// BeginTx implements idem.Store. It begins a GORM transaction on the
-// store's *gorm.DB and returns ctx carrying it, for DB and TxFrom. The
-// transaction is begun on context.WithoutCancel(ctx): database/sql rolls a
-// transaction back the moment its BeginTx context is cancelled, and a
-// client that hangs up must not take the commit of work already done with
-// it; the engine bounds the settle with its own store timeout instead.
+// BeginTx implements idem.Store. It takes a connection from the pool (the
+// primary's, when dbresolver is configured), begins a transaction on it
+// and returns ctx carrying it, for Tx and DB. ctx bounds taking the
+// connection and the BEGIN only: the transaction outlives a cancelled ctx
+// until Settle or Rollback ends it.
 //
-// On SQLite opened with SQLiteDSN this takes the database's single write
-// lock until Settle or Rollback.
+// On SQLite this takes the database's single write lock until Settle or
+// Rollback.
 func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
 	if s.gate != nil {
 		if err := s.gate.acquire(ctx); err != nil {
-			return ctx, nil, wrap("begin", err)
+			return ctx, nil, s.wrap("begin", err)
 		}
 	}
-	gtx := s.db.WithContext(context.WithoutCancel(ctx)).Begin()
-	if gtx.Error != nil {
+	t, err := s.begin(ctx, lease)
+	if err != nil {
 		if s.gate != nil {
 			s.gate.release()
 		}
-		return ctx, nil, wrap("begin", gtx.Error)
+		return ctx, nil, s.wrap("begin", err)
 	}
-	t := &Tx{store: s, lease: lease, db: gtx, gated: s.gate != nil}
-	var err error
+	t.gated = s.gate != nil
+	return context.WithValue(ctx, txKey{}, t), t, nil
+}
+
+func (s *Store) begin(ctx context.Context, lease idem.Lease) (*storeTx, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &storeTx{store: s, lease: lease, conn: conn}
+	if _, err := conn.ExecContext(ctx, s.dialect.beginSQL()); err != nil {
+		t.discard()
+		return nil, err
+	}
 	switch s.dialect {
 	case dialectSQLite:
-		err = t.markSQLite()
+		err = t.markSQLite(ctx)
 	case dialectMySQL:
-		err = t.markMySQL()
+		err = t.markMySQL(ctx)
 	}
 	if err != nil {
-		_ = t.rollback()
-		t.ungate()
-		return ctx, nil, wrap("begin", err)
+		t.endConn(ctx, false)
+		return nil, err
 	}
-	return context.WithValue(ctx, txKey{}, t), t, nil
+	h := s.db.Session(&gorm.Session{NewDB: true, Context: context.Background()})
+	hp := &handle{t}
+	h.Config.ConnPool = hp
+	h.Config.PrepareStmt = false
+	h.Statement.ConnPool = hp
+	t.handle = h
+	return t, nil
 }
 
 // MySQL's InnoDB rolls the whole transaction back on a deadlock (1213), or
 // on a lock wait timeout with innodb_rollback_on_timeout, and the session
-// carries on in autocommit mode: the same hazard as SQLite's (below). The
-// same remedy: an uncommitted marker row in a TEMPORARY InnoDB table of the
-// connection, which the settle UPDATE requires. Creating a temporary table
-// needs the CREATE TEMPORARY TABLES privilege (and, with GTIDs, MySQL
-// 8.0.13+ or row-based binary logging); where the database refuses, the
-// store goes on without the guard, as Guarded reports.
+// carries on in autocommit mode. The handle refuses every statement after
+// such an error; the marker catches the routes it cannot see: an
+// uncommitted marker row in a TEMPORARY InnoDB table of the connection,
+// which the settle UPDATE requires. Creating a temporary table needs the
+// CREATE TEMPORARY TABLES privilege (and, with GTIDs, MySQL 8.0.13+ or
+// row-based binary logging); where the database refuses it for one of
+// those reasons, the store goes on without the marker, says so once in the
+// log, and Guarded reports it.
 const (
 	mysqlMarkerTable = "CREATE TEMPORARY TABLE IF NOT EXISTS idemgorm_tx_marker" +
 		" (id TINYINT NOT NULL PRIMARY KEY, token VARBINARY(255) NOT NULL) ENGINE=InnoDB"
 	mysqlMarkerSet   = "INSERT INTO idemgorm_tx_marker (id, token) VALUES (1, ?) ON DUPLICATE KEY UPDATE token = ?"
 	mysqlMarkerHolds = " AND EXISTS (SELECT 1 FROM idemgorm_tx_marker WHERE id = 1 AND token = ?)"
-	mysqlMarkerGet   = "SELECT token FROM idemgorm_tx_marker WHERE id = 1"
+	mysqlMarkerGet   = "SELECT token FROM idemgorm_tx_marker WHERE id = 1 LIMIT 1"
 )
 
-func (t *Tx) markMySQL() error {
+// mysqlMarkerRefusals are the errors that mean the marker table cannot be
+// created for this database user or server configuration: access denied
+// (1044, 1142, 1227), a temporary table not allowed in a transaction under
+// GTID consistency (1787), InnoDB temporary tables unavailable (1286,
+// 1478).
+var mysqlMarkerRefusals = map[uint16]bool{1044: true, 1142: true, 1227: true, 1787: true, 1286: true, 1478: true}
+
+func (t *storeTx) markMySQL(ctx context.Context) error {
 	if t.store.unguarded.Load() {
 		return nil
 	}
-	err := t.db.Exec(mysqlMarkerSet, t.lease.Token, t.lease.Token).Error
+	_, err := t.conn.ExecContext(ctx, mysqlMarkerSet, t.lease.Token, t.lease.Token)
 	var my *mysql.MySQLError
 	if err == nil || !errors.As(err, &my) || my.Number != 1146 { // 1146: no such table (on this connection yet)
 		t.marked = err == nil
 		return err
 	}
-	if cerr := t.db.Exec(mysqlMarkerTable).Error; cerr != nil {
-		if !errors.As(cerr, &my) {
+	if _, cerr := t.conn.ExecContext(ctx, mysqlMarkerTable); cerr != nil {
+		if !errors.As(cerr, &my) || !mysqlMarkerRefusals[my.Number] {
 			return fmt.Errorf("marker table: %w", cerr)
 		}
-		// Refused (privilege, GTID consistency): run unguarded.
-		t.store.unguarded.Store(true)
+		if !t.store.unguarded.Swap(true) {
+			t.store.logger.Warn(ctx, "idemgorm: the database refused the temporary marker table (%v): "+
+				"Settle can no longer tell a transaction MySQL ended by itself from a live one; "+
+				"grant CREATE TEMPORARY TABLES to restore the guard", cerr)
+		}
 		return nil
 	}
-	if err := t.db.Exec(mysqlMarkerSet, t.lease.Token, t.lease.Token).Error; err != nil {
+	if _, err := t.conn.ExecContext(ctx, mysqlMarkerSet, t.lease.Token, t.lease.Token); err != nil {
 		return fmt.Errorf("marker: %w", err)
 	}
 	t.marked = true
@@ -115,12 +196,9 @@ func (t *Tx) markMySQL() error {
 // SQLite ends a transaction by itself when a statement in it is interrupted
 // (the driver interrupts on a cancelled context), and on SQLITE_FULL,
 // SQLITE_IOERR, SQLITE_NOMEM or some SQLITE_BUSY errors. The connection
-// then runs every further statement in autocommit mode: a settle UPDATE
-// after a swallowed error would commit the outcome on its own, without the
-// handler's writes. So each transaction writes a marker — its lease token —
-// into a per-connection TEMP table as its first statement, and the settle
-// UPDATE only matches while that uncommitted marker is there: if SQLite
-// rolled the transaction back, the marker went with it.
+// then runs every further statement in autocommit mode. The same marker
+// as MySQL's, in a per-connection TEMP table: if SQLite rolled the
+// transaction back, the marker went with it.
 const (
 	sqliteMarkerTable = "CREATE TEMP TABLE IF NOT EXISTS idemgorm_tx (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL)"
 	sqliteMarkerSet   = "INSERT INTO temp.idemgorm_tx (id, token) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET token = excluded.token"
@@ -128,175 +206,198 @@ const (
 	sqliteMarkerGet   = "SELECT token FROM temp.idemgorm_tx WHERE id = 1"
 )
 
-// ErrTxEnded is returned (wrapped) by Tx.Settle when the database ended the
-// transaction before the settle — SQLite after an interrupted or failed
-// write, MySQL after a deadlock — and nothing was stored. The handler's
-// writes made before that point were rolled back; any it made after ran in
-// autocommit mode.
-var ErrTxEnded = errors.New("the database ended the transaction early (a statement in it failed or was interrupted); nothing was stored")
-
-func (t *Tx) markSQLite() error {
-	if err := t.db.Exec(sqliteMarkerTable).Error; err != nil {
+func (t *storeTx) markSQLite(ctx context.Context) error {
+	if _, err := t.conn.ExecContext(ctx, sqliteMarkerTable); err != nil {
 		return fmt.Errorf("marker table: %w", err)
 	}
-	if err := t.db.Exec(sqliteMarkerSet, t.lease.Token).Error; err != nil {
+	if _, err := t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token); err != nil {
 		return fmt.Errorf("marker: %w", err)
 	}
+	t.marked = true
 	return nil
 }
 
-// TxFrom returns the idempotency transaction that ctx carries, bound to ctx
-// (its deadline cancels the handler's statements), and true; or nil and
-// false when ctx carries none — the request is not running under a claimed
-// idempotency key.
-//
-// Handlers write through it so that their effects commit together with the
-// stored response, or not at all. Do not Commit or Rollback it yourself:
-// the store does that when the request finishes. GORM's Transaction method
-// on it nests with a SAVEPOINT.
-func TxFrom(ctx context.Context) (*gorm.DB, bool) {
-	t, ok := ctx.Value(txKey{}).(*Tx)
-	if !ok || t == nil {
-		return nil, false
-	}
-	return t.db.WithContext(ctx), true
+// Used implements idem.Tx: whether the handler ran anything through the
+// handle.
+func (t *storeTx) Used() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used
 }
-
-// DB returns the *gorm.DB a handler should use for ctx: the idempotency
-// transaction when ctx carries one (see TxFrom), otherwise fallback bound to
-// ctx — typically the application's own *gorm.DB, for routes or requests
-// that run without an idempotency key. Use TxFrom to tell the two apart.
-// It returns nil when ctx carries no transaction and fallback is nil.
-func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
-	if tx, ok := TxFrom(ctx); ok {
-		return tx
-	}
-	if fallback == nil {
-		return nil
-	}
-	return fallback.WithContext(ctx)
-}
-
-// DB returns the idempotency transaction ctx carries, or the store's own
-// *gorm.DB bound to ctx when there is none. Use TxFrom to tell the two
-// apart.
-func (s *Store) DB(ctx context.Context) *gorm.DB { return DB(ctx, s.db) }
 
 // Settle implements idem.Tx. It stores outcome with an UPDATE fenced by the
 // lease token and the in-progress state, in the handler's transaction, then
-// commits. When the UPDATE matches no row the lease was lost to a takeover:
-// it rolls back (the handler's writes with it) and returns
-// idem.ErrLeaseLost. When any statement or the commit fails — for example
-// because a failed statement aborted the transaction on PostgreSQL — it
-// returns that error and nothing is stored. After Settle the Tx is
-// finished.
-func (t *Tx) Settle(ctx context.Context, outcome idem.Outcome) error {
+// commits with a COMMIT bounded by ctx. When the UPDATE matches no row the
+// lease was lost to a takeover: it rolls back (the handler's writes with
+// it) and returns idem.ErrLeaseLost. When a statement on the handle failed,
+// or the handler asked for a rollback, it rolls back and stores nothing;
+// the error wraps ErrTxEnded when the database had already ended the
+// transaction by itself. After Settle the transaction is finished.
+func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.done {
+		t.mu.Unlock()
 		return errors.New("idemgorm: settle: transaction already finished")
 	}
-	t.done = true
+	t.done, t.closed = true, true
+	failed, lost, rollbackAsked := t.failed, t.lost, t.rollbackAsked
+	t.mu.Unlock()
 	defer t.ungate()
+
 	if outcome.State != idem.StateCompleted && outcome.State != idem.StateFailed {
-		_ = t.rollback()
+		t.endConn(ctx, false)
 		return fmt.Errorf("idemgorm: settle: outcome state %q is not terminal", outcome.State)
 	}
-	header, err := encodeHeader(outcome.Response.Header)
-	if err != nil {
-		_ = t.rollback()
-		return fmt.Errorf("idemgorm: settle: encode headers: %w", err)
+	if failed != nil || rollbackAsked {
+		ended := lost || t.serverEnded(ctx)
+		t.endConn(ctx, false)
+		switch {
+		case ended && !errors.Is(failed, driver.ErrBadConn) && !connGone(failed):
+			return fmt.Errorf("idemgorm: settle: the database rolled the transaction back by itself (%v); nothing was stored: %w", failed, ErrTxEnded)
+		case failed != nil:
+			return fmt.Errorf("idemgorm: settle: nothing was stored: %w: %w", ErrTxAborted, failed)
+		default:
+			return errors.New("idemgorm: settle: the handler called Rollback on the transaction; it was rolled back and nothing was stored")
+		}
 	}
 	body := outcome.Response.Body
 	if body == nil {
 		body = []byte{}
 	}
-	args := []any{string(outcome.State), outcome.Response.Status, header, body,
+	q := t.store.q
+	args := []any{string(outcome.State), outcome.Response.Status, idem.EncodeHeader(outcome.Response.Header), body,
 		t.lease.Principal, t.lease.Key, t.lease.Token}
-	query := t.store.q.settle
+	query := q.settle
 	switch {
-	case t.store.dialect == dialectSQLite:
+	case t.store.dialect == dialectPostgres:
+		args = append([]any{q.lockTimeoutPG, q.stmtTimeoutPG}, args...)
+	case t.marked && t.store.dialect == dialectSQLite:
 		query += sqliteMarkerHolds
 		args = append(args, t.lease.Token)
 	case t.marked:
 		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
-	res := t.db.WithContext(ctx).Exec(query, args...)
-	if res.Error != nil {
-		_ = t.rollback()
-		if t.store.dialect == dialectSQLite && strings.Contains(res.Error.Error(), "no such table: temp.idemgorm_tx") {
-			// The marker table was created in this transaction, and
-			// SQLite's rollback took it away.
-			return fmt.Errorf("idemgorm: settle: %w", ErrTxEnded)
+	res, err := t.store.execOn(ctx, t.conn, query, args...)
+	if err != nil {
+		ended := t.serverEnded(ctx)
+		t.endConn(ctx, false)
+		if ended {
+			return fmt.Errorf("idemgorm: settle: the database rolled the transaction back by itself; nothing was stored: %w", ErrTxEnded)
 		}
-		return wrap("settle", res.Error)
+		return t.store.wrap("settle", err)
 	}
-	switch res.RowsAffected {
-	case 1:
-	case 0:
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		t.endConn(ctx, false)
+		return t.store.wrap("settle", err)
+	case n == 0:
 		err := idem.ErrLeaseLost
-		switch {
-		case t.store.dialect == dialectSQLite:
-			err = t.whyNotSettled(sqliteMarkerGet)
-		case t.marked:
-			err = t.whyNotSettled(mysqlMarkerGet)
+		if t.marked && t.serverEnded(ctx) {
+			err = fmt.Errorf("idemgorm: settle: the database rolled the transaction back by itself; nothing was stored: %w", ErrTxEnded)
 		}
-		_ = t.rollback()
+		t.endConn(ctx, false)
 		return err
-	default:
-		_ = t.rollback()
-		return fmt.Errorf("idemgorm: settle: the fenced UPDATE matched %d rows", res.RowsAffected)
+	case n != 1:
+		t.endConn(ctx, false)
+		return fmt.Errorf("idemgorm: settle: the fenced UPDATE matched %d rows", n)
 	}
-	if t.store.dialect == dialectSQLite {
-		return t.commitSQLite()
+	return t.commit(ctx)
+}
+
+// commit runs COMMIT on the transaction's connection, bounded by ctx. When
+// it fails the connection is rolled back (SQLite keeps a transaction open
+// after a failed COMMIT) or closed: it never goes back into the pool with
+// the transaction's state unknown.
+func (t *storeTx) commit(ctx context.Context) error {
+	if _, err := t.conn.ExecContext(ctx, "COMMIT"); err != nil {
+		t.endConn(ctx, false)
+		return t.store.wrap("settle: commit", err)
 	}
-	if err := t.db.Commit().Error; err != nil {
-		// database/sql has ended the transaction either way; roll back in
-		// case the driver left it open.
-		_ = t.rollback()
-		return wrap("settle: commit", err)
-	}
+	t.endConn(ctx, true)
 	return nil
 }
 
-// whyNotSettled tells a lost lease from a transaction the database ended on
-// its own, when the guarded settle UPDATE matched nothing.
-func (t *Tx) whyNotSettled(markerGet string) error {
+// serverEnded reports whether the database has ended the transaction by
+// itself: the MySQL or SQLite marker is gone. PostgreSQL never does while
+// the connection lives.
+func (t *storeTx) serverEnded(ctx context.Context) bool {
+	if !t.marked {
+		return false
+	}
+	get := mysqlMarkerGet
+	if t.store.dialect == dialectSQLite {
+		get = sqliteMarkerGet
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	var token string
-	err := t.db.WithContext(context.Background()).Raw(markerGet).Row().Scan(&token)
+	err := t.conn.QueryRowContext(cctx, get).Scan(&token)
 	var my *mysql.MySQLError
 	switch {
-	case err == nil && token == t.lease.Token:
-		return idem.ErrLeaseLost
-	case err == nil || errors.Is(err, sql.ErrNoRows) || strings.Contains(err.Error(), "no such table") ||
-		(errors.As(err, &my) && my.Number == 1146):
-		return fmt.Errorf("idemgorm: settle: %w", ErrTxEnded)
-	default:
-		return fmt.Errorf("idemgorm: settle: cannot tell whether the transaction is still open, nothing was stored: %w", err)
+	case err == nil:
+		return token != t.lease.Token
+	case errors.Is(err, sql.ErrNoRows), strings.Contains(err.Error(), "no such table"),
+		errors.As(err, &my) && my.Number == 1146:
+		return true
 	}
+	return false // cannot tell (the connection is gone): nothing committed through it
 }
 
-// commitSQLite commits with a COMMIT statement on the transaction's own
-// connection instead of database/sql's Commit. When COMMIT fails (a
-// deferred foreign key, SQLITE_BUSY) SQLite keeps the transaction open, and
-// database/sql would put the connection back into the pool with it — still
-// holding the write lock and the handler's uncommitted writes, for the next
-// user of that connection to see or commit. Here a failed COMMIT is
-// followed by a ROLLBACK on the same connection. Either way database/sql's
-// own transaction is then ended with a Rollback that finds nothing to do.
-func (t *Tx) commitSQLite() error {
-	db := t.db.WithContext(context.Background())
-	if err := db.Exec("COMMIT").Error; err != nil {
-		rerr := db.Exec("ROLLBACK").Error
-		_ = t.rollback()
-		if rerr != nil && !noTxActive(rerr) {
-			return wrap("settle: commit", errors.Join(err, fmt.Errorf("rollback after failed commit: %w", rerr)))
-		}
-		return wrap("settle: commit", err)
+// Rollback implements idem.Tx: it abandons the transaction and every write
+// made in it. It is safe to call after Settle and more than once.
+func (t *storeTx) Rollback(ctx context.Context) error {
+	t.mu.Lock()
+	if t.done {
+		t.mu.Unlock()
+		return nil
 	}
-	_ = t.rollback()
+	t.done, t.closed = true, true
+	t.mu.Unlock()
+	defer t.ungate()
+	t.endConn(ctx, false)
 	return nil
+}
+
+// endConn ends the transaction's connection: after a successful COMMIT it
+// goes back to the pool; otherwise it is rolled back first, and closed
+// instead when the ROLLBACK fails, so that no pooled connection is ever
+// left inside a transaction.
+func (t *storeTx) endConn(ctx context.Context, committed bool) {
+	if t.conn == nil {
+		return
+	}
+	if !committed {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, err := t.conn.ExecContext(rctx, "ROLLBACK")
+		cancel()
+		if err != nil && !noTxActive(err) {
+			t.discard()
+			return
+		}
+	}
+	t.mu.Lock()
+	dirty := t.dirty
+	t.mu.Unlock()
+	if dirty {
+		// What the handler set (search_path, sql_mode, a temporary
+		// table…) would outlive the request on a pooled connection.
+		t.discard()
+		return
+	}
+	_ = t.conn.Close()
+	t.conn = nil
+}
+
+// discard closes the connection instead of returning it to the pool.
+func (t *storeTx) discard() {
+	if t.conn == nil {
+		return
+	}
+	_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = t.conn.Close()
+	t.conn = nil
 }
 
 // noTxActive reports SQLite's answer to COMMIT or ROLLBACK outside a
@@ -305,37 +406,22 @@ func noTxActive(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "no transaction is active")
 }
 
-// Rollback implements idem.Tx: it abandons the transaction and every write
-// made in it. It is safe to call after Settle and more than once.
-func (t *Tx) Rollback(context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.done {
-		return nil
+// connGone reports an error that says the connection itself was lost.
+func connGone(err error) bool {
+	if err == nil {
+		return false
 	}
-	t.done = true
-	defer t.ungate()
-	return t.rollback()
+	var lost errConnLost
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, sql.ErrConnDone) || errors.As(err, &lost)
 }
 
 // ungate gives the SQLite write turn to the next writer, once.
-func (t *Tx) ungate() {
+func (t *storeTx) ungate() {
 	if t.gated {
 		t.gated = false
 		t.store.gate.release()
 	}
 }
 
-func (t *Tx) rollback() error {
-	pool := t.db.Statement.ConnPool
-	committer, ok := pool.(gorm.TxCommitter)
-	if !ok || committer == nil {
-		return nil
-	}
-	if err := committer.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) && !noTxActive(err) {
-		return wrap("rollback", err)
-	}
-	return nil
-}
-
-var _ idem.Tx = (*Tx)(nil)
+var _ idem.Tx = (*storeTx)(nil)

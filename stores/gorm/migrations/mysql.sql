@@ -9,16 +9,18 @@
 -- response. Times are DATETIME(6) in UTC, written with UTC_TIMESTAMP(6) and
 -- read as microseconds, so neither the session time zone nor the driver's
 -- parseTime/loc settings change them. MySQL has no partial index: the stale
--- index is (state, locked_at).
+-- index is (state, locked_at). principal, key and request_id hold 255 bytes each,
+-- as on every dialect; headers are idem.EncodeHeader's bytes. Names are quoted
+-- with backticks, which read the same under ANSI_QUOTES.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
-    principal   VARBINARY(512) NOT NULL,
-    `key`       VARBINARY(512) NOT NULL,
+    principal   VARBINARY(255) NOT NULL,
+    `key`       VARBINARY(255) NOT NULL,
     fingerprint VARBINARY(255) NOT NULL,
     state       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     lease_token VARBINARY(255) NOT NULL,
-    request_id  BLOB           NOT NULL,
+    request_id  VARBINARY(255) NOT NULL,
     status      INT            NULL,
-    headers     LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    headers     LONGBLOB       NULL,
     body        LONGBLOB       NULL,
     created_at  DATETIME(6)    NOT NULL,
     locked_at   DATETIME(6)    NOT NULL,

@@ -2,15 +2,19 @@
 -- Feed this file to your migration tool as it is, or call (*idemgorm.Store).Migrate.
 -- The table name is idempotency_keys; Migrate renames the table and its indexes
 -- when the store is created with WithTable.
+--
+-- principal, key and request_id hold at most 255 bytes each (idem.MaxPrincipalLength,
+-- MaxKeyLengthLimit, MaxRequestIDLength), the same on every dialect. Headers are
+-- idem.EncodeHeader's bytes: byte-exact, whatever the header values contain.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
-    principal   text        NOT NULL,
-    "key"       text        NOT NULL,
+    principal   text        NOT NULL CHECK (octet_length(principal) <= 255),
+    "key"       text        NOT NULL CHECK (octet_length("key") <= 255),
     fingerprint bytea       NOT NULL,
     state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
     lease_token text        NOT NULL,
-    request_id  text        NOT NULL DEFAULT '',
+    request_id  text        NOT NULL DEFAULT '' CHECK (octet_length(request_id) <= 255),
     status      integer,
-    headers     jsonb,
+    headers     bytea,
     body        bytea,
     created_at  timestamptz NOT NULL,
     locked_at   timestamptz NOT NULL,

@@ -5,16 +5,18 @@
 --
 -- SQLite has no timestamp type: times are INTEGER unix microseconds, written
 -- from the database's clock ('now'), exact and cheap to compare. STRICT makes
--- SQLite refuse a value of the wrong type instead of storing it.
+-- SQLite refuse a value of the wrong type instead of storing it. principal, key and
+-- request_id hold 255 bytes each, as on every dialect; headers are idem.EncodeHeader's
+-- bytes.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
-    principal   TEXT    NOT NULL,
-    "key"       TEXT    NOT NULL,
+    principal   TEXT    NOT NULL CHECK (length(CAST(principal AS BLOB)) <= 255),
+    "key"       TEXT    NOT NULL CHECK (length(CAST("key" AS BLOB)) <= 255),
     fingerprint BLOB    NOT NULL,
     state       TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
     lease_token TEXT    NOT NULL,
-    request_id  TEXT    NOT NULL DEFAULT '',
+    request_id  TEXT    NOT NULL DEFAULT '' CHECK (length(CAST(request_id AS BLOB)) <= 255),
     status      INTEGER,
-    headers     TEXT,
+    headers     BLOB,
     body        BLOB,
     created_at  INTEGER NOT NULL,
     locked_at   INTEGER NOT NULL,
