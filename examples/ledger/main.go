@@ -49,9 +49,9 @@ func main() {
 
 type config struct {
 	natsURL, dsn, stream, subject, consumer, ledgerTable, idemTable string
-	requestTimeout, lease                                        time.Duration
-	ackWait, nakDelay                                            time.Duration
-	handlerDelay                                                 time.Duration
+	requestTimeout, lease                                           time.Duration
+	ackWait, nakDelay                                               time.Duration
+	handlerDelay                                                    time.Duration
 }
 
 func parseConfig(args []string) (config, error) {
