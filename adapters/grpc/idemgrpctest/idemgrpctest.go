@@ -49,6 +49,7 @@ func Run(t *testing.T, newBackend storetest.NewBackend) {
 		{"StoreUnavailable", testStoreUnavailable},
 		{"OptionalKeyAndFilter", testOptionalKeyAndFilter},
 		{"PrincipalsIsolated", testPrincipalsIsolated},
+		{"ReplayReauthorized", testReplayReauthorized},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -549,5 +550,27 @@ func testPrincipalsIsolated(t *testing.T, s *suite) {
 	want(t, "bob", b, codes.OK, false)
 	if a.reply.Attempt == b.reply.Attempt || srv.runs.Load() != 2 {
 		t.Fatalf("bob got alice's reply (runs %d)", srv.runs.Load())
+	}
+}
+
+// testReplayReauthorized: Config.AuthorizeReplay refusing a replay is
+// PermissionDenied, and the method does not run again.
+func testReplayReauthorized(t *testing.T, s *suite) {
+	var revoked atomic.Bool
+	c, srv := s.start(t, idemgrpc.Config{Config: idem.Config{
+		AuthorizeReplay: func(context.Context, string, idem.Record) error {
+			if revoked.Load() {
+				return errors.New("account closed")
+			}
+			return nil
+		},
+	}})
+	id := randHex(8)
+	want(t, "first", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id}), codes.OK, false)
+	revoked.Store(true)
+	a := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id})
+	want(t, "revoked", a, codes.PermissionDenied, false)
+	if a.reason != "REPLAY_FORBIDDEN" || srv.runs.Load() != 1 {
+		t.Fatalf("reason %q, runs %d", a.reason, srv.runs.Load())
 	}
 }
