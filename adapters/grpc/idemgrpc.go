@@ -277,6 +277,19 @@ func (i *interceptor) response(reply any, herr error, rec *recorder) (idem.Respo
 	return resp, nil
 }
 
+// Stored returns the outcome of a method as idemgrpc stores it: reply's
+// proto encoding with code OK, or err's google.rpc.Status with its code.
+// A Config.Reconcile for gRPC methods returns it to settle a takeover with
+// what the crashed attempt's effect became (its reply, or the error its
+// outcome should replay as).
+func Stored(reply proto.Message, err error) (*idem.Response, error) {
+	resp, rerr := (&interceptor{}).response(reply, err, &recorder{})
+	if err == nil && rerr != nil {
+		return nil, rerr
+	}
+	return &resp, nil
+}
+
 // decode turns a stored outcome back into the method's reply or error.
 func (i *interceptor) decode(fullMethod string, r idem.Response) (any, error) {
 	if codes.Code(r.Status) != codes.OK {
