@@ -61,6 +61,9 @@
 // the key, not the request, that refuses it (the gRPC definition of
 // FailedPrecondition); a client must not retry it unchanged.
 //
+// A Config.Reconcile for gRPC methods settles a takeover with Stored(reply,
+// err), the outcome in the form the interceptor stores.
+//
 // Only unary methods are covered: a stream cannot be stored and replayed.
 package idemgrpc
 
