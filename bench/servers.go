@@ -60,11 +60,13 @@ const (
 	FloorPayment = Schema + ".payments_floor"
 )
 
-// Setup creates the schema, the payment tables, the floor's key table and
+// Setup creates the schema afresh (dropping what an earlier run, perhaps of
+// an older schema, left), the payment tables, the floor's key table and
 // both stores' tables (through their own Migrate).
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	stmts := []string{
-		"CREATE SCHEMA IF NOT EXISTS " + Schema,
+		"DROP SCHEMA IF EXISTS " + Schema + " CASCADE",
+		"CREATE SCHEMA " + Schema,
 		`CREATE TABLE IF NOT EXISTS ` + FloorKeys + ` (
 			principal   text        NOT NULL,
 			key         text        NOT NULL,
