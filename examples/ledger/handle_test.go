@@ -30,7 +30,9 @@ func TestHandleDecisions(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", ledgerTable, idemTable)) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", ledgerTable, idemTable))
+	})
 	engine, err := idem.New(idem.Config{Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
