@@ -102,11 +102,14 @@ func (e *CallError) Unwrap() error { return e.Err }
 func (e *CallError) Status() int { return problems[e.Problem].Status }
 
 // Retryable reports whether retrying the same call later can succeed
-// without a change by the caller.
+// without a change by the caller: the key in use or taken over, the store
+// unavailable, the commit failed, the deadline, a transaction the handler
+// ended (after its lease). A misconfigured store and a result too large to
+// store need a change on the server's side; the others, the caller's.
 func (e *CallError) Retryable() bool {
 	switch e.Problem {
 	case ProblemKeyInUse, ProblemLeaseLost, ProblemStoreUnavailable, ProblemCommitFailed,
-		ProblemTimeout, ProblemTxEnded, ProblemResponseTooLarge:
+		ProblemTimeout, ProblemTxEnded:
 		return true
 	}
 	return false

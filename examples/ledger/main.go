@@ -158,13 +158,19 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 	var ce *idem.CallError
 	switch {
 	case errors.As(err, &ce):
-		if ce.Retryable() {
-			d := max(ce.RetryAfter, backoff(nakDelay, delivered))
-			return Nak, d, string(ce.Problem)
+		switch ce.Problem {
+		case idem.ProblemUnauthenticated, idem.ProblemPrincipalInvalid, idem.ProblemKeyMissing,
+			idem.ProblemKeyInvalid, idem.ProblemKeyReused, idem.ProblemBodyTooLarge, idem.ProblemForbidden:
+			// Not authenticated, no or a bad key, the id reused for
+			// another event: the producer's doing, and no redelivery can
+			// change it.
+			return Term, 0, string(ce.Problem)
 		}
-		// Not authenticated, no or a bad key, the id reused for another
-		// event: no redelivery can change that.
-		return Term, 0, string(ce.Problem)
+		// The key held, the store down, the commit failed, and also a
+		// misconfigured store or a result too large to store: those need
+		// an operator, and the event must wait for them, not be dropped.
+		d := max(ce.RetryAfter, backoff(nakDelay, delivered))
+		return Nak, d, string(ce.Problem)
 	case err != nil:
 		return Nak, backoff(nakDelay, delivered), "released: " + err.Error()
 	case res.State == idem.StateFailed:
