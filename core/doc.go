@@ -55,6 +55,19 @@
 // type is one of the [ProblemType] constants; the [Event] of each request
 // carries its [OutcomeLabel].
 //
+// # Beyond HTTP: the call API
+//
+// [Engine.Do] is the same state machine for anything that is not an HTTP
+// request: a service method, a gRPC method (package idemgrpc), a queue
+// message whose id is the key. The caller gives a [Call] (principal, key,
+// operation name, the encoded input the fingerprint covers) and a function
+// that runs in the store's transaction and returns a [Response] whose
+// Status is in the caller's protocol ([Call.Classify] decides what is
+// stored). Do returns the result, stored or replayed, or a [CallError]
+// naming the case ([ProblemType]) for the caller to map to its protocol.
+// The HTTP middleware is Do's first caller: Begin and Finish are its steps
+// rendered as HTTP.
+//
 // # For adapter and store authors
 //
 // The rest of the package is the contract between the engine and the

@@ -99,58 +99,127 @@ type Result struct {
 //   - a Response to write as it is: a problem, a 409, a 422 or a replay;
 //   - neither (nil, nil): the key is optional and absent, so the handler
 //     runs without idempotency.
+//
+// Begin is the call API's entry (see Engine.Do) with an HTTP request as the
+// call: method and path name the operation, the Content-Type the encoding,
+// and the body, read after authentication and key validation, is the input.
 func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
-	start := e.cfg.Clock()
-	ev := Event{Method: req.Method, Path: req.Path, Principal: req.Principal, RequestID: req.RequestID}
-	// end is the clock reading after the claim: the answers that follow it
-	// take no time worth another reading.
-	var end time.Time
-	reply := func(outcome OutcomeLabel, resp *Response, err error) (*Attempt, *Response) {
-		if end.IsZero() {
-			end = e.cfg.Clock()
-		}
-		ev.Outcome, ev.Status, ev.Err, ev.Duration = outcome, resp.Status, err, end.Sub(start)
-		e.emit(ctx, ev)
-		return nil, resp
+	c := Call{
+		Method: req.Method, Operation: req.Path, Principal: req.Principal, PrincipalErr: req.PrincipalErr,
+		Key: req.Key, Encoding: req.ContentType, RequestID: req.RequestID,
 	}
-
-	key, keyErr := ParseKey(req.Key, e.cfg.MaxKeyLength)
-	if errors.Is(keyErr, ErrKeyMissing) && e.cfg.KeyOptional {
-		ev.Outcome, ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(start)
+	a, v, ev := e.start(ctx, &c, func() ([]byte, error) { return readBody(req.Body, e.cfg.MaxBodyBytes, req.ContentLength) })
+	if a != nil {
+		return a, nil
+	}
+	if v.pass {
 		e.emit(ctx, ev)
 		return nil, nil
 	}
-	if req.Principal == "" || req.PrincipalErr != nil {
-		return reply(OutcomeUnauthenticated, NewProblem(ProblemUnauthenticated).Response(0), req.PrincipalErr)
+	resp := e.httpResponse(&v)
+	if v.outcome == OutcomeReplayed {
+		resp = replay(resp)
 	}
-	if err := checkPrincipal(req.Principal); err != nil {
-		return reply(OutcomePrincipalInvalid, NewProblem(ProblemPrincipalInvalid).Response(0), err)
+	ev.Status = resp.Status
+	e.emit(ctx, ev)
+	return nil, resp
+}
+
+// verdict is how the engine answered one call, in no protocol's terms:
+// the library's own answer (a problem), or a response that stands (a
+// replay, a reconciled outcome, the handler's own). Callers render it in
+// their protocol and emit the event with the status they sent.
+type verdict struct {
+	outcome    OutcomeLabel
+	problem    ProblemType // the library's answer, or "" when resp stands
+	retryAfter int         // seconds, with problem
+	resp       *Response   // when problem is ""
+	stored     State       // what the record holds after this call, "" when nothing
+	err        error
+	pass       bool // the key is optional and absent: run without idempotency
+}
+
+// httpResponse renders v as an HTTP response.
+func (e *Engine) httpResponse(v *verdict) *Response {
+	switch v.problem {
+	case "":
+		if v.outcome == OutcomeReleased && v.resp.Status < 400 {
+			// Rolled back: a 2xx here would claim an effect that did not
+			// happen.
+			p := NewProblem(ProblemCommitFailed)
+			p.Title, p.Detail = "Request failed", "The request failed and was rolled back. Retrying is safe."
+			return p.Response(0)
+		}
+		return v.resp
+	case ProblemKeyMissing:
+		return e.keyMissing.Response(0)
+	case ProblemKeyInvalid:
+		return e.keyInvalid.Response(0)
+	}
+	return NewProblem(v.problem).Response(v.retryAfter)
+}
+
+// start is the state machine's entry for every protocol: it authenticates,
+// validates the key, fingerprints the call's input and claims the key. read,
+// when set, supplies the input after authentication and key validation (an
+// HTTP body is read only for a request that may claim). It returns an
+// Attempt, which holds the key and carries its own Event, or a verdict and
+// the Event to emit once the caller has rendered it.
+func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)) (*Attempt, verdict, Event) {
+	start := e.cfg.Clock()
+	ev := Event{Method: c.Method, Path: c.Operation, Principal: c.Principal, RequestID: c.RequestID}
+	// end is the clock reading after the claim: the answers that follow it
+	// take no time worth another reading.
+	var end time.Time
+	refuse := func(outcome OutcomeLabel, problem ProblemType, retryAfter int, err error) (*Attempt, verdict, Event) {
+		if end.IsZero() {
+			end = e.cfg.Clock()
+		}
+		ev.Outcome, ev.Err, ev.Duration = outcome, err, end.Sub(start)
+		return nil, verdict{outcome: outcome, problem: problem, retryAfter: retryAfter, err: err}, ev
+	}
+
+	key, keyErr := ParseKey(c.Key, e.cfg.MaxKeyLength)
+	if errors.Is(keyErr, ErrKeyMissing) && e.cfg.KeyOptional {
+		ev.Outcome, ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(start)
+		return nil, verdict{outcome: OutcomeNoKey, pass: true}, ev
+	}
+	if c.Principal == "" || c.PrincipalErr != nil {
+		return refuse(OutcomeUnauthenticated, ProblemUnauthenticated, 0, c.PrincipalErr)
+	}
+	if err := checkPrincipal(c.Principal); err != nil {
+		return refuse(OutcomePrincipalInvalid, ProblemPrincipalInvalid, 0, err)
 	}
 	switch {
 	case errors.Is(keyErr, ErrKeyMissing):
-		return reply(OutcomeKeyMissing, e.keyMissing.Response(0), nil)
+		return refuse(OutcomeKeyMissing, ProblemKeyMissing, 0, nil)
 	case keyErr != nil:
-		return reply(OutcomeKeyInvalid, e.keyInvalid.Response(0), keyErr)
+		return refuse(OutcomeKeyInvalid, ProblemKeyInvalid, 0, keyErr)
 	}
 	ev.Key = key
 
-	body, err := readBody(req.Body, e.cfg.MaxBodyBytes, req.ContentLength)
-	if err != nil {
-		if errors.Is(err, ErrBodyTooLarge) {
-			return reply(OutcomeBodyTooLarge, NewProblem(ProblemBodyTooLarge).Response(0), err)
+	body := c.Input
+	if read != nil {
+		var err error
+		if body, err = read(); err != nil {
+			if errors.Is(err, ErrBodyTooLarge) {
+				return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, err)
+			}
+			// The client sent a body it could not finish: nothing to claim.
+			return refuse(OutcomeBodyUnreadable, ProblemBodyUnreadable, 0, err)
 		}
-		// The client sent a body it could not finish: nothing to claim.
-		return reply(OutcomeBodyUnreadable, NewProblem(ProblemBodyUnreadable).Response(0), err)
+	} else if int64(len(body)) > e.cfg.MaxBodyBytes {
+		return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, ErrBodyTooLarge)
 	}
 	// The attempt is allocated before the claim so the fingerprint can live
 	// in it: one allocation serves the claim and, if it wins, the run.
-	a := &Attempt{e: e, body: body, start: start}
-	a.fingerprint = fingerprint(req.Method, req.Path, req.Principal, req.ContentType, body, e.ignore)
+	a := &Attempt{e: e, body: body, start: start, classifier: c.Classify, call: read == nil}
+	a.fingerprint = fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore)
 	fp := a.fingerprint[:]
 
 	creq := ClaimRequest{
-		Principal: req.Principal, Key: key, Fingerprint: fp, Token: newToken(),
-		RequestID: boundRequestID(req.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		Principal: c.Principal, Key: key, Fingerprint: fp, Token: newToken(),
+		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
 	res, err := e.cfg.Store.Claim(ctx, creq)
@@ -167,32 +236,34 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 			err = errors.Join(err, rerr)
 		}
 		cancel()
-		return reply(OutcomeStoreError, storeProblem(err), err)
+		p, ra := storeProblem(err)
+		return refuse(OutcomeStoreError, p, ra, err)
 	}
 
 	if !res.Claimed {
 		rec := res.Record
 		switch {
 		case !bytes.Equal(rec.Fingerprint, fp):
-			return reply(OutcomeFingerprintMismatch, NewProblem(ProblemKeyReused).Response(0), nil)
+			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
 		case rec.State == StateInProgress || rec.Response == nil:
-			return reply(OutcomeInProgressConflict,
-				NewProblem(ProblemKeyInUse).Response(e.retryAfter(rec.LockedAt, res.Now)), nil)
+			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(rec.LockedAt, res.Now), nil)
 		}
 		if e.cfg.AuthorizeReplay != nil {
-			if err := e.cfg.AuthorizeReplay(ctx, req.Principal, rec); err != nil {
-				return reply(OutcomeReplayForbidden, NewProblem(ProblemForbidden).Response(0), err)
+			if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
+				return refuse(OutcomeReplayForbidden, ProblemForbidden, 0, err)
 			}
 		}
-		return reply(OutcomeReplayed, replay(rec.Response), nil)
+		ev.Outcome, ev.Duration = OutcomeReplayed, end.Sub(start)
+		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
 
-	lease := Lease{Principal: req.Principal, Key: key, Token: creq.Token}
+	lease := Lease{Principal: c.Principal, Key: key, Token: creq.Token}
 	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
 		a.release(ctx, nil)
-		return reply(OutcomeStoreError, storeProblem(err), err)
+		p, ra := storeProblem(err)
+		return refuse(OutcomeStoreError, p, ra, err)
 	}
 	a.tx = tx
 	// The deadline counts from the claim's answer (or now, when the
@@ -206,13 +277,16 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		if err != nil {
 			a.finished = true
 			a.release(ctx, err)
-			return reply(OutcomeReleased, NewProblem(ProblemStoreUnavailable).Response(1), fmt.Errorf("reconcile: %w", err))
+			return refuse(OutcomeReleased, ProblemStoreUnavailable, 1, fmt.Errorf("reconcile: %w", err))
 		}
 		if resp != nil {
-			return nil, a.Finish(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body})
+			if !a.finish() {
+				panic("idem: Attempt finished twice")
+			}
+			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
 		}
 	}
-	return a, nil
+	return a, verdict{}, Event{}
 }
 
 // retryAfter tells a 409'd client when the key is likely free, in whole
@@ -261,6 +335,12 @@ type Attempt struct {
 	start       time.Time
 	reclaimed   bool
 	fingerprint [32]byte
+	// classifier is the call's own (Call.Classify); nil uses
+	// Config.Classify, with status 0 taken as 200.
+	classifier Classifier
+	// call is set for an attempt begun by Do: the reply's Header is stored
+	// as the caller gave it, not filtered by Config.StoredHeaders.
+	call bool
 
 	mu       sync.Mutex
 	finished bool
@@ -314,22 +394,43 @@ func (a *Attempt) Finish(res Result) *Response {
 	if !a.finish() {
 		panic("idem: Attempt finished twice")
 	}
+	v := a.settle(res)
+	resp := a.e.httpResponse(&v)
+	a.ev.Status = resp.Status
+	a.e.emit(a.ctx, a.ev)
+	return resp
+}
+
+// classify decides the disposition of the handler's result with the
+// call's classifier, or Config.Classify.
+func (a *Attempt) classify(status int, err error) Disposition {
+	if a.classifier != nil {
+		return a.classifier(status, err)
+	}
+	return a.e.cfg.Classify(status, err)
+}
+
+// settle is Finish in no protocol's terms: it classifies res, stores it
+// with the handler's writes in one commit or rolls back and releases, and
+// fills in the attempt's Event but for its Status. The caller has marked
+// the attempt finished.
+func (a *Attempt) settle(res Result) verdict {
 	defer a.hctx.cancel()
 	e := a.e
-	done := func(outcome OutcomeLabel, resp *Response, err error) *Response {
-		a.ev.Outcome, a.ev.Status, a.ev.Err = outcome, resp.Status, err
+	done := func(outcome OutcomeLabel, v verdict) verdict {
+		v.outcome = outcome
+		a.ev.Outcome, a.ev.Err = outcome, v.err
 		a.ev.TxUsed = a.tx != nil && a.tx.Used()
 		a.ev.Duration = e.cfg.Clock().Sub(a.start)
-		e.emit(a.ctx, a.ev)
-		return resp
+		return v
 	}
-	if res.Status == 0 {
+	if res.Status == 0 && a.classifier == nil {
 		res.Status = http.StatusOK
 	}
 	a.resp = Response{Status: res.Status, Header: res.Header, Body: res.Body}
 	handlerResp := &a.resp
 
-	disp := e.cfg.Classify(res.Status, res.Err)
+	disp := a.classify(res.Status, res.Err)
 	now := time.Now()
 	deadlineErr := a.hctx.errAt(now)
 	if deadlineErr != nil {
@@ -337,34 +438,31 @@ func (a *Attempt) Finish(res Result) *Response {
 	}
 	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
 		if ended := a.release(a.ctx, nil); ended != nil {
-			return done(OutcomeTxEnded, a.txEnded(), ended)
+			return done(OutcomeTxEnded, a.txEnded(ended))
 		}
-		return done(OutcomeResponseTooLarge, NewProblem(ProblemResponseTooLarge).Response(0), nil)
+		return done(OutcomeResponseTooLarge, verdict{problem: ProblemResponseTooLarge})
 	}
 	switch disp {
 	case Complete, Fail:
 	default:
 		if ended := a.release(a.ctx, res.Err); ended != nil {
-			return done(OutcomeTxEnded, a.txEnded(), errors.Join(res.Err, ended))
+			return done(OutcomeTxEnded, a.txEnded(errors.Join(res.Err, ended)))
 		}
 		if deadlineErr != nil {
-			return done(OutcomeReleased, NewProblem(ProblemTimeout).Response(1), deadlineErr)
+			return done(OutcomeReleased, verdict{problem: ProblemTimeout, retryAfter: 1, err: deadlineErr})
 		}
-		if res.Status < 400 {
-			// Rolled back: a 2xx here would claim an effect that did not
-			// happen.
-			p := NewProblem(ProblemCommitFailed)
-			p.Title, p.Detail = "Request failed", "The request failed and was rolled back. Retrying is safe."
-			return done(OutcomeReleased, p.Response(0), res.Err)
-		}
-		return done(OutcomeReleased, handlerResp, res.Err)
+		return done(OutcomeReleased, verdict{resp: handlerResp, err: res.Err})
 	}
 
 	state := StateCompleted
 	if disp == Fail {
 		state = StateFailed
 	}
-	out := Outcome{State: state, Response: Response{Status: res.Status, Header: e.storedHeader(res.Header), Body: res.Body}}
+	header := res.Header
+	if !a.call {
+		header = e.storedHeader(header)
+	}
+	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: res.Body}}
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
 	if err := a.tx.Settle(sctx, out); err != nil {
@@ -373,13 +471,13 @@ func (a *Attempt) Finish(res Result) *Response {
 		}
 		switch {
 		case errors.Is(err, ErrLeaseLost):
-			return done(OutcomeLeaseLost, NewProblem(ProblemLeaseLost).Response(1), err)
+			return done(OutcomeLeaseLost, verdict{problem: ProblemLeaseLost, retryAfter: 1, err: err})
 		case errors.Is(err, ErrTxEnded):
 			// Part of the handler's work may have committed without the
 			// outcome: releasing would let a retry run it again. The claim
 			// stays in progress until its lease expires, when a takeover
 			// asks Reconcile what happened.
-			return done(OutcomeTxEnded, a.txEnded(), err)
+			return done(OutcomeTxEnded, a.txEnded(err))
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its
@@ -389,26 +487,26 @@ func (a *Attempt) Finish(res Result) *Response {
 		if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			err = errors.Join(err, rerr)
 		}
-		resp := NewProblem(ProblemCommitFailed).Response(1)
+		v := verdict{problem: ProblemCommitFailed, retryAfter: 1, err: err}
 		if errors.Is(err, ErrMisconfigured) {
-			resp = NewProblem(ProblemMisconfigured).Response(0)
+			v.problem, v.retryAfter = ProblemMisconfigured, 0
 		}
-		return done(OutcomeStoreError, resp, err)
+		return done(OutcomeStoreError, v)
 	}
 	outcome := OutcomeClaimed
 	if a.reclaimed {
 		outcome = OutcomeStaleReclaimed
 	}
-	return done(outcome, handlerResp, nil)
+	return done(outcome, verdict{resp: handlerResp, stored: state})
 }
 
-// storeProblem is the answer to a store error before the handler ran:
-// retrying is safe unless the store is misconfigured.
-func storeProblem(err error) *Response {
+// storeProblem is the answer to a store error before the handler ran, and
+// its Retry-After: retrying is safe unless the store is misconfigured.
+func storeProblem(err error) (ProblemType, int) {
 	if errors.Is(err, ErrMisconfigured) {
-		return NewProblem(ProblemMisconfigured).Response(0)
+		return ProblemMisconfigured, 0
 	}
-	return NewProblem(ProblemStoreUnavailable).Response(1)
+	return ProblemStoreUnavailable, 1
 }
 
 // release rolls back and deletes the claim, fenced by the lease.
@@ -436,11 +534,11 @@ func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 }
 
 // txEnded is the answer to an attempt whose transaction ended outside the
-// store's control: a 500 whose Retry-After points at the end of the lease,
-// when a takeover asks Reconcile what happened.
-func (a *Attempt) txEnded() *Response {
+// store's control: a problem whose Retry-After points at the end of the
+// lease, when a takeover asks Reconcile what happened.
+func (a *Attempt) txEnded(err error) verdict {
 	leaseLeft := a.e.cfg.Lease - time.Since(a.start)
-	return NewProblem(ProblemTxEnded).Response(max(int(math.Ceil(leaseLeft.Seconds())), 1))
+	return verdict{problem: ProblemTxEnded, retryAfter: max(int(math.Ceil(leaseLeft.Seconds())), 1), err: err}
 }
 
 // storeContext returns the context for the store calls made after the

@@ -76,7 +76,9 @@ type Lease struct {
 }
 
 // Response is an HTTP response as the library stores and replays it, and as
-// adapters write it to the client.
+// adapters write it to the client; for a call through Engine.Do, the
+// call's reply: a status in the caller's protocol, its metadata and its
+// encoded body.
 type Response struct {
 	Status int
 	Header http.Header

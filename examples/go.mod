@@ -10,6 +10,7 @@ require (
 	github.com/idemgo/idem/adapters/echo v0.1.0
 	github.com/idemgo/idem/adapters/fiber v0.1.0
 	github.com/idemgo/idem/adapters/gin v0.1.0
+	github.com/idemgo/idem/adapters/grpc v0.1.0
 	github.com/idemgo/idem/adapters/nethttp v0.1.0
 	github.com/idemgo/idem/client v0.1.0
 	github.com/idemgo/idem/core v0.1.0
@@ -17,6 +18,8 @@ require (
 	github.com/idemgo/idem/stores/pgx v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.4
+	github.com/nats-io/nats.go v1.55.0
+	google.golang.org/grpc v1.85.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
@@ -28,12 +31,15 @@ require (
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-runewidth v0.0.16 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/rivo/uniseg v0.2.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasthttp v1.51.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	github.com/valyala/tcplisten v1.0.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	gorm.io/plugin/dbresolver v1.6.2 // indirect
 )
 
@@ -84,7 +90,7 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/protobuf v1.36.12
 	modernc.org/libc v1.22.5 // indirect
 	modernc.org/mathutil v1.5.0 // indirect
 	modernc.org/memory v1.5.0 // indirect
@@ -101,3 +107,5 @@ replace (
 	github.com/idemgo/idem/stores/gorm => ../stores/gorm
 	github.com/idemgo/idem/stores/pgx => ../stores/pgx
 )
+
+replace github.com/idemgo/idem/adapters/grpc => ../adapters/grpc

@@ -2,7 +2,8 @@
 # services.sh makes sure the servers the tests use are up on 127.0.0.1:
 # PostgreSQL :5432 (trust auth, databases test/root/postgres), MariaDB :3306
 # (root, empty password, database test), Redis :6379 and a three-node Redis
-# Cluster on :7001-7003 (IDEM_REDIS_CLUSTER_PORTS). For each one it
+# Cluster on :7001-7003 (IDEM_REDIS_CLUSTER_PORTS), and NATS with JetStream
+# :4222 (the examples/ledger consumer). For each one it
 # checks the port, starts the server when it is installed but down, installs
 # it with apt-get when it is missing, and exits non-zero with a clear message
 # when none of that works. Tests never skip a missing service: they fail.
@@ -157,7 +158,24 @@ ensure_redis_cluster() {
 	die "Redis Cluster on ${cluster_ports[*]} did not reach cluster_state:ok"
 }
 
+# NATS with JetStream, for examples/ledger. apt's nats-server package
+# (Debian 12: 2.9) has JetStream; its store lives under /var/lib/nats-server.
+ensure_nats() {
+	if ! port_open 4222; then
+		command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
+		local bin
+		bin=$(command -v nats-server || echo /usr/sbin/nats-server)
+		log "starting NATS (JetStream)"
+		mkdir -p /var/lib/nats-server /var/log/nats-server
+		start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+			-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server/ci.log >&2
+		wait_port 4222 NATS 20 || die "NATS did not come up on 127.0.0.1:4222"
+	fi
+	log "NATS ok"
+}
+
 ensure_postgres
 ensure_mariadb
 ensure_redis
 ensure_redis_cluster
+ensure_nats

@@ -19,6 +19,7 @@ import (
 // variables as their defaults.
 type config struct {
 	addr             string
+	grpcAddr         string
 	framework        string
 	store            string
 	dsn              string
@@ -69,6 +70,7 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 		fs.DurationVar(p, name, *p, usage+" (env "+env+")")
 	}
 	str(&c.addr, "addr", "IDEM_ADDR", "listen address; port 0 picks a free port, logged at start-up")
+	str(&c.grpcAddr, "grpc-addr", "IDEM_GRPC_ADDR", "also serve the gRPC API (payments.v1.Payments) on this address; off when empty")
 	str(&c.framework, "framework", "IDEM_FRAMEWORK", "web framework: "+strings.Join(frameworkNames, "|"))
 	str(&c.store, "store", "IDEM_STORE", "store: "+strings.Join(storeNames, "|"))
 	str(&c.dsn, "dsn", "IDEM_DSN", "database: a file path for sqlite (default ./"+defaultSQLitePath+
@@ -114,6 +116,11 @@ func (c *config) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.addr); err != nil {
 		return fmt.Errorf("invalid -addr %q: %v", c.addr, err)
+	}
+	if c.grpcAddr != "" {
+		if _, _, err := net.SplitHostPort(c.grpcAddr); err != nil {
+			return fmt.Errorf("invalid -grpc-addr %q: %v", c.grpcAddr, err)
+		}
 	}
 	for _, d := range []struct {
 		name string

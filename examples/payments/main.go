@@ -97,6 +97,23 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
 		return 1
 	}
+	// -grpc-addr: the gRPC API on the same Service and store.
+	var (
+		grpcSrv server
+		grpcLn  net.Listener
+	)
+	if cfg.grpcAddr != "" {
+		gs, err := newGRPCServer(a)
+		if err != nil {
+			fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+			return 2
+		}
+		if grpcLn, err = net.Listen("tcp", cfg.grpcAddr); err != nil {
+			fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+			return 1
+		}
+		grpcSrv = grpcServer{s: gs}
+	}
 	eng, _ := idem.New(ic) // validated in parseConfig; read back the defaults
 	ec := eng.Config()
 	log.Info("payments service listening",
@@ -114,8 +131,14 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		_ = sw.Run(sweepCtx)
 	}()
 
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
+	servers := []server{srv}
+	if grpcSrv != nil {
+		log.Info("payments gRPC listening", slog.String("addr", grpcLn.Addr().String()))
+		go func() { serveErr <- grpcSrv.Serve(grpcLn) }()
+		servers = append(servers, grpcSrv)
+	}
 
 	code := 0
 	select {
@@ -127,14 +150,18 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case <-ctx.Done():
 		log.Info("shutting down: finishing in-flight requests")
 		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		if err := srv.Shutdown(sctx); err != nil {
-			log.Error("shutdown", slog.String("error", err.Error()))
-			code = 1
+		for _, s := range servers {
+			if err := s.Shutdown(sctx); err != nil {
+				log.Error("shutdown", slog.String("error", err.Error()))
+				code = 1
+			}
 		}
 		cancel()
-		if err := <-serveErr; err != nil {
-			log.Error("server failed", slog.String("error", err.Error()))
-			code = 1
+		for range servers {
+			if err := <-serveErr; err != nil {
+				log.Error("server failed", slog.String("error", err.Error()))
+				code = 1
+			}
 		}
 	}
 	stopSweep()
