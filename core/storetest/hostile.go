@@ -336,8 +336,12 @@ func (r *recorder) last() idem.Event {
 	return r.evs[len(r.evs)-1]
 }
 
-// runAttempt runs one request for key through eng with handler.
-func runAttempt(eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
+// Serve runs one POST /payments for (principal, key) through eng, as an
+// adapter does: handler runs with the attempt's context (the store's
+// transaction in it) and returns the status and JSON body it answers. It
+// returns what the client gets. Store tests that drive the engine
+// themselves use it.
+func Serve(eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
 	att, resp := eng.Begin(context.Background(), idem.Request{
 		Method: http.MethodPost, Path: "/payments", Principal: principal, Key: key,
 		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`),
@@ -355,7 +359,7 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 	eng := hostileEngine(t, b, rec)
 	key := uniq("hostile")
 	var violation error
-	first := runAttempt(eng, "alice", key, func(ctx context.Context) (int, []byte) {
+	first := Serve(eng, "alice", key, func(ctx context.Context) (int, []byte) {
 		status, v := tc.handler(ctx, b, key)
 		violation = v
 		return status, fmt.Appendf(nil, `{"id":%q,"first":true}`, key)
@@ -407,7 +411,7 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 	// behind: a few more well-behaved keys.
 	for range 3 {
 		other := uniq("after")
-		if resp := runAttempt(eng, "alice", other, wellBehaved(t, b, other)); resp.Status != http.StatusCreated {
+		if resp := Serve(eng, "alice", other, wellBehaved(t, b, other)); resp.Status != http.StatusCreated {
 			t.Fatalf("a well-behaved request after the case answered %d %s", resp.Status, resp.Body)
 		}
 	}
@@ -430,7 +434,7 @@ func retryHostile(t *testing.T, eng *idem.Engine, b Backend, key string) *idem.R
 	t.Helper()
 	deadline := time.Now().Add(hostileLease + 10*time.Second)
 	for time.Now().Before(deadline) {
-		resp := runAttempt(eng, "alice", key, wellBehaved(t, b, key))
+		resp := Serve(eng, "alice", key, wellBehaved(t, b, key))
 		switch {
 		case resp.Status == http.StatusCreated:
 			return resp
@@ -452,7 +456,7 @@ func testTxUsedReported(t *testing.T, b Backend) {
 	eng := hostileEngine(t, b, rec)
 	for _, used := range []bool{true, false} {
 		key := uniq("used")
-		resp := runAttempt(eng, "alice", key, func(ctx context.Context) (int, []byte) {
+		resp := Serve(eng, "alice", key, func(ctx context.Context) (int, []byte) {
 			if used {
 				if err := b.WriteEffect(ctx, key); err != nil {
 					t.Errorf("WriteEffect: %v", err)
@@ -481,7 +485,7 @@ func testLimits(t *testing.T, b Backend) {
 	}
 	var bodies [][]byte
 	for range 2 {
-		resp := runAttempt(eng, principal, key, func(ctx context.Context) (int, []byte) {
+		resp := Serve(eng, principal, key, func(ctx context.Context) (int, []byte) {
 			if err := b.WriteEffect(ctx, key); err != nil {
 				t.Errorf("WriteEffect: %v", err)
 			}
@@ -503,7 +507,7 @@ func testLimits(t *testing.T, b Backend) {
 		t.Fatalf("request id of %d bytes stored as %d bytes, principal %d as %d", len(req.RequestID), len(got.RequestID), len(principal), len(got.Principal))
 	}
 	long := principal + "x"
-	if resp := runAttempt(eng, long, uniq("k"), func(context.Context) (int, []byte) {
+	if resp := Serve(eng, long, uniq("k"), func(context.Context) (int, []byte) {
 		t.Error("the handler ran for a principal over the limit")
 		return 500, nil
 	}); resp.Status != http.StatusBadRequest || !bytes.Contains(resp.Body, []byte(idem.ProblemPrincipalInvalid)) {

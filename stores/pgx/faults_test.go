@@ -157,12 +157,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 
 	cut := func(pattern string, when faultproxy.When, fn func()) {
 		t.Helper()
-		fired := proxy.CutOn([]byte(pattern), when)
-		fn()
-		select {
-		case <-fired:
-		case <-time.After(time.Second):
-			proxy.Disarm()
+		if !proxy.CutWhile([]byte(pattern), when, time.Second, fn) {
 			t.Fatalf("the cut on %q never fired", pattern)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -313,14 +314,5 @@ func reconcileFrom(db *paymentsDB) func(ctx context.Context, stale idem.Record) 
 
 // run sends one request for key through eng.
 func run(eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
-	att, resp := eng.Begin(context.Background(), idem.Request{
-		Method: http.MethodPost, Path: "/payments", Principal: principal, Key: key,
-		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`),
-	})
-	if att == nil {
-		return resp
-	}
-	defer att.Abort()
-	status, body := handler(att.Context())
-	return att.Finish(idem.Result{Status: status, Header: http.Header{"Content-Type": {"application/json"}}, Body: body})
+	return storetest.Serve(eng, principal, key, handler)
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // When says whether a triggered cut happens before or after the matching
@@ -131,6 +132,21 @@ func (p *Proxy) CutOn(pattern []byte, when When) <-chan struct{} {
 	p.trigger = t
 	p.mu.Unlock()
 	return t.fired
+}
+
+// CutWhile arms a cut on pattern at when, runs fn, and reports whether the
+// cut fired within wait after fn returned. When it did not, the cut is
+// disarmed, so it cannot fire later on another statement.
+func (p *Proxy) CutWhile(pattern []byte, when When, wait time.Duration, fn func()) bool {
+	fired := p.CutOn(pattern, when)
+	fn()
+	select {
+	case <-fired:
+		return true
+	case <-time.After(wait):
+		p.Disarm()
+		return false
+	}
 }
 
 // Disarm removes an armed trigger that has not fired.
