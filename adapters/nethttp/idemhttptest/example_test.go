@@ -1,0 +1,18 @@
+package idemhttptest_test
+
+import (
+	"testing"
+
+	"github.com/idemgo/idem/adapters/nethttp/idemhttptest"
+	"github.com/idemgo/idem/core/adaptertest"
+	"github.com/idemgo/idem/core/storetest"
+)
+
+// Example runs the HTTP-level suite on this adapter through Harness: the
+// middleware mounted on a real server on 127.0.0.1 after an authentication
+// middleware, here on the in-memory store.
+func Example() {
+	_ = func(t *testing.T) {
+		adaptertest.Run(t, idemhttptest.Harness, func(t testing.TB) storetest.Backend { return storetest.MemBackend(t) })
+	}
+}
