@@ -91,6 +91,10 @@ func openRedis(ctx context.Context, cfg config) (*backend, error) {
 // Cluster client when the URL names more nodes with addr= parameters
 // (redis://127.0.0.1:7001?addr=127.0.0.1:7002&addr=127.0.0.1:7003).
 func redisClient(dsn string) (redis.UniversalClient, string, error) {
+	// go-redis logs each failed dial itself, several lines per error; the
+	// store returns the same errors, which the service logs (or, at
+	// start-up, prints as its one line).
+	redis.SetLogger(discardRedisLog{})
 	if strings.Contains(dsn, "addr=") {
 		o, err := redis.ParseClusterURL(dsn)
 		if err != nil {
@@ -106,6 +110,10 @@ func redisClient(dsn string) (redis.UniversalClient, string, error) {
 	o.PoolSize = maxOpenConns * 2
 	return redis.NewClient(o), fmt.Sprintf("redis %s/%d", o.Addr, o.DB), nil
 }
+
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
 
 // openPaymentsDB opens the payments database of -store redis: a
 // postgres:// URL, or else an SQLite file path. It creates the table.
