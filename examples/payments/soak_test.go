@@ -22,6 +22,7 @@ import (
 	"github.com/glebarez/sqlite"
 	idem "github.com/idemgo/idem/core"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
+	idempgx "github.com/idemgo/idem/stores/pgx"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/driver/postgres"
@@ -381,7 +382,7 @@ func soakRound(ctx context.Context, t *testing.T, plan soakPlan, cl *soakCluster
 		lastStale[p] = n
 	}
 
-	rs := checkSoakRound(t, cl, hc, db, records, prefix, keys)
+	rs := checkSoakRound(t, plan.store, cl, hc, db, records, prefix, keys)
 	tot.rounds++
 	tot.keys += len(keys)
 	tot.requests += rs.requests
@@ -481,8 +482,8 @@ type soakRoundStats struct {
 // completed, and the key never blocked past its lease. records is the
 // Redis store of a redis soak, nil for the SQL stores (their records are
 // read from db).
-func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB, records idem.Store, prefix string,
-	keys []*soakKey) soakRoundStats {
+func checkSoakRound(t *testing.T, store string, cl *soakCluster, hc *http.Client, db *gorm.DB, records idem.Store,
+	prefix string, keys []*soakKey) soakRoundStats {
 	t.Helper()
 	var rs soakRoundStats
 	for _, k := range keys {
@@ -583,11 +584,18 @@ func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB,
 		checkRedisRecords(t, records, prefix, keys)
 		return rs
 	}
+	// idempgx keeps its records in a schema-qualified table (public), not
+	// where the search_path of the test's DSN points; idemgorm qualifies
+	// its table with the DSN's current schema.
+	recordsTable := idemgorm.DefaultTable
+	if store == "pgx" {
+		recordsTable = idempgx.DefaultTable
+	}
 	var states []struct {
 		State string
 		N     int
 	}
-	if err := db.Raw("SELECT state, count(*) AS n FROM "+idemgorm.DefaultTable+" WHERE principal LIKE ? GROUP BY state",
+	if err := db.Raw("SELECT state, count(*) AS n FROM "+recordsTable+" WHERE principal LIKE ? GROUP BY state",
 		prefix+"%").Scan(&states).Error; err != nil {
 		t.Fatalf("counting records: %v", err)
 	}
