@@ -123,6 +123,9 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 	} else {
 		err = s.Repo.Insert(ctx, p)
 	}
+	if errors.Is(err, errKeyReused) {
+		return Reply(*idem.NewProblem(idem.ProblemKeyReused).Response(0))
+	}
 	if err != nil {
 		s.Log.ErrorContext(ctx, "payment insert failed", slog.String("error", err.Error()))
 		// 5xx: released, not stored; the retry really retries.

@@ -204,8 +204,19 @@ func (r redisRepo) InsertOnce(ctx context.Context, p Payment) (Payment, error) {
 		// collision): nothing was written.
 		return Payment{}, errors.New("payment insert: a conflicting row that is not this request's")
 	}
+	if existing.Amount != p.Amount || existing.Currency != p.Currency || existing.Description != p.Description {
+		// The record that would have refused another body for this key is
+		// gone (expired after its retention, or lost by Redis), so the
+		// engine's fingerprint check could not run: the row is the
+		// remaining witness.
+		return Payment{}, errKeyReused
+	}
 	return existing, nil
 }
+
+// errKeyReused: the request's downstream key has a payment with another
+// amount, currency or description.
+var errKeyReused = errors.New("payment insert: this key's payment has another body")
 
 // Undo deletes the row the request's InsertOnce wrote. It runs on its own
 // context: the request's may be cancelled already (the timeout).

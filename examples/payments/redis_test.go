@@ -56,6 +56,17 @@ func TestRedisRecordLost(t *testing.T) {
 		!bytes.Equal(r.body, first.body) {
 		t.Fatalf("retry after the re-run: %v, want the replay", r)
 	}
+
+	// Lost again, and now the key comes with another body: the record that
+	// would have answered 422 is gone, so the payment row must.
+	if n, err := c.Del(ctx, st.RecordKey(acct, key)).Result(); err != nil || n != 1 {
+		t.Fatalf("deleting the record again: %d deleted, %v", n, err)
+	}
+	other := do(t, "POST", p.base+"/payments", acct, key, `{"amount": 9900, "currency": "EUR"}`)
+	if other.status != http.StatusUnprocessableEntity || !strings.HasSuffix(other.problemType(), "#key-reused") {
+		t.Fatalf("another body after the record was lost: %v, want a 422 key-reused problem", other)
+	}
+	wantPayments(t, p.base, acct, 1)
 }
 
 // TestRedisCluster runs the contract's cases on the three-node Redis
