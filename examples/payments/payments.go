@@ -105,7 +105,8 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 	undo := func() {}
 	var err error
 	if kr, ok := s.Repo.(keyedRepository); ok {
-		if p, err = kr.InsertOnce(ctx, p); err == nil {
+		var inserted bool
+		if p, inserted, err = kr.InsertOnce(ctx, p); err == nil && inserted {
 			undo = func() {
 				if err := kr.Undo(ctx, p); err != nil {
 					// The row stays; the retry's InsertOnce finds it by its

@@ -165,60 +165,61 @@ type redisRepo struct{ db *gorm.DB }
 
 // Insert implements Repository for completeness; Create uses InsertOnce.
 func (r redisRepo) Insert(ctx context.Context, p Payment) error {
-	_, err := r.InsertOnce(ctx, p)
+	_, _, err := r.InsertOnce(ctx, p)
 	return err
 }
 
-// InsertOnce writes p under the request's downstream key, or, when a row
-// with that key exists (an earlier attempt at the same request wrote it),
-// writes nothing and returns that row: the same payment, the same answer.
-func (r redisRepo) InsertOnce(ctx context.Context, p Payment) (Payment, error) {
+// InsertOnce writes p under the request's downstream key (inserted true),
+// or, when a row with that key exists (an earlier attempt at the same
+// request wrote it), writes nothing and returns that row: the same
+// payment, the same answer.
+func (r redisRepo) InsertOnce(ctx context.Context, p Payment) (_ Payment, inserted bool, _ error) {
 	h, ok := idemredis.Tx(ctx)
 	if !ok {
-		return Payment{}, errNoTx
+		return Payment{}, false, errNoTx
 	}
 	dk, err := idem.DownstreamKey(ctx, redisPaymentStep)
 	if err != nil {
-		return Payment{}, err
+		return Payment{}, false, err
 	}
 	// Narrow the window in which an attempt whose lease ran out writes:
 	// the unique column closes it.
 	if err := h.CheckLease(ctx); err != nil {
-		return Payment{}, err
+		return Payment{}, false, err
 	}
 	row := redisPayment{ID: p.ID, DownstreamKey: dk, Account: p.Account, Amount: p.Amount, Currency: p.Currency,
 		Description: p.Description, Status: p.Status, CreatedAt: p.CreatedAt}
 	res := r.db.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).Create(&row)
 	if res.Error != nil {
-		return Payment{}, res.Error
+		return Payment{}, false, res.Error
 	}
 	if res.RowsAffected == 1 {
-		return p, nil
+		return p, true, nil
 	}
 	existing, found, err := r.byKey(ctx, p.Account, dk)
 	if err != nil {
-		return Payment{}, err
+		return Payment{}, false, err
 	}
 	if !found {
 		// ON CONFLICT DO NOTHING met another row than this key's (an id
 		// collision): nothing was written.
-		return Payment{}, errors.New("payment insert: a conflicting row that is not this request's")
+		return Payment{}, false, errors.New("payment insert: a conflicting row that is not this request's")
 	}
 	if existing.Amount != p.Amount || existing.Currency != p.Currency || existing.Description != p.Description {
 		// The record that would have refused another body for this key is
 		// gone (expired after its retention, or lost by Redis), so the
 		// engine's fingerprint check could not run: the row is the
 		// remaining witness.
-		return Payment{}, errKeyReused
+		return Payment{}, false, errKeyReused
 	}
-	return existing, nil
+	return existing, false, nil
 }
 
 // errKeyReused: the request's downstream key has a payment with another
 // amount, currency or description.
 var errKeyReused = errors.New("payment insert: this key's payment has another body")
 
-// Undo deletes the row the request's InsertOnce wrote. It runs on its own
+// Undo deletes the row the request's InsertOnce inserted. It runs on its own
 // context: the request's may be cancelled already (the timeout).
 func (r redisRepo) Undo(ctx context.Context, p Payment) error {
 	dk, err := idem.DownstreamKey(ctx, redisPaymentStep)
@@ -283,8 +284,9 @@ func (r redisRepo) Get(ctx context.Context, account, id string) (Payment, error)
 // idempotency record (idemredis: no shared transaction). Create writes
 // through InsertOnce, which is idempotent by the request's downstream key
 // and returns the payment as stored, and calls Undo when the request fails
-// after the write.
+// after its InsertOnce inserted the row. A row an earlier attempt wrote is
+// never undone: its 201 may have been answered already.
 type keyedRepository interface {
-	InsertOnce(ctx context.Context, p Payment) (Payment, error)
+	InsertOnce(ctx context.Context, p Payment) (_ Payment, inserted bool, _ error)
 	Undo(ctx context.Context, p Payment) error
 }

@@ -21,7 +21,7 @@ import (
 func TestRedisRecordLost(t *testing.T) {
 	t.Parallel()
 	args, _ := storeArgs(t, "redis")
-	p := startService(t, args...)
+	p := startService(t, append(args, "-simulate-failures")...)
 	acct, key := account(t), "lost-"+randHex(4)
 	first := do(t, "POST", p.base+"/payments", acct, key, payBody)
 	if first.status != http.StatusCreated || first.replayed() {
@@ -43,6 +43,13 @@ func TestRedisRecordLost(t *testing.T) {
 	if n, err := c.Del(ctx, st.RecordKey(acct, key)).Result(); err != nil || n != 1 {
 		t.Fatalf("deleting the record %s: %d deleted, %v", st.RecordKey(acct, key), n, err)
 	}
+
+	// A failure drill on the re-run must not delete the payment: another
+	// attempt wrote it, and its 201 was answered.
+	if r := do(t, "POST", p.base+"/payments", acct, key, payBody, SimulateHeader, "transient"); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("transient drill on the re-run: %v, want 503", r)
+	}
+	wantPayments(t, p.base, acct, 1)
 
 	again := do(t, "POST", p.base+"/payments", acct, key, payBody)
 	if again.status != http.StatusCreated || again.replayed() {
