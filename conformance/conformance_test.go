@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
+	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
 
 // TestMain puts Gin in test mode, which idemgintest leaves to its users.
@@ -40,6 +41,11 @@ var stores = []struct {
 	{"gorm-postgres", idemgormtest.NewBackend("postgres")},
 	{"gorm-mysql", idemgormtest.NewBackend("mysql")},
 	{"gorm-sqlite", idemgormtest.NewBackend("sqlite")},
+	// Redis shares no transaction with the handler; see redis_test.go for
+	// undoingBackend, the handler's own database as an application on
+	// Redis writes it.
+	{"redis", undoingBackend(idemredistest.NewBackend)},
+	{"redis-cluster", undoingBackend(idemredistest.NewClusterBackend)},
 }
 
 // TestAdapterSuite runs core/adaptertest for every adapter on every store.

@@ -23,6 +23,7 @@ type config struct {
 	framework        string
 	store            string
 	dsn              string
+	paymentsDB       string
 	requestTimeout   time.Duration
 	lease            time.Duration
 	storeTimeout     time.Duration
@@ -35,11 +36,16 @@ const (
 	defaultSQLitePath  = "idem-payments.db"
 	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test"
+	defaultRedisURL    = "redis://127.0.0.1:6379/0"
+	// defaultRedisPaymentsPath is where -store redis keeps the payments
+	// when -payments-db is empty: an SQLite file next to the sqlite
+	// store's default one.
+	defaultRedisPaymentsPath = "idem-payments-redis.db"
 )
 
 var (
 	frameworkNames = []string{"gin", "echo", "fiber", "nethttp"}
-	storeNames     = []string{"sqlite", "gorm-postgres", "gorm-mysql", "pgx", "memory"}
+	storeNames     = []string{"sqlite", "gorm-postgres", "gorm-mysql", "pgx", "redis", "memory"}
 )
 
 // errHelp is returned by parseConfig for -h: usage was printed, exit 0.
@@ -74,7 +80,9 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	str(&c.framework, "framework", "IDEM_FRAMEWORK", "web framework: "+strings.Join(frameworkNames, "|"))
 	str(&c.store, "store", "IDEM_STORE", "store: "+strings.Join(storeNames, "|"))
 	str(&c.dsn, "dsn", "IDEM_DSN", "database: a file path for sqlite (default ./"+defaultSQLitePath+
-		"), a URL or DSN for the others (default the local test database); ignored for memory")
+		"), a URL or DSN for the others (default the local test database; "+defaultRedisURL+" for redis); ignored for memory")
+	str(&c.paymentsDB, "payments-db", "IDEM_PAYMENTS_DB", "redis only: the SQL database of the payments, an SQLite file path "+
+		"(default ./"+defaultRedisPaymentsPath+") or a postgres:// URL")
 	dur(&c.requestTimeout, "request-timeout", "IDEM_REQUEST_TIMEOUT", "handler deadline (0: the library default, 30s)")
 	dur(&c.lease, "lease", "IDEM_LEASE", "claim lease; must exceed request-timeout + store-timeout (0: derived)")
 	dur(&c.storeTimeout, "store-timeout", "IDEM_STORE_TIMEOUT", "bound on each store call after the handler (0: the library default, 5s)")

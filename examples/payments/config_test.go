@@ -18,7 +18,7 @@ func TestBadConfig(t *testing.T) {
 		want string
 	}{
 		{args: []string{"-framework", "rails"}, want: `invalid -framework "rails"`},
-		{args: []string{"-store", "redis"}, want: `invalid -store "redis"`},
+		{args: []string{"-store", "mongo"}, want: `invalid -store "mongo"`},
 		{args: []string{"-lease", "3s"}, want: "Lease (3s) must exceed RequestTimeout + StoreTimeout (35s)"},
 		{args: []string{"-request-timeout", "10s", "-lease", "12s"}, want: "Lease (12s) must exceed"},
 		{args: []string{"-request-timeout", "soon"}, want: `invalid value "soon" for flag -request-timeout`},
@@ -30,6 +30,9 @@ func TestBadConfig(t *testing.T) {
 		{env: []string{"IDEM_LEASE=long"}, want: `invalid value "long" for IDEM_LEASE`},
 		{env: []string{"IDEM_SIMULATE_FAILURES=maybe"}, want: "IDEM_SIMULATE_FAILURES"},
 		{args: []string{"-store", "pgx", "-dsn", "postgres://127.0.0.1:1/x?connect_timeout=2"}, want: "connect "},
+		{args: []string{"-store", "redis", "-dsn", "http://127.0.0.1:6379"}, want: "invalid -dsn for redis"},
+		{args: []string{"-store", "redis", "-dsn", "redis://127.0.0.1:1/0"}, want: "connect redis 127.0.0.1:1/0"},
+		{args: []string{"-store", "redis", "-payments-db", "file:x.db?mode=memory"}, want: "invalid -payments-db"},
 	} {
 		cmd := exec.Command(binPath, c.args...)
 		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, c.env...)

@@ -22,8 +22,9 @@ func TestContract(t *testing.T) {
 		for _, fw := range frameworkNames {
 			t.Run(fw+"/"+store, func(t *testing.T) {
 				t.Parallel()
-				p := startService(t, "-framework", fw, "-store", store, "-dsn", newDatabase(t, store),
-					"-handler-delay", contractDelay.String(), "-simulate-failures")
+				args, _ := storeArgs(t, store)
+				p := startService(t, append(args, "-framework", fw,
+					"-handler-delay", contractDelay.String(), "-simulate-failures")...)
 				runContract(t, p.base, store)
 			})
 		}

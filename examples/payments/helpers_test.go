@@ -319,9 +319,37 @@ func listPayments(t testing.TB, base, account string) []paymentJSON {
 	return out.Payments
 }
 
+// storeArgs returns the flags that start the example on store with a
+// database no other test uses (newDatabase), and the DSN of the database
+// the payments are written to. For redis that is a fresh SQLite file
+// (-payments-db); the records go to the shared Redis, under accounts no
+// other test uses.
+func storeArgs(t testing.TB, store string) (args []string, paymentsDSN string) {
+	t.Helper()
+	dsn := newDatabase(t, store)
+	args = []string{"-store", store, "-dsn", dsn}
+	if store != "redis" {
+		return args, dsn
+	}
+	path := filepath.Join(t.TempDir(), "payments.db")
+	return append(args, "-payments-db", path), path
+}
+
+// redisURL is the -dsn of -store redis in the tests: the standalone Redis
+// that IDEM_REDIS_ADDR names (default 127.0.0.1:6379), as for
+// stores/redis's own tests.
+func redisURL() string {
+	addr := os.Getenv("IDEM_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	return "redis://" + addr + "/0"
+}
+
 // newDatabase returns a -dsn for store that no other test uses: a fresh
 // SQLite file, a fresh PostgreSQL schema or a fresh MariaDB database,
-// dropped when the test ends.
+// dropped when the test ends. For redis it is the shared Redis (see
+// storeArgs for its payments database).
 func newDatabase(t testing.TB, store string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -330,6 +358,8 @@ func newDatabase(t testing.TB, store string) string {
 	switch store {
 	case "memory":
 		return ""
+	case "redis":
+		return redisURL()
 	case "sqlite":
 		return filepath.Join(t.TempDir(), "payments.db")
 	case "pgx", "gorm-postgres":

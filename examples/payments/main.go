@@ -80,7 +80,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	m := newMetrics()
 	ic := cfg.idemConfig(be.store)
-	ic.Observer, ic.Logger = m, log
+	ic.Observer, ic.Logger, ic.Reconcile = m, log, be.reconcile
 	a := &app{
 		idem:    ic,
 		svc:     &Service{Repo: be.repo, Delay: cfg.handlerDelay, SimulateFailures: cfg.simulateFailures, Log: log},

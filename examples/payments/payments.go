@@ -99,7 +99,35 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 	}
 	p.ID, p.Account, p.Status = newPaymentID(), account, "succeeded"
 	p.CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
-	if err := s.Repo.Insert(ctx, p); err != nil {
+	// undo removes the row again when the request fails after writing it.
+	// A store's transaction does that with a rollback; a keyedRepository
+	// (-store redis: no shared transaction) does it with Undo.
+	undo := func() {}
+	var err error
+	if kr, ok := s.Repo.(keyedRepository); ok {
+		var inserted bool
+		if p, inserted, err = kr.InsertOnce(ctx, p); err == nil && inserted {
+			undo = func() {
+				if err := kr.Undo(ctx, p); err != nil {
+					// The row stays; the retry's InsertOnce finds it by its
+					// downstream key and answers from it: still one payment.
+					s.Log.ErrorContext(ctx, "payment undo failed", slog.String("error", err.Error()))
+				}
+			}
+			defer func() {
+				if v := recover(); v != nil {
+					undo()
+					panic(v)
+				}
+			}()
+		}
+	} else {
+		err = s.Repo.Insert(ctx, p)
+	}
+	if errors.Is(err, errKeyReused) {
+		return Reply(*idem.NewProblem(idem.ProblemKeyReused).Response(0))
+	}
+	if err != nil {
 		s.Log.ErrorContext(ctx, "payment insert failed", slog.String("error", err.Error()))
 		// 5xx: released, not stored; the retry really retries.
 		return problem(http.StatusServiceUnavailable, ProblemBase+"storage-unavailable", "Payment not stored",
@@ -111,6 +139,7 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			undo()
 			// Past the request deadline the engine rolls back and
 			// releases whatever is returned here.
 			return problem(http.StatusServiceUnavailable, ProblemBase+"timeout", "Request timed out",
@@ -120,15 +149,14 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 	if s.SimulateFailures {
 		switch strings.ToLower(strings.TrimSpace(simulate)) {
 		case "transient":
+			undo()
 			return problem(http.StatusServiceUnavailable, ProblemBase+"simulated-outage", "Payment provider unavailable",
 				"Simulated dependency outage: the payment was rolled back; retrying with the same key is safe.")
 		case "panic":
 			panic("payments: simulated panic after the payment row was written")
 		}
 	}
-	r := jsonReply(http.StatusCreated, p)
-	r.Header.Set("Location", "/payments/"+p.ID)
-	return r
+	return createdReply(p)
 }
 
 // List handles GET /payments: account's payments, oldest first.
@@ -205,6 +233,13 @@ func newPaymentID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return "pay_" + hex.EncodeToString(b[:])
+}
+
+// createdReply is the 201 of POST /payments for p.
+func createdReply(p Payment) Reply {
+	r := jsonReply(http.StatusCreated, p)
+	r.Header.Set("Location", "/payments/"+p.ID)
+	return r
 }
 
 func jsonReply(status int, v any) Reply {

@@ -20,7 +20,10 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	idem "github.com/idemgo/idem/core"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
+	idemredis "github.com/idemgo/idem/stores/redis"
+	"github.com/redis/go-redis/v9"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -96,6 +99,12 @@ func TestCrashSoak(t *testing.T) {
 		// SQLite has a single writer: fewer clients and a shorter handler
 		// delay, or the claims queue behind each other for seconds.
 		{store: "sqlite", instances: 1, clients: 6, ownKeys: 2, shared: 2, sharers: 3,
+			delay: 50 * time.Millisecond, killWithin: 800 * time.Millisecond},
+		// Redis: records in Redis, payments in an SQLite file (the single
+		// writer again, so the SQLite plan). A kill after the payment row
+		// committed and before the settle leaves the row without its
+		// record's outcome: the takeover must answer from that row.
+		{store: "redis", instances: 1, clients: 6, ownKeys: 2, shared: 2, sharers: 3,
 			delay: 50 * time.Millisecond, killWithin: 800 * time.Millisecond},
 	}
 	for _, p := range plans {
@@ -239,9 +248,9 @@ func runSoak(t *testing.T, plan soakPlan) {
 	budget, maxRounds := soakBudget(t)
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, seed>>1|1))
-	dsn := newDatabase(t, plan.store)
-	args := []string{"-store", plan.store, "-dsn", dsn, "-handler-delay", plan.delay.String(),
-		"-request-timeout", soakTimeout.String(), "-store-timeout", soakStoreTO.String(), "-lease", soakLease.String()}
+	args, dsn := storeArgs(t, plan.store)
+	args = append(args, "-handler-delay", plan.delay.String(),
+		"-request-timeout", soakTimeout.String(), "-store-timeout", soakStoreTO.String(), "-lease", soakLease.String())
 	hc := &http.Client{
 		Timeout:   20 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true},
@@ -253,6 +262,10 @@ func runSoak(t *testing.T, plan soakPlan) {
 	started := time.Now()
 	cl := newSoakCluster(t, plan.instances, args)
 	db := openCheckDB(t, plan.store, dsn)
+	var records idem.Store
+	if plan.store == "redis" {
+		records = openCheckRedis(t)
+	}
 	t.Logf("%s: %d instance(s), %d clients, %d keys per round, handler delay %v, lease %v, budget %v (max %d rounds), seed %d",
 		plan.store, plan.instances, plan.clients, plan.clients*plan.ownKeys+plan.shared, plan.delay, soakLease,
 		budget, maxRounds, seed)
@@ -261,7 +274,7 @@ func runSoak(t *testing.T, plan soakPlan) {
 	var tot soakTotals
 	lastStale := map[*proc]int{}
 	for round := 1; round <= maxRounds && time.Since(started) < budget; round++ {
-		soakRound(ctx, t, plan, cl, hc, db, rng, fmt.Sprintf("s%s-%d-", run, round), &tot, lastStale)
+		soakRound(ctx, t, plan, cl, hc, db, records, rng, fmt.Sprintf("s%s-%d-", run, round), &tot, lastStale)
 		if t.Failed() {
 			break
 		}
@@ -284,7 +297,7 @@ func runSoak(t *testing.T, plan soakPlan) {
 // one instance killed at a random moment of a random request and
 // restarted; then the checks.
 func soakRound(ctx context.Context, t *testing.T, plan soakPlan, cl *soakCluster, hc *http.Client, db *gorm.DB,
-	rng *rand.Rand, prefix string, tot *soakTotals, lastStale map[*proc]int) {
+	records idem.Store, rng *rand.Rand, prefix string, tot *soakTotals, lastStale map[*proc]int) {
 	// Keys: each client's own, then the shared ones, each given to sharers
 	// distinct clients and put near the front of their lists so that the
 	// sharers retry it at the same time.
@@ -368,7 +381,7 @@ func soakRound(ctx context.Context, t *testing.T, plan soakPlan, cl *soakCluster
 		lastStale[p] = n
 	}
 
-	rs := checkSoakRound(t, cl, hc, db, prefix, keys)
+	rs := checkSoakRound(t, plan.store, cl, hc, db, records, prefix, keys)
 	tot.rounds++
 	tot.keys += len(keys)
 	tot.requests += rs.requests
@@ -465,8 +478,11 @@ type soakRoundStats struct {
 // checkSoakRound checks every key of a round: each client's last answer a
 // 201, all 201 bodies identical, at most one of them fresh, exactly one
 // payment (through the API and counted in the database), the record
-// completed, and the key never blocked past its lease.
-func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB, prefix string, keys []*soakKey) soakRoundStats {
+// completed, and the key never blocked past its lease. records is the
+// Redis store of a redis soak, nil for the SQL stores (their records are
+// read from db).
+func checkSoakRound(t *testing.T, store string, cl *soakCluster, hc *http.Client, db *gorm.DB, records idem.Store,
+	prefix string, keys []*soakKey) soakRoundStats {
 	t.Helper()
 	var rs soakRoundStats
 	for _, k := range keys {
@@ -550,7 +566,11 @@ func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB,
 	// The database agrees: one payment per key and every record completed,
 	// none left in progress.
 	var payments int64
-	if err := db.Raw("SELECT count(*) FROM payments WHERE account LIKE ?", prefix+"%").Scan(&payments).Error; err != nil {
+	table := "payments"
+	if records != nil {
+		table = "redis_payments"
+	}
+	if err := db.Raw("SELECT count(*) FROM "+table+" WHERE account LIKE ?", prefix+"%").Scan(&payments).Error; err != nil {
 		t.Fatalf("counting payments: %v", err)
 	}
 	if int(payments) != len(keys) {
@@ -559,11 +579,18 @@ func checkSoakRound(t *testing.T, cl *soakCluster, hc *http.Client, db *gorm.DB,
 			rs.duplicates = int(payments) - len(keys)
 		}
 	}
+	if records != nil {
+		checkRedisRecords(t, records, prefix, keys)
+		return rs
+	}
+	// Both SQL stores qualify their default table with the schema the
+	// DSN's search_path selects, so the same unqualified name finds it.
+	recordsTable := idemgorm.DefaultTable
 	var states []struct {
 		State string
 		N     int
 	}
-	if err := db.Raw("SELECT state, count(*) AS n FROM "+idemgorm.DefaultTable+" WHERE principal LIKE ? GROUP BY state",
+	if err := db.Raw("SELECT state, count(*) AS n FROM "+recordsTable+" WHERE principal LIKE ? GROUP BY state",
 		prefix+"%").Scan(&states).Error; err != nil {
 		t.Fatalf("counting records: %v", err)
 	}
@@ -676,7 +703,7 @@ func openCheckDB(t *testing.T, store, dsn string) *gorm.DB {
 	t.Helper()
 	var d gorm.Dialector
 	switch store {
-	case "sqlite":
+	case "sqlite", "redis": // redis: the payments' SQLite file
 		d = sqlite.Open(idemgorm.SQLiteDSN(dsn, 10*time.Second))
 	case "pgx", "gorm-postgres":
 		d = postgres.Open(dsn)
@@ -694,6 +721,43 @@ func openCheckDB(t *testing.T, store, dsn string) *gorm.DB {
 	sqlDB.SetMaxOpenConns(2)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	return db
+}
+
+// openCheckRedis opens the Redis of a redis soak, to read the records the
+// processes settled (under the example's default prefix).
+func openCheckRedis(t *testing.T) idem.Store {
+	t.Helper()
+	o, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := idemredis.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// checkRedisRecords checks that every key of a round has its record
+// completed in Redis, none left in progress.
+func checkRedisRecords(t *testing.T, records idem.Store, prefix string, keys []*soakKey) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	states := map[idem.State]int{}
+	for _, k := range keys {
+		rec, err := records.Get(ctx, k.account, k.key)
+		if err != nil {
+			t.Errorf("%s: reading its record: %v", k.key, err)
+			continue
+		}
+		states[rec.State]++
+	}
+	if len(states) != 1 || states[idem.StateCompleted] != len(keys) {
+		t.Errorf("%s: records by state %v, want %d completed", prefix, states, len(keys))
+	}
 }
 
 // TestSoakBlock checks the block measure on recorded shapes: a dead

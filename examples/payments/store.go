@@ -31,6 +31,8 @@ import (
 type backend struct {
 	store idem.Store
 	repo  Repository
+	// reconcile, when set, is the engine's Config.Reconcile.
+	reconcile idem.Reconciler
 	// where says, for the start-up log line, which database is used.
 	where string
 	close func()
@@ -42,6 +44,8 @@ func openBackend(ctx context.Context, cfg config) (*backend, error) {
 	switch cfg.store {
 	case "memory":
 		return &backend{store: memstore.New(), repo: newMemRepo(), where: "memory (lost on exit)", close: func() {}}, nil
+	case "redis":
+		return openRedis(ctx, cfg)
 	case "pgx":
 		return openPgx(ctx, orDefault(cfg.dsn, defaultPostgresDSN))
 	case "sqlite":

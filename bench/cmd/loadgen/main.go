@@ -8,6 +8,12 @@
 //
 //	go run ./cmd/loadgen -duration 5s     # the short form (make bench)
 //	go run ./cmd/loadgen -duration 20s    # the long form
+//
+// With -target it drives servers that are already running instead, such
+// as the example service (examples/payments) on different stores; it then
+// starts nothing and needs no database itself:
+//
+//	go run ./cmd/loadgen -target pgx=http://127.0.0.1:8081/payments,redis=http://127.0.0.1:8082/payments
 package main
 
 import (
@@ -45,6 +51,7 @@ func main() {
 		rounds      = flag.Int("rounds", 1, "times the whole matrix is run (interleaved, for benchstat)")
 		benchOut    = flag.String("o", "", "also write every cell in Go benchmark format to this file, for benchstat")
 		cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run (server and clients) to this file")
+		targets     = flag.String("target", "", "name=URL,… of running servers to drive instead of the variants (POST URL must take the example's payment body)")
 	)
 	flag.Parse()
 	log.SetFlags(0)
@@ -84,6 +91,10 @@ func main() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	if *targets != "" {
+		runTargets(ctx, *targets, *clientsFlag, clients, *duration, *warmup, *retry, *maxRequests, *rounds, bout)
+		return
+	}
 	admin, err := bench.OpenPool(ctx, 2, nil)
 	if err != nil {
 		log.Fatalf("loadgen needs PostgreSQL (IDEM_PG_DSN, default %s): %v", bench.DefaultDSN, err)
@@ -164,6 +175,46 @@ func main() {
 				}
 				if r.requests > 0 {
 					fmt.Fprintf(bout, "BenchmarkLoad/variant=%s/clients=%d-%d\t%d\t%d ns/op\t%.1f req/s\t%.3f p50-ms\t%.3f p99-ms\n",
+						name, n, runtime.GOMAXPROCS(0), r.requests, r.elapsed.Nanoseconds()/int64(r.requests),
+						float64(r.requests)/r.elapsed.Seconds(), float64(r.p50.Microseconds())/1000, float64(r.p99.Microseconds())/1000)
+				}
+			}
+		}
+	}
+}
+
+// runTargets runs the matrix against running servers: name=URL pairs, in
+// the order given within each client count.
+func runTargets(ctx context.Context, spec, clientsSpec string, clients []int, duration, warmup time.Duration, retry float64,
+	maxRequests, rounds int, bout io.Writer) {
+	var names, urls []string
+	for _, kv := range strings.Split(spec, ",") {
+		name, url, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || name == "" || !strings.HasPrefix(url, "http://127.0.0.1:") {
+			log.Fatalf("bad -target %q: want name=http://127.0.0.1:PORT/path,…", kv)
+		}
+		names, urls = append(names, name), append(urls, url)
+	}
+	transport := &http.Transport{MaxIdleConns: 2048, MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute, DisableCompression: true}
+	client := &http.Client{Transport: transport, Timeout: 30 * time.Second}
+	for _, url := range urls {
+		run(ctx, client, url, 8, warmup, retry, maxRequests)
+	}
+	fmt.Printf("# loadgen -target %s -duration %v -clients %s -retry %.2f; %s\n", spec, duration, clientsSpec, retry, loadavg())
+	fmt.Println("| target | clients | req/s | p50 | p99 | 201 first | 201 replayed | 409 | other | errors | load avg (1m) |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for range rounds {
+		for _, n := range clients {
+			for i, name := range names {
+				r := run(ctx, client, urls[i], n, duration, retry, maxRequests)
+				fmt.Printf("| %s | %d | %.0f | %s | %s | %d | %d | %d | %d | %d | %s |\n", name, n,
+					float64(r.requests)/r.elapsed.Seconds(), ms(r.p50), ms(r.p99), r.first, r.replayed, r.conflict, r.other, r.errors,
+					strings.Fields(loadavg())[2])
+				if r.firstErr != nil {
+					fmt.Fprintf(os.Stderr, "%s/%d: first error: %v\n", name, n, r.firstErr)
+				}
+				if r.requests > 0 {
+					fmt.Fprintf(bout, "BenchmarkLoad/target=%s/clients=%d-%d\t%d\t%d ns/op\t%.1f req/s\t%.3f p50-ms\t%.3f p99-ms\n",
 						name, n, runtime.GOMAXPROCS(0), r.requests, r.elapsed.Nanoseconds()/int64(r.requests),
 						float64(r.requests)/r.elapsed.Seconds(), float64(r.p50.Microseconds())/1000, float64(r.p99.Microseconds())/1000)
 				}
