@@ -33,7 +33,7 @@ fail() { printf 'release: %s\n' "$*" >&2; exit 1; }
 
 # Every module of the repository: each folder with a go.mod, bench/fiberv3
 # included (it requires no sibling, but must stay tidy).
-mapfile -t mods < <(git ls-files '*go.mod' | xargs -n1 dirname | sort)
+mapfile -t mods < <(git ls-files '*go.mod' | xargs -n1 dirname | sort -u)
 [ "${#mods[@]}" -gt 0 ] || fail "no go.mod found"
 
 # 1. The sibling requires agree.
