@@ -381,16 +381,7 @@ func TestBehaviourIntendedDifferences(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			req := claimReq("alice", "diff-"+randHex(6), "body", time.Minute)
-			if _, err := e.Store.Claim(ctx, req); err != nil {
-				t.Fatal(err)
-			}
-			txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = stx.Rollback(ctx) }()
-			tx, _ := idempgx.Tx(txCtx)
+			req, txCtx, stx, tx := e.begin(t, ctx)
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
@@ -401,7 +392,7 @@ func TestBehaviourIntendedDifferences(t *testing.T) {
 			if aborted := after != nil; aborted != c.aborts {
 				t.Fatalf("a statement after %s: %v; want aborted=%v", c.name, after, c.aborts)
 			}
-			err = stx.Settle(ctx, okResponse("ok"))
+			err := stx.Settle(ctx, okResponse("ok"))
 			if c.settles == nil && err != nil || c.settles != nil && !errors.Is(err, c.settles) {
 				t.Fatalf("settle after %s = %v, want %v", c.name, err, c.settles)
 			}
