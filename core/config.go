@@ -145,6 +145,13 @@ type Config struct {
 	// misconfigured store, a transaction the handler ended, an
 	// authentication error) still go to slog.Default().
 	Logger *slog.Logger
+	// LogKeys logs the raw idempotency key in the engine's log line. By
+	// default the line carries only key_hash, the first 16 hex digits of
+	// SHA-256 over the principal and the key, enough to correlate the lines
+	// of one key: a key is a client's secret-ish handle on its request, and
+	// logs are read by more people than the database. Event.Key always
+	// carries the raw key.
+	LogKeys bool
 	// WarnTxUnused logs a warning when a handler answers 2xx without
 	// having used the store's transaction: its writes, if any, went around
 	// the guarantee (through the pool instead of the transaction).

@@ -1,0 +1,80 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+)
+
+// TestLogRedactsQueryAndKey: the engine's log line carries the path without
+// its query string and the key only hashed unless Config.LogKeys; the Event
+// keeps both whole.
+func TestLogRedactsQueryAndKey(t *testing.T) {
+	t.Parallel()
+	sum := sha256.Sum256([]byte("alice\x00secret-key-1"))
+	hash := hex.EncodeToString(sum[:8])
+	tests := []struct {
+		name     string
+		logKeys  bool
+		wantKey  string // the "key" attribute, "" when absent
+		wantHash string // the "key_hash" attribute, "" when absent
+	}{
+		{"hashed by default", false, "", hash},
+		{"raw when LogKeys", true, "secret-key-1", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs bytes.Buffer
+			var ev idem.Event
+			e, err := idem.New(idem.Config{
+				Store: memstore.New(), LogKeys: tc.logKeys,
+				Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
+				Observer: idem.ObserverFunc(func(_ context.Context, got idem.Event) { ev = got }),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := request("alice", "secret-key-1")
+			req.Path = "/payments?card=4111111111111111"
+			att, resp := e.Begin(context.Background(), req)
+			if att == nil {
+				t.Fatalf("no claim: %+v", resp)
+			}
+			att.Finish(idem.Result{Status: http.StatusCreated})
+			var line map[string]any
+			if err := json.Unmarshal(logs.Bytes(), &line); err != nil {
+				t.Fatalf("log %q: %v", logs.String(), err)
+			}
+			if line["path"] != "/payments" || strings.Contains(logs.String(), "4111") {
+				t.Errorf("log carries the query: %s", logs.String())
+			}
+			if got, _ := line["key"].(string); got != tc.wantKey {
+				t.Errorf("key = %q, want %q", got, tc.wantKey)
+			}
+			if got, _ := line["key_hash"].(string); got != tc.wantHash {
+				t.Errorf("key_hash = %q, want %q", got, tc.wantHash)
+			}
+			if !tc.logKeys && strings.Contains(logs.String(), "secret-key-1") {
+				t.Errorf("raw key logged: %s", logs.String())
+			}
+			if ev.Path != req.Path || ev.Key != "secret-key-1" {
+				t.Errorf("Event = path %q key %q, want the full data", ev.Path, ev.Key)
+			}
+		})
+	}
+}
+
+var _ = errors.Is
+var _ = httptest.NewRecorder
