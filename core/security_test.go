@@ -78,3 +78,35 @@ func TestLogRedactsQueryAndKey(t *testing.T) {
 
 var _ = errors.Is
 var _ = httptest.NewRecorder
+
+// TestStoredHeadersRefusesSensitive: Set-Cookie, Authorization and
+// Proxy-Authorization, in any case, are refused at New unless
+// AllowSensitiveStoredHeaders.
+func TestStoredHeadersRefusesSensitive(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		header  string
+		allow   bool
+		wantErr bool
+	}{
+		{"Set-Cookie", false, true},
+		{"set-cookie", false, true},
+		{"AUTHORIZATION", false, true},
+		{"Proxy-Authorization", false, true},
+		{"proxy-authorization", false, true},
+		{"Set-Cookie", true, false},
+		{"Authorization", true, false},
+		{"Location", false, false},
+		{"X-Authorization-Hint", false, false},
+	}
+	for _, tc := range tests {
+		_, err := idem.New(idem.Config{Store: memstore.New(), StoredHeaders: []string{"Content-Type", tc.header},
+			AllowSensitiveStoredHeaders: tc.allow})
+		switch {
+		case tc.wantErr && (!errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.header)):
+			t.Errorf("%s (allow %v): New = %v, want ErrInvalidConfig naming it", tc.header, tc.allow, err)
+		case !tc.wantErr && err != nil:
+			t.Errorf("%s (allow %v): New = %v, want nil", tc.header, tc.allow, err)
+		}
+	}
+}
