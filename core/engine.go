@@ -64,7 +64,10 @@ type Request struct {
 	// returned, if any. Begin answers it like an empty Principal, 401, and
 	// records it in the Event's Err (see Adapter.Principal).
 	PrincipalErr error
-	// Key is the raw value of the idempotency key header ("" when absent).
+	// Key is the raw value of the idempotency key header: "" only when the
+	// header is absent. A header present with an empty value must be
+	// passed as white space (" "), which Begin answers 400 key-invalid
+	// rather than running the handler without a key.
 	Key string
 	// ContentType is the request's Content-Type header.
 	ContentType string

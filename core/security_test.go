@@ -110,3 +110,61 @@ func TestStoredHeadersRefusesSensitive(t *testing.T) {
 		}
 	}
 }
+
+// TestBlankKeyWithKeyOptional: with KeyOptional, only an absent header
+// means "no key"; a header that is present but blank or the empty string
+// "" is a 400 key-invalid, never a run without deduplication.
+func TestBlankKeyWithKeyOptional(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{Store: memstore.New(), KeyOptional: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		header []string // the key header's values; nil: absent
+		want   int      // 0: passed through without a key
+	}{
+		{"absent", nil, 0},
+		{"empty value", []string{""}, http.StatusBadRequest},
+		{"spaces", []string{"   "}, http.StatusBadRequest},
+		{"tab", []string{"\t"}, http.StatusBadRequest},
+		{"empty quoted string", []string{`""`}, http.StatusBadRequest},
+		{"a key", []string{"k1"}, http.StatusCreated},
+	}
+	for _, tc := range tests {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))
+		if tc.header != nil {
+			r.Header["Idempotency-Key"] = tc.header
+		}
+		ran := false
+		w := httptest.NewRecorder()
+		e.HandleHTTP(w, r, "alice", func(_ *http.Request, buf *idem.ResponseBuffer) error {
+			ran = true
+			if buf == nil { // passed through
+				return nil
+			}
+			buf.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		got := w.Code
+		if tc.want == 0 {
+			if !ran || got != http.StatusOK {
+				t.Errorf("%s: ran %v, status %d; want passed through", tc.name, ran, got)
+			}
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("%s: status %d, want %d (ran %v)", tc.name, got, tc.want, ran)
+		}
+		if tc.want == http.StatusBadRequest && (ran || !strings.Contains(w.Body.String(), "key-invalid")) {
+			t.Errorf("%s: ran %v, body %s; want a key-invalid problem without running", tc.name, ran, w.Body)
+		}
+	}
+	// The engine's Request: a raw blank value (a framework that keeps the
+	// white space) is refused the same way.
+	req := request("alice", " \t ")
+	if att, resp := e.Begin(context.Background(), req); att != nil || resp == nil || resp.Status != http.StatusBadRequest {
+		t.Errorf("Begin with a blank key: attempt %v, response %+v; want 400", att, resp)
+	}
+}
