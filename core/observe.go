@@ -33,6 +33,7 @@ const (
 	OutcomeNoKey               OutcomeLabel = "no_key"   // optional key absent: passed through
 	OutcomeTxEnded             OutcomeLabel = "tx_ended" // the handler ended the transaction; the key stays in progress
 	OutcomePrincipalInvalid    OutcomeLabel = "principal_invalid"
+	OutcomeResponseInvalid     OutcomeLabel = "response_invalid" // a header to store is not valid HTTP: rolled back
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -41,6 +42,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
+	OutcomeResponseInvalid,
 }
 
 // Event describes one request's passage through the engine. It carries the
@@ -92,7 +94,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	switch ev.Outcome {
 	case OutcomeStoreError, OutcomeTxEnded:
 		level = slog.LevelError
-	case OutcomeLeaseLost, OutcomeResponseTooLarge:
+	case OutcomeLeaseLost, OutcomeResponseTooLarge, OutcomeResponseInvalid:
 		level = slog.LevelWarn
 	}
 	unusedTx := e.cfg.WarnTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&

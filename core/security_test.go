@@ -76,9 +76,6 @@ func TestLogRedactsQueryAndKey(t *testing.T) {
 	}
 }
 
-var _ = errors.Is
-var _ = httptest.NewRecorder
-
 // TestStoredHeadersRefusesSensitive: Set-Cookie, Authorization and
 // Proxy-Authorization, in any case, are refused at New unless
 // AllowSensitiveStoredHeaders.
@@ -166,5 +163,111 @@ func TestBlankKeyWithKeyOptional(t *testing.T) {
 	req := request("alice", " \t ")
 	if att, resp := e.Begin(context.Background(), req); att != nil || resp == nil || resp.Status != http.StatusBadRequest {
 		t.Errorf("Begin with a blank key: attempt %v, response %+v; want 400", att, resp)
+	}
+}
+
+// TestStoredHeaderValuesValidated: a response whose header to be stored is
+// not valid HTTP is not stored: the attempt is released and answered 500
+// response-invalid. WriteResponse leaves such a header out of a replay.
+func TestStoredHeaderValuesValidated(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		header http.Header
+		want   int // the status sent
+	}{
+		{"CRLF in Location", http.Header{"Location": {"/ok\r\nSet-Cookie: x=1"}}, http.StatusInternalServerError},
+		{"LF alone", http.Header{"Location": {"/ok\nX: 1"}}, http.StatusInternalServerError},
+		{"CR alone", http.Header{"Content-Language": {"en\r"}}, http.StatusInternalServerError},
+		{"NUL", http.Header{"Content-Type": {"text/plain\x00"}}, http.StatusInternalServerError},
+		{"DEL", http.Header{"Cache-Control": {"no-store\x7f"}}, http.StatusInternalServerError},
+		{"second value bad", http.Header{"Location": {"/ok", "/b\r\n"}}, http.StatusInternalServerError},
+		{"invalid name", http.Header{"X Bad": {"1"}}, http.StatusInternalServerError},
+		{"tab and obs-text are fine", http.Header{"Content-Language": {"en\tfr \xe9"}}, http.StatusCreated},
+		{"bad header not stored is ignored", http.Header{"X-Not-Stored": {"a\r\nb"}}, http.StatusCreated},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var ev idem.Event
+			e, err := idem.New(idem.Config{Store: memstore.New(),
+				StoredHeaders: append([]string{"X Bad"}, idem.DefaultStoredHeaders...),
+				Observer:      idem.ObserverFunc(func(_ context.Context, got idem.Event) { ev = got })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att, resp := e.Begin(context.Background(), request("alice", "k"))
+			if att == nil {
+				t.Fatalf("no claim: %+v", resp)
+			}
+			resp = att.Finish(idem.Result{Status: http.StatusCreated, Header: tc.header, Body: []byte("ok")})
+			if resp.Status != tc.want {
+				t.Fatalf("status %d, want %d", resp.Status, tc.want)
+			}
+			again, replay := e.Begin(context.Background(), request("alice", "k"))
+			if tc.want == http.StatusCreated {
+				if again != nil || replay == nil || replay.Status != http.StatusCreated {
+					t.Fatalf("valid response not stored: attempt %v, %+v", again, replay)
+				}
+				return
+			}
+			if !strings.Contains(string(resp.Body), "response-invalid") || ev.Outcome != idem.OutcomeResponseInvalid ||
+				!errors.Is(ev.Err, idem.ErrResponseInvalid) {
+				t.Errorf("answer %s, outcome %s, err %v; want response-invalid", resp.Body, ev.Outcome, ev.Err)
+			}
+			if again == nil {
+				t.Fatalf("key not released: %+v", replay)
+			}
+			again.Abort()
+		})
+	}
+}
+
+// TestWriteResponseSkipsInvalidHeaders: a stored header that is not valid
+// HTTP (a record stored before Finish checked) is left out of the replay.
+func TestWriteResponseSkipsInvalidHeaders(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		header http.Header
+		absent string // the header that must not be written
+	}{
+		{"CRLF value", http.Header{"Location": {"/ok\r\nSet-Cookie: x=1"}}, "Location"},
+		{"NUL value", http.Header{"Content-Type": {"a\x00"}}, "Content-Type"},
+		{"bad name", http.Header{"X Bad": {"1"}}, "X Bad"},
+	}
+	for _, tc := range tests {
+		w := httptest.NewRecorder()
+		tc.header["Cache-Control"] = []string{"no-store"}
+		idem.WriteResponse(w, &idem.Response{Status: http.StatusCreated, Header: tc.header, Body: []byte("ok")})
+		if _, ok := w.Header()[tc.absent]; ok || w.Header().Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: written header %v; want %s left out and the rest kept", tc.name, w.Header(), tc.absent)
+		}
+	}
+}
+
+// TestValidHeaderField: the hand-written checks agree with
+// httpguts on the bytes that matter.
+func TestValidHeaderField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, value     string
+		nameOK, valueOK bool
+	}{
+		{"Content-Type", "text/plain", true, true},
+		{"X_Y.z~!#$%&'*+^`|", "a\tb", true, true},
+		{"", "", false, true},
+		{"A B", "\xff", false, true},
+		{"A:B", "a\rb", false, false},
+		{"A\x00", "a\nb", false, false},
+		{"Ä", "a\x7f", false, false},
+		{"(x)", "\x01", false, false},
+	} {
+		if got := idem.ValidHeaderFieldName(tc.name); got != tc.nameOK {
+			t.Errorf("ValidHeaderFieldName(%q) = %v", tc.name, got)
+		}
+		if got := idem.ValidHeaderFieldValue(tc.value); got != tc.valueOK {
+			t.Errorf("ValidHeaderFieldValue(%q) = %v", tc.value, got)
+		}
 	}
 }
