@@ -173,10 +173,18 @@ func (b *ResponseBuffer) Result(err error) Result {
 }
 
 // WriteResponse writes resp to w: its headers (replacing those of the same
-// name already set), a Content-Length, the status and the body.
+// name already set), a Content-Length, the status and the body. A header
+// whose name or value is not valid HTTP (see ValidHeaderFieldValue) is left
+// out: Finish refuses to store one, and this guards the replay of records
+// stored before it did.
 func WriteResponse(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
+		// A record stored before values were checked may hold one that
+		// would split the response: it is left out.
+		if !validField(k, v) {
+			continue
+		}
 		h[k] = v
 	}
 	h.Del("Transfer-Encoding")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,20 @@ const (
 // Config.StoredHeaders is nil. Set-Cookie is deliberately absent: a replay
 // must not hand one client's session to another attempt.
 var DefaultStoredHeaders = []string{"Content-Type", "Location", "Content-Language", "Cache-Control"}
+
+// SensitiveHeaders are the response headers StoredHeaders may name only
+// with Config.AllowSensitiveStoredHeaders: they carry a session or a
+// credential, which a replay would hand to another attempt.
+var SensitiveHeaders = []string{"Set-Cookie", "Authorization", "Proxy-Authorization"}
+
+func isSensitiveHeader(name string) bool {
+	for _, s := range SensitiveHeaders {
+		if strings.EqualFold(strings.TrimSpace(name), s) {
+			return true
+		}
+	}
+	return false
+}
 
 // ReplayedHeader is set to "true" on every replayed response.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -124,8 +139,18 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 	// StoredHeaders is the allow-list of response headers stored and
-	// replayed. Default DefaultStoredHeaders.
+	// replayed. Default DefaultStoredHeaders. New refuses Set-Cookie,
+	// Authorization and Proxy-Authorization (SensitiveHeaders) unless
+	// AllowSensitiveStoredHeaders is set.
 	StoredHeaders []string
+	// AllowSensitiveStoredHeaders lets StoredHeaders name Set-Cookie,
+	// Authorization or Proxy-Authorization. It is dangerous: a replay hands
+	// the stored value to whoever retries with the key, so one attempt's
+	// session cookie or credential becomes the next attempt's, and the
+	// value sits in the store for Retention. Set it only when the value is
+	// not a credential (a cookie the client may share across attempts) and
+	// say why at the call site.
+	AllowSensitiveStoredHeaders bool
 	// IgnoreFields lists JSON members left out of the fingerprint, such as
 	// a per-attempt timestamp ("sent_at", "meta.sent_at").
 	IgnoreFields []string
@@ -145,6 +170,13 @@ type Config struct {
 	// misconfigured store, a transaction the handler ended, an
 	// authentication error) still go to slog.Default().
 	Logger *slog.Logger
+	// LogKeys logs the raw idempotency key in the engine's log line. By
+	// default the line carries only key_hash, the first 16 hex digits of
+	// SHA-256 over the principal and the key, enough to correlate the lines
+	// of one key: a key is a client's secret-ish handle on its request, and
+	// logs are read by more people than the database. Event.Key always
+	// carries the raw key.
+	LogKeys bool
 	// WarnTxUnused logs a warning when a handler answers 2xx without
 	// having used the store's transaction: its writes, if any, went around
 	// the guarantee (through the pool instead of the transaction).
@@ -218,6 +250,8 @@ func (c *Config) validate() error {
 	check(http.CanonicalHeaderKey(c.Header) != "", "Header must be a header name")
 	for _, h := range c.StoredHeaders {
 		check(h != "", "StoredHeaders must not contain an empty name")
+		check(c.AllowSensitiveStoredHeaders || !isSensitiveHeader(h),
+			"StoredHeaders names %s: a replay would hand one attempt's session or credential to the next (set AllowSensitiveStoredHeaders to allow it)", h)
 	}
 	if len(errs) == 0 {
 		return nil

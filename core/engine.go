@@ -64,7 +64,10 @@ type Request struct {
 	// returned, if any. Begin answers it like an empty Principal, 401, and
 	// records it in the Event's Err (see Adapter.Principal).
 	PrincipalErr error
-	// Key is the raw value of the idempotency key header ("" when absent).
+	// Key is the raw value of the idempotency key header: "" only when the
+	// header is absent. A header present with an empty value must be
+	// passed as white space (" "), which Begin answers 400 key-invalid
+	// rather than running the handler without a key.
 	Key string
 	// ContentType is the request's Content-Type header.
 	ContentType string
@@ -461,6 +464,15 @@ func (a *Attempt) settle(res Result) verdict {
 	header := res.Header
 	if !a.call {
 		header = e.storedHeader(header)
+		// A stored value is replayed, perhaps by a server that writes
+		// values raw: one with CR or LF would split the replay.
+		if err := checkHeader(header); err != nil {
+			err = fmt.Errorf("%w: %w", ErrResponseInvalid, err)
+			if ended := a.release(a.ctx, err); ended != nil {
+				return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
+			}
+			return done(OutcomeResponseInvalid, verdict{problem: ProblemResponseInvalid, err: err})
+		}
 	}
 	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: res.Body}}
 	sctx := a.storeContext(a.ctx, now)
@@ -499,6 +511,10 @@ func (a *Attempt) settle(res Result) verdict {
 	}
 	return done(outcome, verdict{resp: handlerResp, stored: state})
 }
+
+// ErrResponseInvalid is wrapped by the Event's Err when a handler's response
+// carried a header to be stored whose name or value is not valid HTTP.
+var ErrResponseInvalid = errors.New("idem: response header invalid")
 
 // storeProblem is the answer to a store error before the handler ran, and
 // its Retry-After: retrying is safe unless the store is misconfigured.

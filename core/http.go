@@ -14,11 +14,15 @@ func (restoredBody) Close() error { return nil }
 // frameworks built on net/http (net/http itself, Gin, Echo) use it so that
 // every one of them reads the same headers the same way.
 func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
+	key := r.Header.Get(e.cfg.Header)
+	if key == "" && len(r.Header.Values(e.cfg.Header)) > 0 {
+		key = blankKey // present but empty: a 400, not "no key"
+	}
 	return Request{
 		Method:        r.Method,
 		Path:          r.URL.RequestURI(),
 		Principal:     principal,
-		Key:           r.Header.Get(e.cfg.Header),
+		Key:           key,
 		ContentType:   r.Header.Get("Content-Type"),
 		RequestID:     r.Header.Get(e.cfg.RequestIDHeader),
 		Body:          r.Body,

@@ -22,15 +22,21 @@ var (
 // and the bare form (abc) that most clients send; both name the key abc.
 // Optional white space around the value is ignored. The key must be 1 to
 // maxLen visible ASCII characters (0x21–0x7E); maxLen <= 0 means
-// DefaultMaxKeyLength. An empty value returns ErrKeyMissing; anything else
-// that is not a key returns an error wrapping ErrKeyInvalid.
+// DefaultMaxKeyLength. Only an empty raw value (no header) returns
+// ErrKeyMissing; anything else that is not a key, including a value of only
+// white space or the empty string "", returns an error wrapping
+// ErrKeyInvalid: with Config.KeyOptional, a blank key must not let the
+// request run without deduplication.
 func ParseKey(raw string, maxLen int) (string, error) {
 	if maxLen <= 0 {
 		maxLen = DefaultMaxKeyLength
 	}
-	raw = trimOWS(raw)
 	if raw == "" {
 		return "", ErrKeyMissing
+	}
+	raw = trimOWS(raw)
+	if raw == "" {
+		return "", fmt.Errorf("%w: blank", ErrKeyInvalid)
 	}
 	key := raw
 	if raw[0] == '"' {
@@ -99,3 +105,8 @@ func trimOWS(s string) string {
 	}
 	return s
 }
+
+// blankKey is Request.Key for a key header that is present with an empty
+// value (net/http drops the white space around a field value, so "   "
+// arrives as ""): ParseKey reads it as blank, not as missing.
+const blankKey = " "

@@ -2,7 +2,10 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -30,6 +33,7 @@ const (
 	OutcomeNoKey               OutcomeLabel = "no_key"   // optional key absent: passed through
 	OutcomeTxEnded             OutcomeLabel = "tx_ended" // the handler ended the transaction; the key stays in progress
 	OutcomePrincipalInvalid    OutcomeLabel = "principal_invalid"
+	OutcomeResponseInvalid     OutcomeLabel = "response_invalid" // a header to store is not valid HTTP: rolled back
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -38,9 +42,14 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
+	OutcomeResponseInvalid,
 }
 
-// Event describes one request's passage through the engine.
+// Event describes one request's passage through the engine. It carries the
+// full data (the path with its query string, the raw key, the principal):
+// observers are code the application wrote, not a log. The engine's own log
+// line is redacted (see Config.LogKeys); an observer that logs or exports
+// an Event must redact it the same way.
 type Event struct {
 	Outcome   OutcomeLabel
 	Method    string
@@ -85,7 +94,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	switch ev.Outcome {
 	case OutcomeStoreError, OutcomeTxEnded:
 		level = slog.LevelError
-	case OutcomeLeaseLost, OutcomeResponseTooLarge:
+	case OutcomeLeaseLost, OutcomeResponseTooLarge, OutcomeResponseInvalid:
 		level = slog.LevelWarn
 	}
 	unusedTx := e.cfg.WarnTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&
@@ -114,12 +123,16 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	attrs := []slog.Attr{
 		slog.String("outcome", string(ev.Outcome)),
 		slog.String("method", ev.Method),
-		slog.String("path", ev.Path),
+		slog.String("path", logPath(ev.Path)),
 		slog.Int("status", ev.Status),
 		slog.Duration("duration", ev.Duration),
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, slog.String("key", ev.Key))
+		if e.cfg.LogKeys {
+			attrs = append(attrs, slog.String("key", ev.Key))
+		} else {
+			attrs = append(attrs, slog.String("key_hash", keyHash(ev.Principal, ev.Key)))
+		}
 	}
 	if ev.RequestID != "" {
 		attrs = append(attrs, slog.String("request_id", ev.RequestID))
@@ -131,4 +144,25 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
 	}
 	logger.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// logPath is the path as logged: without its query string, which may carry
+// what the client should not have put in a URL (a card number, a token).
+func logPath(p string) string {
+	if i := strings.IndexByte(p, '?'); i >= 0 {
+		return p[:i]
+	}
+	return p
+}
+
+// keyHash is the key as logged unless Config.LogKeys: the first 16 hex
+// digits of SHA-256 over the principal, a NUL and the key. It lets an
+// operator correlate the lines of one key without the log holding it.
+func keyHash(principal, key string) string {
+	h := sha256.New()
+	h.Write([]byte(principal))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0])[:8])
 }

@@ -31,6 +31,7 @@ const (
 	ProblemTxEnded          ProblemType = ProblemTypeBase + "transaction-ended"
 	ProblemMisconfigured    ProblemType = ProblemTypeBase + "store-misconfigured"
 	ProblemPrincipalInvalid ProblemType = ProblemTypeBase + "principal-invalid"
+	ProblemResponseInvalid  ProblemType = ProblemTypeBase + "response-invalid"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -74,6 +75,8 @@ var problems = map[ProblemType]Problem{
 		Detail: "You are no longer authorised to see the result of this request."},
 	ProblemResponseTooLarge: {Status: http.StatusInternalServerError, Title: "Response too large",
 		Detail: "The response was too large to store, so the request was rolled back. Retrying is safe."},
+	ProblemResponseInvalid: {Status: http.StatusInternalServerError, Title: "Response invalid",
+		Detail: "The response carried a header that is not valid HTTP, so it was not stored and the request was rolled back. Retrying is safe."},
 	ProblemLeaseLost: {Status: http.StatusConflict, Title: "Idempotency key taken over",
 		Detail: "This request ran longer than its lease and another attempt took the key over. Nothing was stored; retry to get that attempt's result."},
 	ProblemStoreUnavailable: {Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable",
