@@ -220,8 +220,9 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	a.fingerprint = fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore)
 	fp := a.fingerprint[:]
 
+	lease := Lease{Principal: c.Principal, Key: key, Token: newToken()}
 	creq := ClaimRequest{
-		Principal: c.Principal, Key: key, Fingerprint: fp, Token: newToken(),
+		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token,
 		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
@@ -235,7 +236,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		// so the key is not blocked for a whole lease; a claim that did
 		// not commit matches nothing.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
-		if rerr := e.cfg.Store.Release(rctx, Lease{Principal: creq.Principal, Key: creq.Key, Token: creq.Token}); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			err = errors.Join(err, rerr)
 		}
 		cancel()
@@ -260,7 +261,6 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
 
-	lease := Lease{Principal: c.Principal, Key: key, Token: creq.Token}
 	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
