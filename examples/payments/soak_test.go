@@ -84,10 +84,15 @@ type soakPlan struct {
 	shared    int // keys per round retried by several clients at once
 	sharers   int // clients retrying each shared key
 	delay     time.Duration
-	// killWithin bounds when, after a round's clients start, the test
-	// picks the request whose process it kills.
-	killWithin time.Duration
 }
+
+// killWithin bounds when, after a round's clients start, the test picks
+// the request whose process it kills. Every client sends at least ownKeys
+// requests one after another, each held by the handler for delay, so until
+// ownKeys×delay every client still has a request in flight and the pick
+// cannot come after the round's work is done. (A fixed 800ms did: a Redis
+// round of 14 keys finished in 200ms and eight kills hit idle processes.)
+func (p soakPlan) killWithin() time.Duration { return time.Duration(p.ownKeys) * p.delay }
 
 // TestCrashSoak SIGKILLs the service, once per round, at a random moment
 // of a random request among many concurrent ones, restarts it on the same
@@ -95,17 +100,17 @@ type soakPlan struct {
 func TestCrashSoak(t *testing.T) {
 	plans := []soakPlan{
 		{store: "pgx", instances: 1, clients: 10, ownKeys: 3, shared: 3, sharers: 3,
-			delay: 150 * time.Millisecond, killWithin: 800 * time.Millisecond},
+			delay: 150 * time.Millisecond},
 		// SQLite has a single writer: fewer clients and a shorter handler
 		// delay, or the claims queue behind each other for seconds.
 		{store: "sqlite", instances: 1, clients: 6, ownKeys: 2, shared: 2, sharers: 3,
-			delay: 50 * time.Millisecond, killWithin: 800 * time.Millisecond},
+			delay: 50 * time.Millisecond},
 		// Redis: records in Redis, payments in an SQLite file (the single
 		// writer again, so the SQLite plan). A kill after the payment row
 		// committed and before the settle leaves the row without its
 		// record's outcome: the takeover must answer from that row.
 		{store: "redis", instances: 1, clients: 6, ownKeys: 2, shared: 2, sharers: 3,
-			delay: 50 * time.Millisecond, killWithin: 800 * time.Millisecond},
+			delay: 50 * time.Millisecond},
 	}
 	for _, p := range plans {
 		t.Run(p.store, func(t *testing.T) {
@@ -124,7 +129,7 @@ func TestManyInstances(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
 			runSoak(t, soakPlan{store: store, instances: 3, clients: 9, ownKeys: 1, shared: 9, sharers: 3,
-				delay: 150 * time.Millisecond, killWithin: 800 * time.Millisecond})
+				delay: 150 * time.Millisecond})
 		})
 	}
 }
@@ -344,7 +349,7 @@ func soakRound(ctx context.Context, t *testing.T, plan soakPlan, cl *soakCluster
 
 	// The kill: a random request in flight, at a random point of its life
 	// (claim, handler, settle, commit or the reply), then a restart.
-	time.Sleep(time.Duration(rng.Int64N(int64(plan.killWithin))))
+	time.Sleep(time.Duration(rng.Int64N(int64(plan.killWithin()))))
 	var victim inflightReq
 	picked := false
 	for range 200 {
