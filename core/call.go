@@ -30,6 +30,10 @@ type Call struct {
 	// name, a subject. It enters the fingerprint, so one key used for two
 	// operations is a mismatch (ProblemKeyReused).
 	Operation string
+	// Route labels the call in its Event for per-route metrics: the HTTP
+	// route template, or the gRPC full method name. Empty means Operation,
+	// which must then be a bounded set of names, never client input.
+	Route string
 	// Encoding names the encoding of Input, as a media type. JSON
 	// ("application/json", "application/*+json") is canonicalised before it
 	// is fingerprinted (RFC 8785, Config.IgnoreFields left out), so member
@@ -139,6 +143,9 @@ func (e *CallError) Retryable() bool {
 //
 // A panic in fn rolls back, releases the key and goes on.
 func (e *Engine) Do(ctx context.Context, c Call, fn func(ctx context.Context) (Response, error)) (CallResult, error) {
+	if c.Route == "" {
+		c.Route = c.Operation
+	}
 	a, v, ev := e.start(ctx, &c, nil)
 	if a == nil && v.pass {
 		e.emit(ctx, ev)

@@ -58,6 +58,11 @@ type Request struct {
 	// Path is the request target: the escaped path and, if any, "?" and the
 	// raw query. It enters the fingerprint.
 	Path string
+	// Route is the framework's route template that matched ("/payments/:id",
+	// "POST /payments/{id}"), or "" when unknown. It only labels the Event,
+	// so its cardinality is the application's route count, never the
+	// client's.
+	Route string
 	// Principal is the authenticated caller; empty means not authenticated.
 	Principal string
 	// PrincipalErr is the error the application's principal function
@@ -109,7 +114,7 @@ type Result struct {
 func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 	c := Call{
 		Method: req.Method, Operation: req.Path, Principal: req.Principal, PrincipalErr: req.PrincipalErr,
-		Key: req.Key, Encoding: req.ContentType, RequestID: req.RequestID,
+		Key: req.Key, Encoding: req.ContentType, RequestID: req.RequestID, Route: req.Route,
 	}
 	a, v, ev := e.start(ctx, &c, func() ([]byte, error) { return readBody(req.Body, e.cfg.MaxBodyBytes, req.ContentLength) })
 	if a != nil {
@@ -170,7 +175,7 @@ func (e *Engine) httpResponse(v *verdict) *Response {
 // the Event to emit once the caller has rendered it.
 func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)) (*Attempt, verdict, Event) {
 	start := e.cfg.Clock()
-	ev := Event{Method: c.Method, Path: c.Operation, Principal: c.Principal, RequestID: c.RequestID}
+	ev := Event{Method: c.Method, Path: c.Operation, Route: c.Route, Principal: c.Principal, RequestID: c.RequestID}
 	// end is the clock reading after the claim: the answers that follow it
 	// take no time worth another reading.
 	var end time.Time

@@ -51,9 +51,14 @@ var Outcomes = []OutcomeLabel{
 // line is redacted (see Config.LogKeys); an observer that logs or exports
 // an Event must redact it the same way.
 type Event struct {
-	Outcome   OutcomeLabel
-	Method    string
-	Path      string
+	Outcome OutcomeLabel
+	Method  string
+	// Path is the request target as the client sent it, query included:
+	// unbounded cardinality, never a metric label. Use Route for that.
+	Path string
+	// Route is the route template the adapter matched ("/payments/:id"),
+	// or the call's Route; empty when the framework did not say.
+	Route     string
 	Principal string
 	Key       string
 	RequestID string

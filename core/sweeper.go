@@ -28,12 +28,25 @@ type Sweeper struct {
 	// Logger receives one line per sweep that did something, and every
 	// stale claim. Default slog.Default().
 	Logger *slog.Logger
+	// Observer, when set, receives what every sweep of Run did, failed
+	// ones included, for metrics such as a stale-claim gauge.
+	Observer SweepObserver
 }
 
 // SweepResult is what one sweep did.
 type SweepResult struct {
+	// Purged counts the expired records deleted.
 	Purged int
-	Stale  []Record
+	// Stale lists in-progress records whose lease had expired, at most
+	// BatchSize of them, oldest first.
+	Stale []Record
+}
+
+// SweepObserver receives the result of every sweep a Sweeper's Run makes,
+// with the sweep's error (nil on success; res holds what was done before
+// it failed). Implementations must return quickly.
+type SweepObserver interface {
+	ObserveSweep(ctx context.Context, res SweepResult, err error)
 }
 
 // Sweep runs one sweep: purge expired records batch by batch until a batch
@@ -88,6 +101,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		res, err := s.Sweep(ctx)
+		if s.Observer != nil {
+			s.Observer.ObserveSweep(ctx, res, err)
+		}
 		switch {
 		case err != nil && !errors.Is(err, context.Canceled):
 			logger.WarnContext(ctx, "idempotency sweep failed", slog.String("error", err.Error()), slog.Int("purged", res.Purged))
