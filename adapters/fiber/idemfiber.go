@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
 	idem "github.com/idemgo/idem/core"
@@ -103,6 +104,8 @@ type middleware struct {
 	// observed is true when an Observer or a Logger receives the engine's
 	// Events, which may outlive the request.
 	observed bool
+	// routes is the app's route table, for Request.Route (see route).
+	routes atomic.Pointer[routeTable]
 }
 
 // handle is the middleware: it runs one request through the engine.
@@ -225,6 +228,7 @@ func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	return idem.Request{
 		Method:        method,
 		Path:          path,
+		Route:         m.route(c),
 		Principal:     principal,
 		PrincipalErr:  perr,
 		Key:           key,
@@ -233,6 +237,48 @@ func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 		Body:          body,
 		ContentLength: length,
 	}, br
+}
+
+// route returns the template of the route c is routed to ("/payments/:id"),
+// or "" when none matches. c.Route() cannot say: in app.Use or a group's
+// middleware it is the middleware's own mount ("/", "/payments"), because
+// Fiber routes one step at a time, in c.Next(). So the route is the first
+// one of c's method, middleware mounts left out, whose pattern matches c's
+// path: the one c.Next() runs, unless a handler before it rewrites the path
+// or passes the request on with c.Next(). Route paths belong to the app,
+// never to fasthttp's buffers, so they need no copy.
+func (m *middleware) route(c *fiber.Ctx) string {
+	app := c.App()
+	rt := m.routes.Load()
+	if rt == nil || rt.app != app || rt.handlers != app.HandlersCount() {
+		rt = newRouteTable(app)
+		m.routes.Store(rt)
+	}
+	path := c.Path()
+	for _, pattern := range rt.byMethod[c.Method()] {
+		if fiber.RoutePatternMatch(path, pattern, rt.cfg) {
+			return pattern
+		}
+	}
+	return ""
+}
+
+// routeTable is an app's routes by method, middleware mounts left out, in
+// the order Fiber tries them. It is rebuilt when a route is added (the
+// app's handler count changes) or the middleware serves another app.
+type routeTable struct {
+	app      *fiber.App
+	handlers uint32
+	cfg      fiber.Config
+	byMethod map[string][]string
+}
+
+func newRouteTable(app *fiber.App) *routeTable {
+	rt := &routeTable{app: app, handlers: app.HandlersCount(), cfg: app.Config(), byMethod: make(map[string][]string)}
+	for _, r := range app.GetRoutes(true) {
+		rt.byMethod[r.Method] = append(rt.byMethod[r.Method], r.Path)
+	}
+	return rt
 }
 
 // ownMethod returns method in memory of its own: Fiber's constant for one
