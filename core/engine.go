@@ -284,13 +284,16 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
 		if err != nil {
 			a.finished = true
-			a.release(ctx, err)
-			return refuse(OutcomeReleased, ProblemStoreUnavailable, 1, fmt.Errorf("reconcile: %w", err))
+			// Not released: the effect is still unknown, and a release
+			// would let the next retry run the handler without asking.
+			err = fmt.Errorf("reconcile: %w", a.keep(ctx, err))
+			return refuse(OutcomeStoreError, ProblemStoreUnavailable, a.leaseLeft(), err)
 		}
 		if resp != nil {
 			if !a.finish() {
 				panic("idem: Attempt finished twice")
 			}
+			a.reconciled = true
 			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
 		}
 	}
@@ -342,6 +345,7 @@ type Attempt struct {
 	ev          Event
 	start       time.Time
 	reclaimed   bool
+	reconciled  bool // the result is Reconcile's answer, not a handler's (see keep)
 	fingerprint [32]byte
 	// classifier is the call's own (Call.Classify); nil uses
 	// Config.Classify, with status 0 taken as 200.
@@ -441,7 +445,7 @@ func (a *Attempt) settle(res Result) verdict {
 	disp := a.classify(res.Status, res.Err)
 	now := time.Now()
 	deadlineErr := a.hctx.errAt(now)
-	if deadlineErr != nil {
+	if deadlineErr != nil && !a.reconciled {
 		disp = Release
 	}
 	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
@@ -495,6 +499,11 @@ func (a *Attempt) settle(res Result) verdict {
 			// stays in progress until its lease expires, when a takeover
 			// asks Reconcile what happened.
 			return done(OutcomeTxEnded, a.txEnded(err))
+		}
+		if a.reconciled {
+			// Reconcile said the effect happened: kept, not released,
+			// for the next takeover to ask again.
+			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: a.leaseLeft(), err: err})
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its
