@@ -25,6 +25,7 @@ type Engine struct {
 	stored      map[string]bool // canonical header names in the allow-list
 	ignore      [][]string      // Config.IgnoreFields, split once
 	clockIsWall bool            // Config.Clock was left to default to time.Now
+	holds       holdTimes       // per route, how long attempts held their key (retryAfter)
 	// keyMissing and keyInvalid name the configured header and limit.
 	keyMissing, keyInvalid Problem
 }
@@ -255,7 +256,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		case !bytes.Equal(rec.Fingerprint, fp):
 			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
 		case rec.State == StateInProgress || rec.Response == nil:
-			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(rec.LockedAt, res.Now), nil)
+			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
 		}
 		if e.cfg.AuthorizeReplay != nil {
 			if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
@@ -298,20 +299,6 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		}
 	}
 	return a, verdict{}, Event{}
-}
-
-// retryAfter tells a 409'd client when the key is likely free, in whole
-// seconds, at least 1: when the holder's deadline passes if it may still
-// be running, otherwise when its lease expires and the key can be taken
-// over. Both are measured on the store's clock.
-func (e *Engine) retryAfter(lockedAt, now time.Time) int {
-	elapsed := now.Sub(lockedAt)
-	remaining := e.cfg.RequestTimeout + e.cfg.StoreTimeout - elapsed
-	if remaining <= 0 {
-		remaining = e.cfg.Lease - elapsed
-	}
-	secs := int(math.Ceil(remaining.Seconds()))
-	return max(secs, 1)
 }
 
 // replay marks the stored response as replayed. The record is the caller's
@@ -434,6 +421,7 @@ func (a *Attempt) settle(res Result) verdict {
 		a.ev.Outcome, a.ev.Err = outcome, v.err
 		a.ev.TxUsed = a.tx != nil && a.tx.Used()
 		a.ev.Duration = e.cfg.Clock().Sub(a.start)
+		e.holds.observe(a.ev.Route, a.ev.Duration)
 		return v
 	}
 	if res.Status == 0 && a.classifier == nil {
