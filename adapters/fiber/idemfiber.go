@@ -254,27 +254,55 @@ func (m *middleware) route(c *fiber.Ctx) string {
 		rt = newRouteTable(app)
 		m.routes.Store(rt)
 	}
-	path := c.Path()
-	for _, pattern := range rt.byMethod[c.Method()] {
-		if fiber.RoutePatternMatch(path, pattern, rt.cfg) {
-			return pattern
+	k := routeKey{c.Method(), c.Path()}
+	rt.mu.RLock()
+	pattern, ok := rt.seen[k]
+	rt.mu.RUnlock()
+	if ok {
+		return pattern
+	}
+	for _, p := range rt.byMethod[k.method] {
+		if fiber.RoutePatternMatch(k.path, p, rt.cfg) {
+			pattern = p
+			break
 		}
 	}
-	return ""
+	// The keys point into fasthttp's buffers: copy them to keep them.
+	k = routeKey{strings.Clone(k.method), strings.Clone(k.path)}
+	rt.mu.Lock()
+	if len(rt.seen) >= maxSeenPaths {
+		clear(rt.seen)
+	}
+	rt.seen[k] = pattern
+	rt.mu.Unlock()
+	return pattern
 }
 
+// maxSeenPaths bounds the paths a routeTable remembers the route of. A
+// matching costs a few allocations (fiber.RoutePatternMatch parses the
+// pattern every time), a remembered path none; retries of one request, and
+// routes without parameters, hit it. Full, it starts over.
+const maxSeenPaths = 1024
+
+type routeKey struct{ method, path string }
+
 // routeTable is an app's routes by method, middleware mounts left out, in
-// the order Fiber tries them. It is rebuilt when a route is added (the
-// app's handler count changes) or the middleware serves another app.
+// the order Fiber tries them, and the route of the paths seen lately. It is
+// rebuilt when a route is added (the app's handler count changes) or the
+// middleware serves another app.
 type routeTable struct {
 	app      *fiber.App
 	handlers uint32
 	cfg      fiber.Config
 	byMethod map[string][]string
+
+	mu   sync.RWMutex
+	seen map[routeKey]string
 }
 
 func newRouteTable(app *fiber.App) *routeTable {
-	rt := &routeTable{app: app, handlers: app.HandlersCount(), cfg: app.Config(), byMethod: make(map[string][]string)}
+	rt := &routeTable{app: app, handlers: app.HandlersCount(), cfg: app.Config(),
+		byMethod: make(map[string][]string), seen: make(map[routeKey]string)}
 	for _, r := range app.GetRoutes(true) {
 		rt.byMethod[r.Method] = append(rt.byMethod[r.Method], r.Path)
 	}
