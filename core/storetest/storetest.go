@@ -49,6 +49,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"ConcurrentPurgersDeleteOnce", testConcurrentPurge},
 		{"SweepersUnderLiveTraffic", testSweepersUnderTraffic},
 		{"ListStale", testListStale},
+		{"SweeperAndRetryRaceForAStaleClaim", testSweeperRacesRetry},
 		{"ResponseRoundTrip", testResponseRoundTrip},
 	}
 	for _, tc := range tests {
