@@ -19,16 +19,19 @@ import (
 func TestWALPerRequest(t *testing.T) {
 	const n = 200
 	ctx, admin := setupTest(t)
-	lsn := func() int64 {
-		var v int64
-		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").Scan(&v); err != nil {
+	lsn := func() (int64, string) {
+		var (
+			v int64
+			s string
+		)
+		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_wal_lsn()::text").Scan(&v, &s); err != nil {
 			t.Fatal(err)
 		}
-		return v
+		return v, s
 	}
 
 	var table strings.Builder
-	fmt.Fprintf(&table, "| variant | WAL bytes per first request | WAL bytes per replay |\n|---|---:|---:|\n")
+	fmt.Fprintf(&table, "| variant | WAL bytes per first request | own records | WAL bytes per replay | own records |\n|---|---:|---:|---:|---:|\n")
 	for _, v := range testVariants(ctx) {
 		h, closeFn, err := v.open(&Counter{})
 		if err != nil {
@@ -64,18 +67,28 @@ func TestWALPerRequest(t *testing.T) {
 		for i := range 20 { // warm the pool and the statement caches
 			post(fmt.Sprint("warm", i), http.StatusCreated)
 		}
-		start := lsn()
+		start, startLSN := lsn()
 		for i := range n {
 			post(fmt.Sprint("k", i), http.StatusCreated)
 		}
-		mid := lsn()
+		mid, midLSN := lsn()
 		for i := range n {
 			post(fmt.Sprint("k", i), http.StatusCreated)
 		}
-		end := lsn()
+		end, endLSN := lsn()
 		first, replay := float64(mid-start)/n, float64(end-mid)/n
-		t.Logf("%s: %.0f WAL bytes per first request, %.1f per replay", v.name, first, replay)
-		fmt.Fprintf(&table, "| %s | %.0f | %.1f |\n", v.name, first, replay)
+		firstStats, err := walBreakdown(ctx, admin, startLSN, midLSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayStats, err := walBreakdown(ctx, admin, midLSN, endLSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, ownReplay := float64(walTotal(firstStats))/n, float64(walTotal(replayStats))/n
+		t.Logf("%s: %.0f WAL bytes per first request (own records %.1f), %.1f per replay (own %.1f); first requests:\n%s",
+			v.name, first, own, replay, ownReplay, formatBreakdown(firstStats, n))
+		fmt.Fprintf(&table, "| %s | %.0f | %.1f | %.1f | %.1f |\n", v.name, first, own, replay, ownReplay)
 		srv.Close()
 		closeFn()
 	}
