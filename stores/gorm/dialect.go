@@ -344,8 +344,15 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	case dialectPostgres:
 		// SKIP LOCKED lets several sweepers share the work; the outer
 		// condition re-checks expiry on the row version being deleted.
-		q.purge = "DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM " + T +
-			" WHERE expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED) AS d" +
+		// Settled rows come from the expires index, which holds only them;
+		// the few expired in-progress rows from the stale index, which
+		// holds only those. It binds the limit three times.
+		q.purge = "WITH settled AS (SELECT principal, " + K + " FROM " + T +
+			" WHERE state <> 'in_progress' AND expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)," +
+			" held AS (SELECT principal, " + K + " FROM " + T +
+			" WHERE state = 'in_progress' AND expires_at <= now() LIMIT ? FOR UPDATE SKIP LOCKED)" +
+			" DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM settled UNION ALL" +
+			" SELECT principal, " + K + " FROM held LIMIT ?) AS d" +
 			" WHERE t.principal = d.principal AND t." + K + " = d." + K + " AND t.expires_at <= now()"
 	case dialectMySQL:
 		// A DELETE … ORDER BY expires_at LIMIT lets the optimizer scan the
