@@ -10,10 +10,12 @@ import (
 
 // TestWALPerRequest measures what PostgreSQL writes for each variant:
 // bytes of WAL per first request and per replay, the mean of n sequential
-// requests, each variant on emptied tables right after a CHECKPOINT. Unlike
-// throughput on a shared machine this hardly depends on load (other
-// databases on the server add a little; run it alone). It empties the
-// benchmark tables.
+// requests, each variant on emptied tables right after a CHECKPOINT. It
+// reports the raw LSN difference, which counts every other session on the
+// server, and, read with pg_walinspect, the benchmark tables' own records
+// by type (walBreakdown), which repeat whatever else runs. It fails when a
+// replay writes a record in a transaction of its own (a replay must lock
+// and write nothing). It empties the benchmark tables.
 //
 //	go test -count=1 -v -run TestWALPerRequest .
 func TestWALPerRequest(t *testing.T) {
@@ -84,6 +86,13 @@ func TestWALPerRequest(t *testing.T) {
 		replayStats, err := walBreakdown(ctx, admin, midLSN, endLSN)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// A replay must write nothing: no statement of it may take a
+		// transaction id (lock or write a row). Page prunes a read
+		// triggers are allowed; they carry none.
+		if tx := walTransactional(replayStats); tx > 0 {
+			t.Errorf("%s: %d replays wrote %d WAL records in transactions of their own, want none:\n%s",
+				v.name, n, tx, formatBreakdown(replayStats, n))
 		}
 		own, ownReplay := float64(walTotal(firstStats))/n, float64(walTotal(replayStats))/n
 		t.Logf("%s: %.0f WAL bytes per first request (own records %.1f), %.1f per replay (own %.1f); first requests:\n%s",

@@ -34,7 +34,8 @@ const walRecords = `WITH rels AS (
 	SELECT r.start_lsn, r.xid FROM r
 	WHERE EXISTS (SELECT 1 FROM rels WHERE r.block_ref ~ ('rel \d+/\d+/' || rels.f || '( |,|$)'))
 )
-SELECT resource_manager || '/' || split_part(record_type, ' ', 1), count(*), sum(record_length), sum(fpi_length)
+SELECT resource_manager || '/' || split_part(record_type, ' ', 1), count(*), sum(record_length), sum(fpi_length),
+	count(*) FILTER (WHERE r.xid <> 0)
 FROM r
 WHERE r.start_lsn IN (SELECT start_lsn FROM own)
 	OR (r.xid <> 0 AND r.xid IN (SELECT xid FROM own WHERE xid <> 0))
@@ -46,6 +47,7 @@ type walStat struct {
 	kind         string
 	count, bytes int64
 	fpi          int64
+	withXID      int64 // records of a transaction that has a transaction id
 }
 
 // walBreakdown reads, with pg_walinspect, the WAL the benchmark tables got
@@ -81,7 +83,7 @@ func walBreakdown(ctx context.Context, admin *pgxpool.Pool, start, end string) (
 	var out []walStat
 	for rows.Next() {
 		var s walStat
-		if err := rows.Scan(&s.kind, &s.count, &s.bytes, &s.fpi); err != nil {
+		if err := rows.Scan(&s.kind, &s.count, &s.bytes, &s.fpi, &s.withXID); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -105,6 +107,17 @@ func formatBreakdown(stats []walStat, n int) string {
 	}
 	fmt.Fprintf(&b, "| total | | %.1f | |\n", float64(total)/float64(n))
 	return b.String()
+}
+
+// walTransactional is how many records of stats belong to a transaction
+// with a transaction id: a statement that wrote (or locked) a row. A page
+// prune a read triggers has none.
+func walTransactional(stats []walStat) int64 {
+	var n int64
+	for _, s := range stats {
+		n += s.withXID
+	}
+	return n
 }
 
 // walTotal is the bytes of stats.
