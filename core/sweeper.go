@@ -63,6 +63,11 @@ type Sweeper struct {
 type SweepResult struct {
 	// Purged counts the expired records deleted.
 	Purged int
+	// Backlog is true when the purge stopped at MaxBatches, every batch
+	// full: expired records may remain. Run then sweeps again at once
+	// instead of waiting for Interval, so a busy store is purged at the
+	// rate the database allows, not at BatchSize × MaxBatches per Interval.
+	Backlog bool
 	// Stale lists in-progress records whose lease had expired, at most
 	// BatchSize of them, oldest first, as listed before any was resolved.
 	Stale []Record
@@ -119,6 +124,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		maxBatches = 100
 	}
 	var res SweepResult
+	full := 0 // consecutive full batches
 	for range maxBatches {
 		n, err := store.PurgeExpired(ctx, batch)
 		res.Purged += n
@@ -128,7 +134,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		if n == 0 {
 			break
 		}
+		if n == batch {
+			full++
+		}
 	}
+	res.Backlog = full == maxBatches
 	if lease <= 0 {
 		return res, nil
 	}
@@ -163,8 +173,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 }
 
 // Run sweeps every Interval until ctx is done, logging what each sweep did.
-// It returns ctx's error; a failed sweep is logged and retried at the next
-// interval.
+// A sweep that left a backlog (SweepResult.Backlog) is followed at once by
+// the next. It returns ctx's error; a failed sweep is logged and retried at
+// the next interval.
 func (s *Sweeper) Run(ctx context.Context) error {
 	if s.Store == nil && s.Engine == nil {
 		return fmt.Errorf("%w: Sweeper.Store or Sweeper.Engine is required", ErrInvalidConfig)
@@ -191,8 +202,14 @@ func (s *Sweeper) Run(ctx context.Context) error {
 				slog.Int("reconciled", res.Reconciled), slog.Int("released", res.Released))
 		}
 		for _, r := range res.Stale {
+			// The key is hashed as in the engine's log: the sweeper has no
+			// Config.LogKeys to say otherwise.
 			logger.WarnContext(ctx, "stale idempotency claim",
-				slog.String("key", r.Key), slog.Time("locked_at", r.LockedAt), slog.String("request_id", r.RequestID))
+				slog.String("key_hash", keyHash(r.Principal, r.Key)), slog.Time("locked_at", r.LockedAt),
+				slog.String("request_id", r.RequestID))
+		}
+		if res.Backlog && err == nil && ctx.Err() == nil {
+			continue
 		}
 		select {
 		case <-ctx.Done():
