@@ -74,7 +74,7 @@ type suite struct {
 
 // config returns the Config the suite serves with, for backend b.
 func (s *suite) config() idem.Config {
-	return idem.Config{Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
+	return idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 }
 
 // serve starts a server with the middleware on a route group, the usual
