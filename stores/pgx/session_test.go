@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
@@ -435,7 +436,7 @@ func TestMisconfiguredThroughTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := idem.New(idem.Config{Store: s})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
 	if err != nil {
 		t.Fatal(err)
 	}
