@@ -270,9 +270,6 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
 
-	// A takeover keeps the record's nonce, so the downstream keys of the
-	// attempt it replaces; a new or replaced record has this attempt's.
-	lease.Nonce = res.Record.Nonce
 	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {

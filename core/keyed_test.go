@@ -131,6 +131,12 @@ func TestFingerprintKeyRotation(t *testing.T) {
 		return idem.Request{Method: "POST", Path: "/payments", Principal: "alice", Key: key,
 			ContentType: "application/json", Body: strings.NewReader(`{"amount":` + amount + `}`), ContentLength: -1}
 	}
+	answer := func(resp *idem.Response) string {
+		if resp == nil {
+			return "a claim"
+		}
+		return fmt.Sprintf("%d %s", resp.Status, resp.Body)
+	}
 
 	att, _ := before.Begin(context.Background(), req("settled", "1"))
 	if att == nil {
@@ -138,14 +144,14 @@ func TestFingerprintKeyRotation(t *testing.T) {
 	}
 	att.Finish(idem.Result{Status: http.StatusCreated, Body: []byte("ch_1")})
 	if _, resp := forgot.Begin(context.Background(), req("settled", "1")); resp == nil || resp.Status != http.StatusUnprocessableEntity {
-		t.Fatalf("retry without the previous key: %v, want 422", resp)
+		t.Fatalf("retry without the previous key: %s, want 422", answer(resp))
 	}
 	if _, resp := rotated.Begin(context.Background(), req("settled", "1")); resp == nil || resp.Status != http.StatusCreated ||
 		string(resp.Body) != "ch_1" || resp.Header.Get(idem.ReplayedHeader) != "true" {
-		t.Fatalf("retry with the previous key: %v, want the replayed 201", resp)
+		t.Fatalf("retry with the previous key: %s, want the replayed 201", answer(resp))
 	}
 	if _, resp := rotated.Begin(context.Background(), req("settled", "2")); resp == nil || resp.Status != http.StatusUnprocessableEntity {
-		t.Fatalf("another request with the previous key: %v, want 422", resp)
+		t.Fatalf("another request with the previous key: %s, want 422", answer(resp))
 	}
 
 	// A claim made under the old key whose holder died is taken over by the
@@ -160,7 +166,7 @@ func TestFingerprintKeyRotation(t *testing.T) {
 	}
 	clk.Add(4 * time.Second)
 	if _, resp := rotated.Begin(context.Background(), req("crashed", "2")); resp == nil || resp.Status != http.StatusUnprocessableEntity {
-		t.Fatalf("another request on the stale claim: %v, want 422", resp)
+		t.Fatalf("another request on the stale claim: %s, want 422", answer(resp))
 	}
 	retry, resp := rotated.Begin(context.Background(), req("crashed", "1"))
 	if retry == nil {
@@ -174,26 +180,33 @@ func TestFingerprintKeyRotation(t *testing.T) {
 	}
 }
 
-// TestDownstreamKeyPerRecord: a takeover of a stale claim gets the crashed
-// attempt's downstream key, so the provider deduplicates; a key claimed
-// again after its record expired gets a new one, so a provider that keeps
-// keys longer than Retention does not answer the new request with the old
-// one's charge.
-func TestDownstreamKeyPerRecord(t *testing.T) {
+// TestRecordNoncePerRecord: the engine sends every claim a fresh random
+// nonce, so a record made after an earlier one expired carries a new one,
+// while a takeover of a stale claim keeps the record's nonce and its
+// downstream key.
+func TestRecordNoncePerRecord(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)),
+	store := memstore.New(memstore.WithClock(clk.Now))
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store,
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func() *idem.Attempt {
+	claim := func() (*idem.Attempt, string) {
 		t.Helper()
 		att, resp := e.Begin(context.Background(), request("alice", "pay-1"))
 		if att == nil {
 			t.Fatalf("Begin: %d %s, want a claim", resp.Status, resp.Body)
 		}
-		return att
+		rec, err := store.Get(context.Background(), "alice", "pay-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Nonce) != 32 {
+			t.Fatalf("stored nonce %q, want 32 hex digits", rec.Nonce)
+		}
+		return att, rec.Nonce
 	}
 	downstream := func(att *idem.Attempt) string {
 		t.Helper()
@@ -203,15 +216,47 @@ func TestDownstreamKeyPerRecord(t *testing.T) {
 		}
 		return k
 	}
-	first := downstream(claim()) // the holder dies
+	first, nonce := claim() // the holder dies
+	key := downstream(first)
 	clk.Add(4 * time.Second)
-	takeover := claim()
-	if got := downstream(takeover); got != first {
-		t.Fatalf("takeover's downstream key %s, want the first attempt's %s", got, first)
+	takeover, kept := claim()
+	if kept != nonce || downstream(takeover) != key {
+		t.Fatalf("takeover: nonce %s and downstream key %s, want the first attempt's %s and %s", kept, downstream(takeover), nonce, key)
 	}
 	takeover.Finish(idem.Result{Status: http.StatusCreated})
 	clk.Add(2 * time.Hour)
-	if got := downstream(claim()); got == first {
-		t.Fatalf("re-claim after expiry reuses the expired record's downstream key %s", got)
+	if _, fresh := claim(); fresh == nonce {
+		t.Fatalf("re-claim after expiry kept the expired record's nonce %s", fresh)
+	}
+}
+
+// TestDownstreamKeyStableAcrossRelease: a handler that called the provider
+// and then failed (a 5xx, a failed commit: the key is released) is retried
+// with the same downstream key, so the provider charges once. A release
+// deletes the record, so a per-record random value cannot be part of the
+// key until the store keeps it across a release.
+func TestDownstreamKeyStableAcrossRelease(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &provider{charges: map[string]string{}}
+	for i, status := range []int{http.StatusBadGateway, http.StatusCreated} {
+		att, resp := e.Begin(context.Background(), request("alice", "pay-release"))
+		if att == nil {
+			t.Fatalf("attempt %d: %d %s, want a claim", i, resp.Status, resp.Body)
+		}
+		key, err := idem.DownstreamKey(att.Context(), "charge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.charge(key)
+		if r := att.Finish(idem.Result{Status: status}); r.Status != status {
+			t.Fatalf("attempt %d: %d, want %d", i, r.Status, status)
+		}
+	}
+	if p.real != 1 {
+		t.Fatalf("the provider charged %d times across a released attempt and its retry, want 1", p.real)
 	}
 }

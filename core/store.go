@@ -73,9 +73,6 @@ type Lease struct {
 	Principal string
 	Key       string
 	Token     string
-	// Nonce is the record's nonce (Record.Nonce) as the claim left it; it
-	// enters DownstreamKey. Stores ignore it: the token alone fences.
-	Nonce string
 }
 
 // Response is an HTTP response as the library stores and replays it, and as
@@ -97,8 +94,10 @@ type Record struct {
 	LeaseToken  string
 	// Nonce is the random value of the attempt that created the record
 	// (ClaimRequest.Nonce): written when the record is inserted or an
-	// expired one replaced, kept when a stale claim is taken over. It makes
-	// DownstreamKey differ between two records of one key.
+	// expired one replaced, kept when a stale claim is taken over, so it
+	// tells two records of one key apart. DownstreamKey does not use it
+	// yet: a release deletes the record, and with it the nonce that the
+	// released attempt's retry would need (see DownstreamKey).
 	Nonce     string
 	RequestID string // the request id of the attempt that created the record
 	CreatedAt time.Time

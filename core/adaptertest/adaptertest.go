@@ -663,8 +663,8 @@ func testStoredRecord(t *testing.T, s *suite) {
 	if rec.State != idem.StateCompleted || rec.Response == nil {
 		t.Fatalf("record = %+v", rec)
 	}
-	if len(rec.Fingerprint) != sha256.Size {
-		t.Fatalf("stored fingerprint is %d bytes, want a SHA-256", len(rec.Fingerprint))
+	if len(rec.Fingerprint) != idem.FingerprintSize || rec.Fingerprint[0] != idem.FingerprintVersion {
+		t.Fatalf("stored fingerprint is %x, want the version byte and an HMAC-SHA-256", rec.Fingerprint)
 	}
 	for name := range rec.Response.Header {
 		switch name {
