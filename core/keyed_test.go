@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"net/http"
 	"strings"
@@ -81,13 +82,23 @@ func TestStoredFingerprintNeedsTheKey(t *testing.T) {
 		"empty key": func(cvv string) []byte {
 			return idem.Fingerprint(nil, "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
 		},
+		// The v1 construction: SHA-256 of the same input, no key.
 		"unkeyed SHA-256": func(cvv string) []byte {
 			canon, err := idem.CanonicalJSON([]byte(body(cvv)), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sum := sha256.Sum256(append([]byte("POST /payments alice "), canon...))
-			return append([]byte{idem.FingerprintVersion}, sum[:]...)
+			in := []byte("idem/fingerprint/v1")
+			for _, f := range []struct {
+				tag byte
+				s   string
+			}{{'m', "POST"}, {'p', "/payments"}, {'u', "alice"}} {
+				in = binary.AppendUvarint(append(in, f.tag), uint64(len(f.s)))
+				in = append(in, f.s...)
+			}
+			in = binary.BigEndian.AppendUint64(append(in, 'j'), uint64(len(canon)))
+			sum := sha256.Sum256(append(in, canon...))
+			return append([]byte{idem.FingerprintVersion}, sum[:]...) // compared with the stored MAC
 		},
 	}
 	for name, fp := range guess {
