@@ -50,7 +50,7 @@ func fiberApp(b *testing.B, variant string) *fiber.App {
 		app.Use(idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key"}))
 	case "idemfiber-memstore":
 		mw, err := idemfiber.New(idemfiber.Config{
-			Config: idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000))},
+			Config: idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000)), FingerprintKey: FingerprintKey},
 			Principal: func(c *fiber.Ctx) (string, error) {
 				p, _ := c.Locals("account").(string)
 				return p, nil

@@ -231,13 +231,17 @@ type migratingStore interface {
 	Migrate(ctx context.Context) error
 }
 
+// FingerprintKey is the benchmark servers' idem.Config.FingerprintKey. It
+// is public, so no secret: a service reads its own from a secret store.
+var FingerprintKey = []byte("idem bench fingerprint key, not a secret")
+
 // newServer migrates store and puts idemhttp with it in front of the
 // payment handler, which writes through insert.
 func newServer(ctx context.Context, store migratingStore, insert Insert) (http.Handler, error) {
 	if err := store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store}, Principal: Principal})
+	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store, FingerprintKey: FingerprintKey}, Principal: Principal})
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 func TestNewAdapterValidates(t *testing.T) {
@@ -23,9 +24,9 @@ func TestNewAdapterValidates(t *testing.T) {
 		principal func(*http.Request) (string, error)
 		want      string // "" when New succeeds
 	}{
-		{"valid", idem.Config{Store: memstore.New()}, principal, ""},
-		{"no principal function", idem.Config{Store: memstore.New()}, nil, "idemtest: idem: invalid config: Principal is required"},
-		{"invalid engine config", idem.Config{}, principal, "idemtest: idem: invalid config: Store is required"},
+		{"valid", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, principal, ""},
+		{"no principal function", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, nil, "idemtest: idem: invalid config: Principal is required"},
+		{"invalid engine config", idem.Config{FingerprintKey: storetest.FingerprintKey}, principal, "idemtest: idem: invalid config: Store is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := idem.NewAdapter("idemtest", tc.cfg, tc.principal)
@@ -102,7 +103,7 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			slog.SetDefault(slog.New(def))
 			t.Cleanup(func() { slog.SetDefault(prev) })
 			var events []idem.Event
-			cfg := idem.Config{Store: memstore.New(), KeyOptional: tc.keyOptional,
+			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), KeyOptional: tc.keyOptional,
 				Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { events = append(events, ev) })}
 			if tc.logger {
 				cfg.Logger = slog.New(own)

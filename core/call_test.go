@@ -11,6 +11,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // The call-level API: Engine.Do on a memstore, one test per guarantee.
@@ -38,6 +39,9 @@ func newCallEngine(t *testing.T, cfg idem.Config) *idem.Engine {
 	if cfg.Store == nil {
 		cfg.Store = memstore.New()
 	}
+	if cfg.FingerprintKey == nil {
+		cfg.FingerprintKey = storetest.FingerprintKey
+	}
 	e, err := idem.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +53,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 	t.Parallel()
 	var events []idem.Event
 	var mu sync.Mutex
-	e := newCallEngine(t, idem.Config{Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey, Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ev)
@@ -83,7 +87,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 
 func TestDoRefusals(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{MaxBodyBytes: 64})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey, MaxBodyBytes: 64})
 	var effects atomic.Int64
 	fn := effectFn(&effects, 200, "ok")
 	if _, err := e.Do(context.Background(), call("k", `{"a":1}`), fn); err != nil {
@@ -129,7 +133,7 @@ func TestDoRefusals(t *testing.T) {
 
 func TestDoInProgressConflict(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{RequestTimeout: 10 * time.Second})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey, RequestTimeout: 10 * time.Second})
 	inside, release := make(chan struct{}), make(chan struct{})
 	var effects atomic.Int64
 	done := make(chan error, 1)
@@ -158,7 +162,7 @@ func TestDoInProgressConflict(t *testing.T) {
 
 func TestDoReleasesTransientOutcomes(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey})
 	var effects, runs atomic.Int64
 	boom := errors.New("ledger unavailable")
 	// An error from fn: rolled back, released, returned as it is.
@@ -222,7 +226,7 @@ func grpcLike(status int, err error) idem.Disposition {
 
 func TestDoCallClassifier(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey})
 	var effects atomic.Int64
 	c := call("ok", "{}")
 	c.Classify = grpcLike
@@ -255,7 +259,7 @@ func TestDoCallClassifier(t *testing.T) {
 
 func TestDoOptionalKey(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{KeyOptional: true})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey, KeyOptional: true})
 	ran := 0
 	res, err := e.Do(context.Background(), idem.Call{Operation: "op"}, func(ctx context.Context) (idem.Response, error) {
 		ran++
@@ -271,7 +275,7 @@ func TestDoOptionalKey(t *testing.T) {
 
 func TestDoDeadlineAndCommitFailure(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{RequestTimeout: 50 * time.Millisecond})
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey, RequestTimeout: 50 * time.Millisecond})
 	var effects atomic.Int64
 	_, err := e.Do(context.Background(), call("slow", "{}"), func(ctx context.Context) (idem.Response, error) {
 		_, _ = effectFn(&effects, 200, "")(ctx)
@@ -300,7 +304,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	var reconciled atomic.Int64
-	e := newCallEngine(t, idem.Config{
+	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey,
 		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			reconciled.Add(1)
@@ -345,7 +349,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 // BenchmarkDo measures the call API's overhead on a memstore against
 // calling the function directly.
 func BenchmarkDo(b *testing.B) {
-	e, _ := idem.New(idem.Config{Store: memstore.New()})
+	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
 	input := []byte(`{"amount":1000,"currency":"EUR","description":"coffee"}`)
 	fn := func(ctx context.Context) (idem.Response, error) {
 		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil

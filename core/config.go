@@ -115,6 +115,26 @@ type Reconciler func(ctx context.Context, stale Record) (*Response, error)
 type Config struct {
 	// Store keeps the records. Required.
 	Store Store
+
+	// FingerprintKey is the secret the request fingerprints are MACed with
+	// (HMAC-SHA-256, see Fingerprint): at least MinFingerprintKeyBytes
+	// random bytes, such as `openssl rand -hex 32` read from a secret
+	// store. Required: there is no default and no unkeyed mode, because an
+	// unkeyed fingerprint gives a stored request's small fields (an amount,
+	// a CVV) back to anyone who can read the table, and a key generated at
+	// start-up would differ between instances and restarts, so every retry
+	// that reached another instance would get 422. Every instance sharing
+	// a store needs the same key.
+	FingerprintKey []byte
+	// PreviousFingerprintKeys are keys FingerprintKey replaced. A record
+	// fingerprinted under one of them still matches the same request (its
+	// retry replays, or takes over its stale claim) and still refuses
+	// another (422). New records use FingerprintKey only. To rotate, move
+	// the old key here, deploy, and remove it once Retention has passed
+	// since every instance runs with the new key: no record made under it
+	// is left by then.
+	PreviousFingerprintKeys [][]byte
+
 	// Header is the request header carrying the key. Default
 	// "Idempotency-Key".
 	Header string
@@ -242,6 +262,11 @@ func (c *Config) validate() error {
 		}
 	}
 	check(c.Store != nil, "Store is required")
+	check(len(c.FingerprintKey) >= MinFingerprintKeyBytes,
+		"FingerprintKey is required: at least %d secret random bytes, the same on every instance (got %d)", MinFingerprintKeyBytes, len(c.FingerprintKey))
+	for i, k := range c.PreviousFingerprintKeys {
+		check(len(k) >= MinFingerprintKeyBytes, "PreviousFingerprintKeys[%d] must be at least %d bytes, got %d", i, MinFingerprintKeyBytes, len(k))
+	}
 	check(c.MaxKeyLength > 0 && c.MaxKeyLength <= MaxKeyLengthLimit,
 		"MaxKeyLength must be 1 to %d (what every store's index holds), got %d", MaxKeyLengthLimit, c.MaxKeyLength)
 	check(c.MaxBodyBytes > 0, "MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)

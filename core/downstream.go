@@ -25,10 +25,20 @@ var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 // DownstreamKey returns a deterministic idempotency key for an effect
 // outside the database, such as a payment provider call, named by step
 // ("charge", "refund"). It is derived from the principal, the request's
-// key and step only, so every attempt at the same request, including one
-// that took over a crashed holder's claim, sends the provider the same key
-// and the provider deduplicates. The key is 64 lowercase hex characters and
-// reveals neither the principal nor the client's key.
+// key and step only, so every attempt at the same request sends the
+// provider the same key and the provider deduplicates: one that took over
+// a crashed holder's claim, and one that runs after an attempt was released
+// (the handler failed after calling the provider, or its commit failed).
+// The key is 64 lowercase hex characters and reveals neither the principal
+// nor the client's key.
+//
+// Because it is deterministic, a key claimed again after its record expired
+// gets the same downstream key, and a provider that still remembers it
+// answers with the earlier request's effect. Config.Retention must
+// therefore cover the provider's key window (Stripe keeps keys 24 hours,
+// for one). The record's nonce (Record.Nonce) is not mixed in: a release
+// deletes the record and its nonce with it, so the retry of a released
+// attempt would get a new key and the provider would charge twice.
 func DownstreamKey(ctx context.Context, step string) (string, error) {
 	l, ok := LeaseFrom(ctx)
 	if !ok {

@@ -10,6 +10,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // provider is a fake payment provider that deduplicates on the idempotency
@@ -51,7 +52,7 @@ func TestCrashAfterProviderCallChargesOnce(t *testing.T) {
 			clk := newClock()
 			p := &provider{charges: map[string]string{}}
 			handlerRuns := 0
-			cfg := idem.Config{
+			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey,
 				Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
 				StoreTimeout: time.Second, Lease: 3 * time.Second,
 			}

@@ -22,10 +22,12 @@ import (
 // call Finish. An Engine is safe for concurrent use.
 type Engine struct {
 	cfg         Config
-	stored      map[string]bool // canonical header names in the allow-list
-	ignore      [][]string      // Config.IgnoreFields, split once
-	clockIsWall bool            // Config.Clock was left to default to time.Now
-	holds       holdTimes       // per route, how long attempts held their key (retryAfter)
+	stored      map[string]bool   // canonical header names in the allow-list
+	ignore      [][]string        // Config.IgnoreFields, split once
+	fpKey       *fingerprintKey   // Config.FingerprintKey, prepared
+	fpPrevious  []*fingerprintKey // Config.PreviousFingerprintKeys, prepared
+	clockIsWall bool              // Config.Clock was left to default to time.Now
+	holds       holdTimes         // per route, how long attempts held their key (retryAfter)
 	// keyMissing and keyInvalid name the configured header and limit.
 	keyMissing, keyInvalid Problem
 }
@@ -41,6 +43,10 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields), clockIsWall: wall}
 	for _, h := range cfg.StoredHeaders {
 		e.stored[http.CanonicalHeaderKey(h)] = true
+	}
+	e.fpKey = newFingerprintKey(cfg.FingerprintKey)
+	for _, k := range cfg.PreviousFingerprintKeys {
+		e.fpPrevious = append(e.fpPrevious, newFingerprintKey(k))
 	}
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
@@ -223,29 +229,32 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	// The attempt is allocated before the claim so the fingerprint can live
 	// in it: one allocation serves the claim and, if it wins, the run.
 	a := &Attempt{e: e, body: body, start: start, classifier: c.Classify, call: read == nil}
-	a.fingerprint = fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore)
+	a.fingerprint = e.fpKey.fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore)
 	fp := a.fingerprint[:]
 
-	lease := Lease{Principal: c.Principal, Key: key, Token: newToken()}
+	token, nonce := newTokenAndNonce()
+	lease := Lease{Principal: c.Principal, Key: key, Token: token}
 	creq := ClaimRequest{
-		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token,
+		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
 		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
-	res, err := e.cfg.Store.Claim(ctx, creq)
+	res, err := e.claim(ctx, creq, lease)
+	if err == nil && !res.Claimed && !bytes.Equal(res.Record.Fingerprint, fp) &&
+		e.previousKeyMatches(res.Record.Fingerprint, c, body) {
+		// The record was fingerprinted under a previous key: it is this
+		// request's. The store compares fingerprints byte for byte, so a
+		// stale claim is taken over with the stored fingerprint, which the
+		// record then keeps.
+		fp = res.Record.Fingerprint
+		if res.Record.State == StateInProgress && res.Now.Sub(res.Record.LockedAt) >= e.cfg.Lease {
+			creq.Fingerprint = fp
+			res, err = e.claim(ctx, creq, lease)
+		}
+	}
 	end = e.cfg.Clock()
 	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
-		// The claim may have committed although its answer was lost (the
-		// client hung up and cancelled ctx, the connection broke after the
-		// statement ran). Release it, fenced by this attempt's own token,
-		// so the key is not blocked for a whole lease; a claim that did
-		// not commit matches nothing.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
-		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
-			err = errors.Join(err, rerr)
-		}
-		cancel()
 		p, ra := storeProblem(err)
 		return refuse(OutcomeStoreError, p, ra, err)
 	}
@@ -253,7 +262,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	if !res.Claimed {
 		rec := res.Record
 		switch {
-		case !bytes.Equal(rec.Fingerprint, fp):
+		case !bytes.Equal(rec.Fingerprint, a.fingerprint[:]) && !bytes.Equal(rec.Fingerprint, fp):
 			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
 		case rec.State == StateInProgress || rec.Response == nil:
 			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
@@ -301,6 +310,38 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	return a, verdict{}, Event{}
 }
 
+// claim asks the store to claim creq. On an error the claim may have
+// committed although its answer was lost (the client hung up and cancelled
+// ctx, the connection broke after the statement ran), so it releases it,
+// fenced by this attempt's own token, so the key is not blocked for a whole
+// lease; a claim that did not commit matches nothing.
+func (e *Engine) claim(ctx context.Context, creq ClaimRequest, lease Lease) (ClaimResult, error) {
+	res, err := e.cfg.Store.Claim(ctx, creq)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, rerr)
+		}
+		cancel()
+	}
+	return res, err
+}
+
+// previousKeyMatches reports whether stored is the fingerprint of the call
+// under one of Config.PreviousFingerprintKeys. It recomputes the
+// fingerprint per key, which only a mismatch under the current key pays.
+func (e *Engine) previousKeyMatches(stored []byte, c *Call, body []byte) bool {
+	if len(stored) != FingerprintSize || stored[0] != FingerprintVersion {
+		return false
+	}
+	for _, k := range e.fpPrevious {
+		if old := k.fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore); bytes.Equal(stored, old[:]) {
+			return true
+		}
+	}
+	return false
+}
+
 // replay marks the stored response as replayed. The record is the caller's
 // own copy (see Store.Claim), so its header map is changed in place.
 func replay(stored *Response) *Response {
@@ -311,10 +352,15 @@ func replay(stored *Response) *Response {
 	return stored
 }
 
-func newToken() string {
-	var b [16]byte
+// newTokenAndNonce returns a new lease token and a new record nonce, 128
+// random bits each, from one read of crypto/rand.
+func newTokenAndNonce() (token, nonce string) {
+	var b [32]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return hex.EncodeToString(b[:])
+	var h [64]byte
+	hex.Encode(h[:], b[:])
+	s := string(h[:])
+	return s[:32], s[32:]
 }
 
 // Attempt is one claimed execution of a handler. It owns the store's
@@ -333,7 +379,7 @@ type Attempt struct {
 	start       time.Time
 	reclaimed   bool
 	reconciled  bool // the result is Reconcile's answer, not a handler's (see keep)
-	fingerprint [32]byte
+	fingerprint [FingerprintSize]byte
 	// classifier is the call's own (Call.Classify); nil uses
 	// Config.Classify, with status 0 taken as 200.
 	classifier Classifier

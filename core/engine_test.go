@@ -12,6 +12,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 func TestNewValidatesConfig(t *testing.T) {
@@ -22,12 +23,12 @@ func TestNewValidatesConfig(t *testing.T) {
 		cfg  idem.Config
 		want string
 	}{
-		{"no store", idem.Config{}, "Store is required"},
-		{"lease not above timeout", idem.Config{Store: store, RequestTimeout: 10 * time.Second, Lease: 10 * time.Second}, "Lease"},
-		{"lease ignores store time", idem.Config{Store: store, RequestTimeout: 10 * time.Second, StoreTimeout: 5 * time.Second, Lease: 12 * time.Second}, "Lease"},
-		{"retention below lease", idem.Config{Store: store, Retention: time.Second}, "Retention"},
-		{"negative body limit", idem.Config{Store: store, MaxBodyBytes: -1}, "MaxBodyBytes"},
-		{"empty stored header", idem.Config{Store: store, StoredHeaders: []string{""}}, "StoredHeaders"},
+		{"no store", idem.Config{FingerprintKey: storetest.FingerprintKey}, "Store is required"},
+		{"lease not above timeout", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 10 * time.Second, Lease: 10 * time.Second}, "Lease"},
+		{"lease ignores store time", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 10 * time.Second, StoreTimeout: 5 * time.Second, Lease: 12 * time.Second}, "Lease"},
+		{"retention below lease", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Retention: time.Second}, "Retention"},
+		{"negative body limit", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxBodyBytes: -1}, "MaxBodyBytes"},
+		{"empty stored header", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, StoredHeaders: []string{""}}, "StoredHeaders"},
 	}
 	for _, tc := range tests {
 		_, err := idem.New(tc.cfg)
@@ -35,7 +36,7 @@ func TestNewValidatesConfig(t *testing.T) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig mentioning %q", tc.name, err, tc.want)
 		}
 	}
-	e, err := idem.New(idem.Config{Store: store})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store})
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
@@ -61,7 +62,7 @@ func request(principal, key string) idem.Request {
 func TestRetryAfterFollowsTheHolder(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
 		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: 10 * time.Second,
 		StoreTimeout: time.Second, Lease: 20 * time.Second,
 	})
@@ -96,7 +97,7 @@ func TestRetryAfterFollowsTheHolder(t *testing.T) {
 func TestDownstreamKeyIsStableAcrossTakeover(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestReconcilerSettlesAStaleClaim(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	var asked []idem.Record
-	e, err := idem.New(idem.Config{
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
 		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			asked = append(asked, stale)
@@ -215,7 +216,7 @@ func TestSweeperGoesOnAfterAShortBatch(t *testing.T) {
 
 func TestBodyLimitIgnoresTheDeclaredLength(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{Store: memstore.New(), MaxBodyBytes: 100})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), MaxBodyBytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // the handler runs with the attempt's context, Finish commits the outcome,
 // and a retry is replayed without running the handler.
 func Example() {
-	engine, err := idem.New(idem.Config{Store: memstore.New()})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
 	if err != nil {
 		panic(err)
 	}
@@ -50,7 +50,7 @@ func Example() {
 // ExampleDownstreamKey derives the idempotency key to send a payment
 // provider, the same for every attempt at one request.
 func ExampleDownstreamKey() {
-	engine, _ := idem.New(idem.Config{Store: memstore.New()})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
 	att, _ := engine.Begin(context.Background(), idem.Request{
 		Method: "POST", Path: "/payments", Principal: "acct_1", Key: "7f3a",
 	})
@@ -79,7 +79,7 @@ func serve(engine *idem.Engine, key string, handler func(ctx context.Context) id
 // every other 409 is released so the retry runs again.
 func ExampleConfig_classify() {
 	errDuplicateOrder := errors.New("duplicate order number")
-	engine, _ := idem.New(idem.Config{
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
 		Store: memstore.New(),
 		Classify: func(status int, err error) idem.Disposition {
 			if status == http.StatusConflict && errors.Is(err, errDuplicateOrder) {
@@ -138,7 +138,7 @@ func ExampleConfig_reconcile() {
 	}
 	now := time.Unix(1_750_000_000, 0)
 	clock := func() time.Time { return now }
-	engine, _ := idem.New(idem.Config{
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
 		Store:          memstore.New(memstore.WithClock(clock)),
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
@@ -164,7 +164,7 @@ func ExampleConfig_reconcile() {
 func ExampleSweeper() {
 	now := time.Unix(1_750_000_000, 0)
 	store := memstore.New(memstore.WithClock(func() time.Time { return now }))
-	engine, _ := idem.New(idem.Config{Store: store, Retention: time.Hour})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: time.Hour})
 	for _, key := range []string{"a", "b", "c"} {
 		serve(engine, key, func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} })
 	}
@@ -178,7 +178,7 @@ func ExampleSweeper() {
 // ExampleObserverFunc counts outcomes, the way a metrics back-end does.
 func ExampleObserverFunc() {
 	counts := map[idem.OutcomeLabel]int{}
-	engine, _ := idem.New(idem.Config{
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
 		Store:    memstore.New(),
 		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { counts[ev.Outcome]++ }),
 	})
@@ -238,3 +238,8 @@ func ExampleEncodeHeader() {
 	fmt.Printf("%q %v\n", back.Get("X-Odd"), err)
 	// Output: "nul\x00and\xffbyte" <nil>
 }
+
+// fingerprintKey stands for the service's Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

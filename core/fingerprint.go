@@ -59,25 +59,76 @@ func readBody(r io.Reader, limit, hint int64) ([]byte, error) {
 	}
 }
 
-// The fingerprint's input format is versioned by its "idem/fingerprint/v1"
-// prefix: changing it changes every fingerprint, so in-flight retries across
-// an upgrade would get 422. Bump the prefix, never edit it in place.
+// The fingerprint's input format is versioned by its "idem/fingerprint/v2"
+// prefix and the stored value by its first byte, FingerprintVersion:
+// changing either changes every fingerprint, so in-flight retries across an
+// upgrade would get 422. Bump both, never edit them in place. (v1 was an
+// unkeyed SHA-256 of the same input, 32 bytes with no version byte.)
 
-// Fingerprint returns the SHA-256 fingerprint of a request: its method,
-// path (with query), principal and body. When contentType names JSON
-// (application/json or any +json type) and the body is valid I-JSON, the
-// body enters the hash in its RFC 8785 canonical form with the ignore paths
-// removed, so key order, insignificant white space and number spelling do
-// not matter. Any other body, including JSON that cannot be canonicalised
-// without losing information (duplicate members, invalid UTF-8, numbers
-// that are not exact doubles, nesting past 128 levels), enters byte for
-// byte. The two forms are domain-separated and never collide.
+// FingerprintVersion is the first byte of every fingerprint: it names the
+// construction (HMAC-SHA-256 of the "idem/fingerprint/v2" input), so a
+// stored fingerprint says how it was made and a future construction can be
+// told apart from it.
+const FingerprintVersion byte = 2
+
+// FingerprintSize is the length of a fingerprint: the version byte and a
+// 32-byte HMAC-SHA-256.
+const FingerprintSize = 1 + sha256.Size
+
+// MinFingerprintKeyBytes is the shortest Config.FingerprintKey New accepts:
+// 32 bytes, the strength of HMAC-SHA-256 itself.
+const MinFingerprintKeyBytes = 32
+
+// Fingerprint returns the fingerprint of a request under key: its method,
+// path (with query), principal and body, MACed with HMAC-SHA-256 under key
+// and prefixed with FingerprintVersion (FingerprintSize bytes). The key is
+// what protects the request's fields: whoever reads a stored fingerprint
+// without the key learns nothing about them, not even by trying every
+// value of a small field (an amount, a CVV), while whoever holds the key
+// can test guesses at the speed of HMAC. Keep it as secret as the database
+// credentials, and the same on every instance that shares a store.
+//
+// When contentType names JSON (application/json or any +json type) and the
+// body is valid I-JSON, the body enters the MAC in its RFC 8785 canonical
+// form with the ignore paths removed, so key order, insignificant white
+// space and number spelling do not matter. Any other body, including JSON
+// that cannot be canonicalised without losing information (duplicate
+// members, invalid UTF-8, numbers that are not exact doubles, nesting past
+// 128 levels), enters byte for byte. The two forms are domain-separated and
+// never collide.
 //
 // Each ignore path names an object member to leave out: "sent_at" at the
 // top level, "meta.sent_at" inside nested objects.
-func Fingerprint(method, path, principal, contentType string, body []byte, ignore []string) []byte {
-	sum := fingerprint(method, path, principal, contentType, body, jsoncanon.SplitPaths(ignore))
+func Fingerprint(key []byte, method, path, principal, contentType string, body []byte, ignore []string) []byte {
+	k := newFingerprintKey(key)
+	sum := k.fingerprint(method, path, principal, contentType, body, jsoncanon.SplitPaths(ignore))
 	return sum[:]
+}
+
+// fingerprintKey is an HMAC-SHA-256 key prepared once (RFC 2104): the key,
+// hashed first if longer than a block, padded to a block and XORed with the
+// inner and outer pads. With the pads at hand, the MAC is two SHA-256 sums
+// over a pooled buffer and a stack array, with no allocation, where
+// crypto/hmac would allocate its hash states per call or need a pool of
+// them. TestFingerprintIsHMAC checks it against crypto/hmac.
+type fingerprintKey struct {
+	ipad, opad [sha256.BlockSize]byte
+}
+
+func newFingerprintKey(key []byte) *fingerprintKey {
+	var k0 [sha256.BlockSize]byte
+	if len(key) > sha256.BlockSize {
+		sum := sha256.Sum256(key)
+		copy(k0[:], sum[:])
+	} else {
+		copy(k0[:], key)
+	}
+	k := new(fingerprintKey)
+	for i, b := range k0 {
+		k.ipad[i] = b ^ 0x36
+		k.opad[i] = b ^ 0x5c
+	}
+	return k
 }
 
 // fingerprintBuffers saves the fingerprint its one allocation and 17-45 % of
@@ -88,9 +139,11 @@ var fingerprintBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4096);
 // maxPooledBuffer keeps a huge body's buffer out of the pool.
 const maxPooledBuffer = 64 << 10
 
-func fingerprint(method, path, principal, contentType string, body []byte, ignore [][]string) [sha256.Size]byte {
+func (k *fingerprintKey) fingerprint(method, path, principal, contentType string, body []byte, ignore [][]string) [FingerprintSize]byte {
 	bp := fingerprintBuffers.Get().(*[]byte)
-	buf := append((*bp)[:0], "idem/fingerprint/v1"...)
+	// The inner pad opens the buffer, so the inner hash is one sum over it.
+	buf := append((*bp)[:0], k.ipad[:]...)
+	buf = append(buf, "idem/fingerprint/v2"...)
 	buf = appendField(buf, 'm', method)
 	buf = appendField(buf, 'p', path)
 	buf = appendField(buf, 'u', principal)
@@ -113,11 +166,18 @@ func fingerprint(method, path, principal, contentType string, body []byte, ignor
 		binary.BigEndian.PutUint64(buf[len(buf)-8:], uint64(len(body)))
 		buf = append(buf, body...)
 	}
-	sum := sha256.Sum256(buf)
+	inner := sha256.Sum256(buf)
 	if cap(buf) <= maxPooledBuffer {
 		*bp = buf
 		fingerprintBuffers.Put(bp)
 	}
+	var outer [sha256.BlockSize + sha256.Size]byte
+	copy(outer[:], k.opad[:])
+	copy(outer[sha256.BlockSize:], inner[:])
+	var sum [FingerprintSize]byte
+	sum[0] = FingerprintVersion
+	mac := sha256.Sum256(outer[:])
+	copy(sum[1:], mac[:])
 	return sum
 }
 

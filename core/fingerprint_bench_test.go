@@ -25,12 +25,13 @@ func BenchmarkFingerprint(b *testing.B) {
 		{"JSON" + strconv.Itoa(large.Len()/1024) + "KiB", "application/json", large.String()},
 		{"Raw" + strconv.Itoa(large.Len()/1024) + "KiB", "application/octet-stream", large.String()},
 	}
+	k := newFingerprintKey([]byte("bench-fingerprint-key-0123456789abcdef"))
 	for _, bb := range bodies {
 		b.Run(bb.name, func(b *testing.B) {
 			body := []byte(bb.body)
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = fingerprint("POST", "/payments", "acct_1", bb.contentType, body, nil)
+				_ = k.fingerprint("POST", "/payments", "acct_1", bb.contentType, body, nil)
 			}
 		})
 	}

@@ -12,10 +12,11 @@ import (
 	"github.com/gowebpki/jcs"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 func fp(ct, body string, ignore ...string) string {
-	return string(idem.Fingerprint("POST", "/payments", "alice", ct, []byte(body), ignore))
+	return string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", ct, []byte(body), ignore))
 }
 
 const jsonCT = "application/json"
@@ -69,24 +70,24 @@ func TestFingerprintDistinctRequests(t *testing.T) {
 		if tc.name == "JSON and raw never collide" {
 			ctB = jsonCT
 		}
-		if string(idem.Fingerprint("POST", "/p", "u", tc.ct, []byte(tc.a), tc.ignore)) ==
-			string(idem.Fingerprint("POST", "/p", "u", ctB, []byte(tc.b), tc.ignore)) {
+		if string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", tc.ct, []byte(tc.a), tc.ignore)) ==
+			string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", ctB, []byte(tc.b), tc.ignore)) {
 			t.Errorf("%s: %s and %s share a fingerprint", tc.name, tc.a, tc.b)
 		}
 	}
-	base := idem.Fingerprint("POST", "/payments", "alice", jsonCT, []byte(`{}`), nil)
+	base := idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", jsonCT, []byte(`{}`), nil)
 	for name, other := range map[string][]byte{
-		"method":    idem.Fingerprint("PUT", "/payments", "alice", jsonCT, []byte(`{}`), nil),
-		"path":      idem.Fingerprint("POST", "/payments?x=1", "alice", jsonCT, []byte(`{}`), nil),
-		"principal": idem.Fingerprint("POST", "/payments", "bob", jsonCT, []byte(`{}`), nil),
-		"boundary":  idem.Fingerprint("POST", "/paymentsalic", "e", jsonCT, []byte(`{}`), nil),
+		"method":    idem.Fingerprint(storetest.FingerprintKey, "PUT", "/payments", "alice", jsonCT, []byte(`{}`), nil),
+		"path":      idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments?x=1", "alice", jsonCT, []byte(`{}`), nil),
+		"principal": idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "bob", jsonCT, []byte(`{}`), nil),
+		"boundary":  idem.Fingerprint(storetest.FingerprintKey, "POST", "/paymentsalic", "e", jsonCT, []byte(`{}`), nil),
 	} {
 		if bytes.Equal(base, other) {
 			t.Errorf("changing the %s kept the fingerprint", name)
 		}
 	}
-	if len(base) != 32 {
-		t.Fatalf("fingerprint is %d bytes, want 32", len(base))
+	if len(base) != idem.FingerprintSize {
+		t.Fatalf("fingerprint is %d bytes, want %d", len(base), idem.FingerprintSize)
 	}
 }
 
@@ -162,8 +163,8 @@ func FuzzCanonicalJSON(f *testing.F) {
 	})
 }
 
-// FuzzFingerprint checks that Fingerprint never panics, is deterministic and
-// 32 bytes, and ignores key order for JSON that canonicalises.
+// FuzzFingerprint checks that Fingerprint never panics, is deterministic,
+// FingerprintSize bytes with the version first, and ignores key order for JSON that canonicalises.
 func FuzzFingerprint(f *testing.F) {
 	for _, s := range jsonSeeds {
 		f.Add("POST", "/payments", "alice", "application/json", []byte(s))
@@ -171,14 +172,14 @@ func FuzzFingerprint(f *testing.F) {
 	f.Add("POST", "/p", "", "text/plain", []byte("\x00\xff"))
 	f.Add("PUT", "/p?q=1", "bob", "application/json; charset=\"", []byte("{"))
 	f.Fuzz(func(t *testing.T, method, path, principal, ct string, body []byte) {
-		a := idem.Fingerprint(method, path, principal, ct, body, []string{"sent_at"})
-		b := idem.Fingerprint(method, path, principal, ct, bytes.Clone(body), []string{"sent_at"})
-		if len(a) != 32 || !bytes.Equal(a, b) {
+		a := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, body, []string{"sent_at"})
+		b := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, bytes.Clone(body), []string{"sent_at"})
+		if len(a) != idem.FingerprintSize || a[0] != idem.FingerprintVersion || !bytes.Equal(a, b) {
 			t.Fatalf("fingerprint not deterministic: %x vs %x", a, b)
 		}
 		canon, err := idem.CanonicalJSON(body, nil)
 		if _, again := idem.CanonicalJSON(canon, nil); err == nil && again == nil && ct == "application/json" {
-			if c := idem.Fingerprint(method, path, principal, ct, canon, []string{"sent_at"}); !bytes.Equal(a, c) {
+			if c := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, canon, []string{"sent_at"}); !bytes.Equal(a, c) {
 				t.Fatalf("body %q and its canonical form %q fingerprint differently", body, canon)
 			}
 		}

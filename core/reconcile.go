@@ -29,20 +29,16 @@ const (
 // ask again, instead of letting a retry run the handler blind. The caller
 // checked that Reconcile is set.
 func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction, error) {
-	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: newToken()}
-	res, err := e.cfg.Store.Claim(ctx, ClaimRequest{
+	token, nonce := newTokenAndNonce()
+	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: token}
+	// e.claim releases, fenced by this token, a claim whose answer was lost
+	// but which may have committed, as for a client's failed claim.
+	res, err := e.claim(ctx, ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: stale.Fingerprint, Token: lease.Token,
-		RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
-	})
+		Nonce: nonce, RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+	}, lease)
 	switch {
 	case err != nil:
-		// A claim whose answer was lost may have committed: release it,
-		// fenced by this token, as a client's failed claim does.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
-		defer cancel()
-		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
-			err = errors.Join(err, rerr)
-		}
 		return staleFailed, fmt.Errorf("claim: %w", err)
 	case !res.Claimed:
 		return staleRaced, nil

@@ -10,6 +10,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // crashed leaves alice's key "k" claimed by an attempt that never finishes,
@@ -67,7 +68,7 @@ func TestSweeperReconciles(t *testing.T) {
 			clk := newClock()
 			store := memstore.New(memstore.WithClock(clk.Now))
 			var sawKey atomic.Value
-			cfg := idem.Config{Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second}
+			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second}
 			if tc.reconcile != nil {
 				cfg.Reconcile = func(ctx context.Context, r idem.Record) (*idem.Response, error) {
 					dk, _ := idem.DownstreamKey(ctx, "charge")
@@ -144,7 +145,7 @@ func TestSweeperLosesToARetry(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	var asked atomic.Int64
-	e, err := idem.New(idem.Config{Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
 		StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { asked.Add(1); return nil, nil }})
 	if err != nil {
@@ -197,7 +198,7 @@ func TestTakeoverKeepsAnUnstoredReconcile(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
 			store := memstore.New(memstore.WithClock(clk.Now))
-			e, err := idem.New(idem.Config{Store: store, RequestTimeout: 50 * time.Millisecond, StoreTimeout: time.Second,
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 50 * time.Millisecond, StoreTimeout: time.Second,
 				Lease: 3 * time.Second, Reconcile: tc.reconcile})
 			if err != nil {
 				t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // TestRetryAfterIsWhenTheHolderLikelyFinishes plays, on a fake clock, a
@@ -34,7 +35,7 @@ func TestRetryAfterIsWhenTheHolderLikelyFinishes(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/+%v", tc.steady, tc.after), func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			e, err := idem.New(idem.Config{Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +106,7 @@ func routed(key string) idem.Request {
 func TestRetryAfterBounds(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

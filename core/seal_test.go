@@ -14,6 +14,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // faultyStore is a memstore whose Claim and Settle can be made to fail
@@ -107,7 +108,7 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 			t.Parallel()
 			store := &faultyStore{Store: memstore.New(), settleErr: tc.err}
 			var ev idem.Event
-			e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler),
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler),
 				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 			if err != nil {
 				t.Fatal(err)
@@ -139,7 +140,7 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 func TestReleaseAfterTimedOutSettleGetsItsOwnTime(t *testing.T) {
 	t.Parallel()
 	store := &faultyStore{Store: memstore.New(), settleErr: errors.New("idemtest: settle timed out"), settleDur: time.Hour}
-	e, err := idem.New(idem.Config{Store: store, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestMisconfiguredClaimIsNotRetryable(t *testing.T) {
 	t.Parallel()
 	store := &faultyStore{Store: memstore.New(), claimErr: fmt.Errorf("idemtest: claim: %w: relation does not exist", idem.ErrMisconfigured)}
 	var logged bytes.Buffer
-	e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +181,7 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
 
-	ok, err := idem.New(idem.Config{Store: memstore.New()})
+	ok, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,7 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 	if logged.Len() != 0 {
 		t.Fatalf("a normal request logged %q without a Logger", logged.String())
 	}
-	broken, err := idem.New(idem.Config{Store: &faultyStore{Store: memstore.New(),
+	broken, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: &faultyStore{Store: memstore.New(),
 		claimErr: fmt.Errorf("idemtest: claim: %w: permission denied", idem.ErrMisconfigured)}})
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +204,7 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 func TestWarnTxUnused(t *testing.T) {
 	t.Parallel()
 	var logged bytes.Buffer
-	e, err := idem.New(idem.Config{Store: memstore.New(), WarnTxUnused: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), WarnTxUnused: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestPrincipalAndRequestIDBounds(t *testing.T) {
 	t.Parallel()
 	var ev idem.Event
 	store := memstore.New()
-	e, err := idem.New(idem.Config{Store: store, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,14 +268,14 @@ func TestPrincipalAndRequestIDBounds(t *testing.T) {
 			t.Fatalf("request id %q stored as %q (%v), want %q", tc.sent, rec.RequestID, err, tc.stored)
 		}
 	}
-	if _, err := idem.New(idem.Config{Store: store, MaxKeyLength: idem.MaxKeyLengthLimit + 1}); !errors.Is(err, idem.ErrInvalidConfig) {
+	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxKeyLength: idem.MaxKeyLengthLimit + 1}); !errors.Is(err, idem.ErrInvalidConfig) {
 		t.Fatalf("MaxKeyLength over what stores hold: New = %v", err)
 	}
 }
 
 func TestProblemsNameTheConfiguredHeader(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{Store: memstore.New(), Header: "X-Request-Key", MaxKeyLength: 64})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Header: "X-Request-Key", MaxKeyLength: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func TestProblemsNameTheConfiguredHeader(t *testing.T) {
 
 func TestTimeoutHasItsOwnProblem(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{Store: memstore.New(), RequestTimeout: 20 * time.Millisecond})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), RequestTimeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +308,7 @@ func TestTimeoutHasItsOwnProblem(t *testing.T) {
 func TestTxUsedInEvent(t *testing.T) {
 	t.Parallel()
 	var ev idem.Event
-	e, err := idem.New(idem.Config{Store: memstore.New(), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +332,7 @@ func TestTxUsedInEvent(t *testing.T) {
 func TestClaimWhoseAnswerWasLostIsReleased(t *testing.T) {
 	t.Parallel()
 	store := &faultyStore{Store: memstore.New(), claimAnswerLost: true}
-	e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler)})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +375,7 @@ func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
 			t.Parallel()
 			store := &faultyStore{Store: memstore.New(), rollbackEnded: true}
 			var ev idem.Event
-			e, err := idem.New(idem.Config{Store: store, Logger: slog.New(slog.DiscardHandler),
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler),
 				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 			if err != nil {
 				t.Fatal(err)

@@ -89,13 +89,20 @@ type Response struct {
 type Record struct {
 	Principal   string
 	Key         string
-	Fingerprint []byte // SHA-256 of the request, 32 bytes
+	Fingerprint []byte // the request's Fingerprint, FingerprintSize bytes
 	State       State
 	LeaseToken  string
-	RequestID   string // the request id of the attempt that created the record
-	CreatedAt   time.Time
-	LockedAt    time.Time // when the current lease was taken (store clock)
-	ExpiresAt   time.Time // retention: past it the record counts as absent
+	// Nonce is the random value of the attempt that created the record
+	// (ClaimRequest.Nonce): written when the record is inserted or an
+	// expired one replaced, kept when a stale claim is taken over, so it
+	// tells two records of one key apart. DownstreamKey does not use it
+	// yet: a release deletes the record, and with it the nonce that the
+	// released attempt's retry would need (see DownstreamKey).
+	Nonce     string
+	RequestID string // the request id of the attempt that created the record
+	CreatedAt time.Time
+	LockedAt  time.Time // when the current lease was taken (store clock)
+	ExpiresAt time.Time // retention: past it the record counts as absent
 	// Response is the stored outcome; nil while the record is in progress.
 	Response *Response
 }
@@ -109,6 +116,11 @@ type ClaimRequest struct {
 	RequestID   string        // stored for tracing a replay to its original
 	Lease       time.Duration // an in-progress record older than this may be taken over
 	Retention   time.Duration // expires_at = now + Retention
+	// Nonce is a new random value, unique per attempt (at most 64 bytes):
+	// the store writes it when it inserts the record or replaces an
+	// expired one, and keeps the stored one when it takes over a stale
+	// claim (see Record.Nonce).
+	Nonce string
 }
 
 // ClaimResult is a store's answer to a claim.
@@ -140,10 +152,10 @@ type Outcome struct {
 // every implementation must pass it.
 type Store interface {
 	// Claim atomically claims (principal, key). It inserts an in-progress
-	// record carrying req.Token, or, when a record exists:
-	//   - past its ExpiresAt: replaces it (Claimed);
+	// record carrying req.Token and req.Nonce, or, when a record exists:
+	//   - past its ExpiresAt: replaces it, req.Nonce included (Claimed);
 	//   - in progress, lease older than req.Lease, same fingerprint: takes it
-	//     over with req.Token (Claimed and Reclaimed);
+	//     over with req.Token, keeping its nonce (Claimed and Reclaimed);
 	//   - otherwise: returns it unchanged and writes nothing.
 	// Each branch is decided by one atomic statement's own answer, never by
 	// a read followed by a write, and all times are the store's clock.

@@ -20,6 +20,7 @@ func ExampleSweeper_reconcile() {
 	now := time.Unix(1_750_000_000, 0)
 	clock := func() time.Time { return now }
 	engine, _ := idem.New(idem.Config{
+		FingerprintKey: fingerprintKey,
 		Store:          memstore.New(memstore.WithClock(clock)),
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {

@@ -31,7 +31,7 @@ func requireAccount(next echo.HandlerFunc) echo.HandlerFunc {
 func Example() {
 	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
 	idempotent, err := idemecho.New(idemecho.Config{
-		Config: idem.Config{Store: store},
+		Config: idem.Config{FingerprintKey: fingerprintKey, Store: store},
 		Principal: func(c echo.Context) (string, error) {
 			account, _ := c.Get("account").(string)
 			return account, nil
@@ -66,3 +66,8 @@ func Example() {
 	// 201 {"id":"pay_1"} replayed: false
 	// 201 {"id":"pay_1"} replayed: true
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

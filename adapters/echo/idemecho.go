@@ -6,7 +6,7 @@
 // refused with 401 before anything is claimed.
 //
 //	mw, err := idemecho.New(idemecho.Config{
-//		Config: idem.Config{Store: store},
+//		Config: idem.Config{Store: store, FingerprintKey: key},
 //		Principal: func(c echo.Context) (string, error) {
 //			account, _ := c.Get("account").(string)
 //			return account, nil

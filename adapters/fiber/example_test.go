@@ -30,7 +30,7 @@ func requireAccount(c *fiber.Ctx) error {
 func Example() {
 	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
 	idempotent, err := idemfiber.New(idemfiber.Config{
-		Config: idem.Config{Store: store},
+		Config: idem.Config{FingerprintKey: fingerprintKey, Store: store},
 		Principal: func(c *fiber.Ctx) (string, error) {
 			account, _ := c.Locals("account").(string)
 			return account, nil
@@ -68,3 +68,8 @@ func Example() {
 	// 201 {"id":"pay_1"} replayed: false
 	// 201 {"id":"pay_1"} replayed: true
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -38,7 +38,7 @@ func newFixture(t *testing.T, appCfg fiber.Config, mutate ...func(*idemfiber.Con
 	t.Helper()
 	b := storetest.MemBackend(t)
 	cfg := idemfiber.Config{
-		Config:    idem.Config{Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
+		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
 		Principal: principal,
 	}
 	for _, m := range mutate {

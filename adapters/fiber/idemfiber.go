@@ -6,7 +6,7 @@
 // is refused with 401 before anything is claimed.
 //
 //	mw, err := idemfiber.New(idemfiber.Config{
-//		Config: idem.Config{Store: store},
+//		Config: idem.Config{Store: store, FingerprintKey: key},
 //		Principal: func(c *fiber.Ctx) (string, error) {
 //			account, _ := c.Locals("account").(string)
 //			return account, nil

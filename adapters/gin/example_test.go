@@ -30,7 +30,7 @@ func Example() {
 	gin.SetMode(gin.ReleaseMode)
 	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
 	idempotent, err := idemgin.New(idemgin.Config{
-		Config:    idem.Config{Store: store},
+		Config:    idem.Config{FingerprintKey: fingerprintKey, Store: store},
 		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
 	})
 	if err != nil {
@@ -62,3 +62,8 @@ func Example() {
 	// 201 {"id":"pay_1"} replayed: false
 	// 201 {"id":"pay_1"} replayed: true
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

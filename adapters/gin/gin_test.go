@@ -30,7 +30,7 @@ func newFixture(t *testing.T, mutate ...func(*idemgin.Config)) *fixture {
 	t.Helper()
 	b := storetest.MemBackend(t)
 	cfg := idemgin.Config{
-		Config:    idem.Config{Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
+		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
 		Principal: principal,
 	}
 	for _, m := range mutate {

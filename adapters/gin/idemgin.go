@@ -6,7 +6,7 @@
 // refused with 401 before anything is claimed.
 //
 //	mw, err := idemgin.New(idemgin.Config{
-//		Config:    idem.Config{Store: store},
+//		Config:    idem.Config{Store: store, FingerprintKey: key},
 //		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
 //	})
 //	api := r.Group("/", authenticate)

@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem/adapters/grpc/internal/testpb"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -29,7 +30,7 @@ func (echoServer) Act(_ context.Context, r *testpb.ActRequest) (*testpb.ActReply
 func benchInterceptor(b *testing.B) grpc.UnaryServerInterceptor {
 	b.Helper()
 	i, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000)),
+		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(50_000_000)),
 			Logger: slog.New(slog.DiscardHandler)},
 		Principal: func(context.Context) (string, error) { return "acct_1", nil },
 	})

@@ -45,7 +45,7 @@ func (p *payments) Act(ctx context.Context, r *testpb.ActRequest) (*testpb.ActRe
 // that key is refused.
 func Example() {
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{Store: memstore.New()},
+		Config: idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()},
 		Principal: func(ctx context.Context) (string, error) {
 			account, _ := ctx.Value(accountKey{}).(string)
 			return account, nil
@@ -79,3 +79,8 @@ func Example() {
 	// charge 1 <nil> [true]
 	// true charges: 1
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

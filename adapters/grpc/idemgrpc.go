@@ -10,7 +10,7 @@
 // Unauthenticated and nothing is claimed:
 //
 //	idempotent, err := idemgrpc.New(idemgrpc.Config{
-//		Config:    idem.Config{Store: store},
+//		Config:    idem.Config{Store: store, FingerprintKey: key},
 //		Principal: func(ctx context.Context) (string, error) { return auth.Account(ctx), nil },
 //	})
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authenticate, idempotent))

@@ -32,7 +32,7 @@ func TestReconcileTakeover(t *testing.T) {
 	store := memstore.New()
 	reconciled := &testpb.ActReply{EffectId: "pay_1", Attempt: "from the provider"}
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
+		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
 			Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return idemgrpc.Stored(reconciled, nil) }},
 		Principal: func(context.Context) (string, error) { return "alice", nil },
 	})
@@ -42,7 +42,7 @@ func TestReconcileTakeover(t *testing.T) {
 	req := &testpb.ActRequest{EffectId: "pay_1"}
 	input, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	// A holder that claimed and died.
-	fp := idem.Fingerprint("", testpb.TestService_Act_FullMethodName, "alice", idemgrpc.Encoding, input, nil)
+	fp := idem.Fingerprint(storetest.FingerprintKey, "", testpb.TestService_Act_FullMethodName, "alice", idemgrpc.Encoding, input, nil)
 	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "alice", Key: "k", Fingerprint: fp, Token: "dead",
 		Lease: 300 * time.Millisecond, Retention: time.Hour}); err != nil {
 		t.Fatal(err)

@@ -33,7 +33,7 @@ func requireAccount(next http.Handler) http.Handler {
 func Example() {
 	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
 	idempotent, err := idemhttp.New(idemhttp.Config{
-		Config: idem.Config{Store: store},
+		Config: idem.Config{FingerprintKey: fingerprintKey, Store: store},
 		Principal: func(r *http.Request) (string, error) {
 			account, _ := r.Context().Value(accountKey{}).(string)
 			return account, nil
@@ -70,3 +70,8 @@ func Example() {
 	// 201 {"id":"pay_1"} replayed: false
 	// 201 {"id":"pay_1"} replayed: true
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -7,7 +7,7 @@
 // anything is claimed.
 //
 //	mw, err := idemhttp.New(idemhttp.Config{
-//		Config:    idem.Config{Store: store},
+//		Config:    idem.Config{Store: store, FingerprintKey: key},
 //		Principal: func(r *http.Request) (string, error) { return auth.Account(r.Context()), nil },
 //	})
 //	mux.Handle("POST /payments", authenticate(mw(createPayment)))

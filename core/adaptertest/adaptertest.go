@@ -75,7 +75,7 @@ type suite struct {
 
 // config returns the Config the suite serves with, for backend b.
 func (s *suite) config() idem.Config {
-	return idem.Config{Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
+	return idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s.b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 }
 
 // serve starts a server with the middleware on a route group, the usual
@@ -664,8 +664,8 @@ func testStoredRecord(t *testing.T, s *suite) {
 	if rec.State != idem.StateCompleted || rec.Response == nil {
 		t.Fatalf("record = %+v", rec)
 	}
-	if len(rec.Fingerprint) != sha256.Size {
-		t.Fatalf("stored fingerprint is %d bytes, want a SHA-256", len(rec.Fingerprint))
+	if len(rec.Fingerprint) != idem.FingerprintSize || rec.Fingerprint[0] != idem.FingerprintVersion {
+		t.Fatalf("stored fingerprint is %x, want the version byte and an HMAC-SHA-256", rec.Fingerprint)
 	}
 	for name := range rec.Response.Header {
 		switch name {

@@ -10,6 +10,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // BenchBody is the JSON every benchmark request posts.
@@ -67,7 +68,7 @@ func Benchmarks(b *testing.B, serve BenchServe) {
 // is the middleware's cost.
 func RoundTripBenchmarks(b *testing.B, serve RoundTripServe) {
 	middleware := func(observed bool) RoundTrip {
-		cfg := idem.Config{Store: memstore.New(memstore.WithMaxRecords(10_000_000))}
+		cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(10_000_000))}
 		if observed {
 			cfg.Observer = idem.ObserverFunc(func(context.Context, idem.Event) {})
 		}

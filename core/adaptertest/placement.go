@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // The tests of where and how the middleware is mounted: its constructor,
@@ -29,7 +30,7 @@ func testNewRequiresPrincipal(t *testing.T, s *suite) {
 	}{
 		{"valid", Setup{Config: s.config()}, false},
 		{"no principal function", Setup{Config: s.config(), NoPrincipal: true}, true},
-		{"invalid engine config", Setup{Config: idem.Config{}}, true},
+		{"invalid engine config", Setup{Config: idem.Config{FingerprintKey: storetest.FingerprintKey}}, true},
 	} {
 		tc.setup.Handler = (&payments{b: s.b}).handle
 		_, err := s.h.Serve(t, tc.setup)

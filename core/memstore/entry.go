@@ -25,11 +25,11 @@ type entry struct {
 	created int64
 	locked  int64
 	expires int64
-	// data is the fingerprint, the lease token and the request id, then,
-	// once the record is settled, the response. Every length and count is a
-	// uvarint:
+	// data is the fingerprint, the lease token, the request id and the
+	// nonce, then, once the record is settled, the response. Every length
+	// and count is a uvarint:
 	//
-	//	len fingerprint  len token  len request-id
+	//	len fingerprint  len token  len request-id  len nonce
 	//	[status  headers  values  {len name  count {len value}}  body]
 	//
 	// headers is the number of header names and values the number of
@@ -37,14 +37,16 @@ type entry struct {
 	data string
 }
 
-// newEntry returns the in-progress entry for a claim made at now.
-func newEntry(req *idem.ClaimRequest, created, now int64) entry {
+// newEntry returns the in-progress entry for a claim made at now, with
+// nonce: the request's for a new record, the old record's for a takeover.
+func newEntry(req *idem.ClaimRequest, nonce string, created, now int64) entry {
 	var e encoder
-	e.Grow(fieldLen(len(req.Fingerprint)) + fieldLen(len(req.Token)) + fieldLen(len(req.RequestID)))
+	e.Grow(fieldLen(len(req.Fingerprint)) + fieldLen(len(req.Token)) + fieldLen(len(req.RequestID)) + fieldLen(len(nonce)))
 	e.uvarint(uint64(len(req.Fingerprint)))
 	e.Write(req.Fingerprint)
 	e.str(req.Token)
 	e.str(req.RequestID)
+	e.str(nonce)
 	return entry{
 		state: idem.StateInProgress, created: created, locked: now,
 		expires: addSaturating(now, req.Retention), data: e.String(),
@@ -53,7 +55,7 @@ func newEntry(req *idem.ClaimRequest, created, now int64) entry {
 
 // settle stores state and resp in e, copying resp.
 func (e *entry) settle(state idem.State, resp *idem.Response) {
-	_, _, _, rest := e.fields()
+	_, _, _, _, rest := e.fields()
 	ids := e.data[:len(e.data)-len(rest.s)]
 	size := len(ids) + uvarintLen(uint64(resp.Status)) + uvarintLen(uint64(len(resp.Header))) + len(resp.Body)
 	values := 0
@@ -83,24 +85,31 @@ func (e *entry) settle(state idem.State, resp *idem.Response) {
 	e.state, e.data = state, enc.String()
 }
 
-// fields returns the fingerprint, lease token and request id in e.data and
-// a decoder positioned after them, on the response if there is one.
-func (e *entry) fields() (fp, token, requestID string, rest decoder) {
+// fields returns the fingerprint, lease token, request id and nonce in
+// e.data and a decoder positioned after them, on the response if there is
+// one.
+func (e *entry) fields() (fp, token, requestID, nonce string, rest decoder) {
 	rest = decoder{e.data}
 	fp = rest.str()
 	token = rest.str()
 	requestID = rest.str()
-	return fp, token, requestID, rest
+	nonce = rest.str()
+	return fp, token, requestID, nonce, rest
 }
 
 func (e *entry) fingerprint() string {
-	fp, _, _, _ := e.fields()
+	fp, _, _, _, _ := e.fields()
 	return fp
 }
 
 func (e *entry) token() string {
-	_, token, _, _ := e.fields()
+	_, token, _, _, _ := e.fields()
 	return token
+}
+
+func (e *entry) nonce() string {
+	_, _, _, nonce, _ := e.fields()
+	return nonce
 }
 
 // record returns the record e holds for k, to be the caller's own. All of
@@ -109,8 +118,8 @@ func (e *entry) token() string {
 // each header's slice capped so that an append cannot reach the next.
 func (e *entry) record(k recordKey) idem.Record {
 	rec := e.meta(k)
-	fp, token, requestID, d := e.fields()
-	rec.LeaseToken, rec.RequestID = token, requestID
+	fp, token, requestID, nonce, d := e.fields()
+	rec.LeaseToken, rec.RequestID, rec.Nonce = token, requestID, nonce
 	if len(d.s) == 0 {
 		rec.Fingerprint = []byte(fp)
 		return rec
@@ -143,7 +152,7 @@ func (e *entry) record(k recordKey) idem.Record {
 }
 
 // meta returns the record e holds for k without its fingerprint, lease
-// token, request id and response.
+// token, request id, nonce and response.
 func (e *entry) meta(k recordKey) idem.Record {
 	return idem.Record{
 		Principal: k.principal, Key: k.key, State: e.state,

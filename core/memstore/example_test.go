@@ -13,7 +13,7 @@ import (
 // registered with OnCommit, happens once, with the stored response.
 func Example() {
 	store := memstore.New()
-	engine, _ := idem.New(idem.Config{Store: store})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	orders := 0
 	for range 2 {
 		att, resp := engine.Begin(context.Background(), idem.Request{Method: "POST", Path: "/orders", Principal: "acct_1", Key: "o-1"})
@@ -37,7 +37,7 @@ func Example() {
 // failed statement: nothing is stored and the key is released.
 func ExampleTx_FailCommit() {
 	store := memstore.New()
-	engine, _ := idem.New(idem.Config{Store: store})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	att, _ := engine.Begin(context.Background(), idem.Request{Method: "POST", Path: "/orders", Principal: "acct_1", Key: "o-2"})
 	tx, _ := memstore.TxFrom(att.Context())
 	tx.FailCommit(fmt.Errorf("constraint violated"))
@@ -45,3 +45,8 @@ func ExampleTx_FailCommit() {
 	fmt.Println(resp.Status, store.Len())
 	// Output: 500 0
 }
+
+// fingerprintKey stands for the service's Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -76,7 +76,7 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	now := s.now()
 	t := now.UnixNano()
 	k := recordKey{req.Principal, req.Key}
-	created, reclaimed := t, false
+	created, reclaimed, nonce := t, false, req.Nonce
 	e, ok := s.records[k]
 	switch {
 	case !ok:
@@ -90,16 +90,17 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 		// Expired: absent as far as correctness goes.
 	case e.state == idem.StateInProgress && t-e.locked >= int64(req.Lease) &&
 		e.fingerprint() == string(req.Fingerprint):
-		created, reclaimed = e.created, true
+		// A takeover keeps the record's nonce (see idem.Record.Nonce).
+		created, reclaimed, nonce = e.created, true, e.nonce()
 	default:
 		return idem.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
-	e = newEntry(&req, created, t)
+	e = newEntry(&req, nonce, created, t)
 	s.records[k] = e
 	// The store keeps its own copy, so the record can be made of the
 	// caller's request.
 	rec := e.meta(k)
-	rec.Fingerprint, rec.LeaseToken, rec.RequestID = req.Fingerprint, req.Token, req.RequestID
+	rec.Fingerprint, rec.LeaseToken, rec.RequestID, rec.Nonce = req.Fingerprint, req.Token, req.RequestID, nonce
 	return idem.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
 }
 

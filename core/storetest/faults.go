@@ -70,7 +70,7 @@ func RunFaults(t *testing.T, target FaultTarget) {
 			}
 			t.Cleanup(func() { _ = proxy.Close() })
 			b := target.Connect(t, proxy.Addr())
-			eng, err := idem.New(idem.Config{
+			eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey,
 				Store: b.Store, RequestTimeout: 500 * time.Millisecond, StoreTimeout: time.Second, Lease: FaultLease,
 			})
 			if err != nil {

@@ -297,7 +297,7 @@ func hostileCases(dialect string) []hostileCase {
 // with exactly one effect.
 func hostileEngine(t *testing.T, b Backend, obs idem.Observer) *idem.Engine {
 	t.Helper()
-	eng, err := idem.New(idem.Config{
+	eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey,
 		Store: b.Store, RequestTimeout: hostileRequestTimeout, StoreTimeout: hostileStoreTimeout, Lease: hostileLease,
 		Observer: obs,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {

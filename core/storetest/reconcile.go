@@ -75,7 +75,7 @@ func testSweeperRacesRetry(t *testing.T, b Backend) {
 	principal := uniq("sweeprace")
 	store := principalStore{Store: b.Store, principal: principal}
 	prov := &provider{charged: map[string]bool{}, runs: map[string]int{}}
-	eng, err := idem.New(idem.Config{
+	eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey,
 		Store: store, RequestTimeout: 150 * time.Millisecond, StoreTimeout: 700 * time.Millisecond, Lease: time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			if charged, _ := prov.state(stale.Key); !charged {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -36,6 +35,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"ConcurrentClaimsExactlyOnce", testConcurrentClaims},
 		{"TakeoverOnlyAfterLease", testTakeoverOnlyAfterLease},
 		{"TakeoverNeedsSameFingerprint", testTakeoverNeedsSameFingerprint},
+		{"NonceKeptByTakeoverOnly", testNonce},
 		{"ConcurrentTakeoverExactlyOnce", testConcurrentTakeover},
 		{"StaleHolderSettleIsFenced", testStaleHolderFenced},
 		{"ReleaseIsFenced", testReleaseFenced},
@@ -86,9 +86,10 @@ func uniq(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b[:])
 }
 
+// fingerprint is a fingerprint as the engine makes it, FingerprintSize
+// bytes, so that a store whose schema assumes another length fails.
 func fingerprint(s string) []byte {
-	h := sha256.Sum256([]byte(s))
-	return h[:]
+	return idem.Fingerprint(FingerprintKey, "POST", "/", "storetest", "text/plain", []byte(s), nil)
 }
 
 func token() string {
@@ -99,7 +100,7 @@ func token() string {
 
 func claimReq(principal, key, fp string) idem.ClaimRequest {
 	return idem.ClaimRequest{
-		Principal: principal, Key: key, Fingerprint: fingerprint(fp), Token: token(),
+		Principal: principal, Key: key, Fingerprint: fingerprint(fp), Token: token(), Nonce: token(),
 		RequestID: uniq("req"), Lease: Lease, Retention: time.Hour,
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem/core/storetest"
 )
 
 // The crash test: a producer publishes payment events, a fifth of them or
@@ -88,7 +90,7 @@ func TestLedgerCrashSoak(t *testing.T) {
 	stream, subject := "LEDGER_TEST_"+suffix, "ledgertest."+suffix
 	ledgerTable, idemTable := "ledger_test_"+suffix, "ledger_idem_"+suffix
 	args := []string{"-nats", natsURL, "-dsn", pgDSN, "-stream", stream, "-subject", subject,
-		"-ledger-table", ledgerTable, "-idem-table", idemTable,
+		"-ledger-table", ledgerTable, "-idem-table", idemTable, "-fingerprint-key", string(storetest.FingerprintKey),
 		"-request-timeout", "1s", "-lease", "2500ms", "-ack-wait", "3s", "-nak-delay", "100ms",
 		// Most of a handler's time is between its ledger write and its
 		// commit, so most SIGKILLs land there.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -33,7 +34,7 @@ func TestHandleDecisions(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %s, %s", ledgerTable, idemTable))
 	})
-	engine, err := idem.New(idem.Config{Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
+	engine, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

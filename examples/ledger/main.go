@@ -49,6 +49,7 @@ func main() {
 
 type config struct {
 	natsURL, dsn, stream, subject, consumer, ledgerTable, idemTable string
+	fingerprintKey                                                  string
 	requestTimeout, lease                                           time.Duration
 	ackWait, nakDelay                                               time.Duration
 	handlerDelay                                                    time.Duration
@@ -69,7 +70,14 @@ func parseConfig(args []string) (config, error) {
 	fs.DurationVar(&c.ackWait, "ack-wait", 10*time.Second, "redelivery of an unacked message after")
 	fs.DurationVar(&c.handlerDelay, "handler-delay", 0, "sleep after the ledger row is written, before the commit (crash drills)")
 	fs.DurationVar(&c.nakDelay, "nak-delay", 200*time.Millisecond, "first backoff of a transient failure, doubled per delivery up to 10s")
+	fs.StringVar(&c.fingerprintKey, "fingerprint-key", os.Getenv("IDEM_FINGERPRINT_KEY"),
+		"secret the event fingerprints are keyed with, at least 32 bytes, the same for every consumer; required (default $IDEM_FINGERPRINT_KEY)")
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
+		err := fmt.Errorf("ledger: -fingerprint-key (or IDEM_FINGERPRINT_KEY) must be at least %d bytes, the same for every consumer", idem.MinFingerprintKeyBytes)
+		fmt.Fprintln(fs.Output(), err)
 		return c, err
 	}
 	if c.lease == 0 {
@@ -217,7 +225,7 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 		created_at timestamptz NOT NULL DEFAULT now())`, cfg.ledgerTable)); err != nil {
 		return err
 	}
-	engine, err := idem.New(idem.Config{Store: store, RequestTimeout: cfg.requestTimeout, StoreTimeout: time.Second, Lease: cfg.lease})
+	engine, err := idem.New(idem.Config{Store: store, FingerprintKey: []byte(cfg.fingerprintKey), RequestTimeout: cfg.requestTimeout, StoreTimeout: time.Second, Lease: cfg.lease})
 	if err != nil {
 		return err
 	}

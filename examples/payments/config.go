@@ -29,6 +29,9 @@ type config struct {
 	storeTimeout     time.Duration
 	handlerDelay     time.Duration
 	simulateFailures bool
+	// fingerprintKey is idem.Config.FingerprintKey: the flag's bytes as
+	// given (a 64-digit hex string is 64 bytes of key, 256 bits of secret).
+	fingerprintKey string
 }
 
 // Default DSNs per store when -dsn is empty.
@@ -83,6 +86,9 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 		"), a URL or DSN for the others (default the local test database; "+defaultRedisURL+" for redis); ignored for memory")
 	str(&c.paymentsDB, "payments-db", "IDEM_PAYMENTS_DB", "redis only: the SQL database of the payments, an SQLite file path "+
 		"(default ./"+defaultRedisPaymentsPath+") or a postgres:// URL")
+	str(&c.fingerprintKey, "fingerprint-key", "IDEM_FINGERPRINT_KEY", "secret the request fingerprints are keyed with: "+
+		"at least 32 bytes, the same on every instance and across restarts; required, no default "+
+		"(locally: export IDEM_FINGERPRINT_KEY=$(openssl rand -hex 32))")
 	dur(&c.requestTimeout, "request-timeout", "IDEM_REQUEST_TIMEOUT", "handler deadline (0: the library default, 30s)")
 	dur(&c.lease, "lease", "IDEM_LEASE", "claim lease; must exceed request-timeout + store-timeout (0: derived)")
 	dur(&c.storeTimeout, "store-timeout", "IDEM_STORE_TIMEOUT", "bound on each store call after the handler (0: the library default, 5s)")
@@ -138,6 +144,15 @@ func (c *config) validate() error {
 			return fmt.Errorf("invalid -%s %v: must not be negative", d.name, d.v)
 		}
 	}
+	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
+		what := "missing"
+		if c.fingerprintKey != "" {
+			what = fmt.Sprintf("invalid (%d bytes)", len(c.fingerprintKey))
+		}
+		return fmt.Errorf("%s -fingerprint-key (env IDEM_FINGERPRINT_KEY): the secret the request fingerprints are keyed with, "+
+			"at least %d bytes, the same on every instance and across restarts; locally: export IDEM_FINGERPRINT_KEY=$(openssl rand -hex 32)",
+			what, idem.MinFingerprintKeyBytes)
+	}
 	// The engine's own validation decides whether the timeouts fit
 	// together (lease > request timeout + store timeout); ask it now,
 	// before any database is opened.
@@ -152,6 +167,7 @@ func (c *config) validate() error {
 func (c *config) idemConfig(store idem.Store) idem.Config {
 	return idem.Config{
 		Store:          store,
+		FingerprintKey: []byte(c.fingerprintKey),
 		RequestTimeout: c.requestTimeout,
 		Lease:          c.lease,
 		StoreTimeout:   c.storeTimeout,

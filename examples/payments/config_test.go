@@ -29,13 +29,15 @@ func TestBadConfig(t *testing.T) {
 		{env: []string{"IDEM_FRAMEWORK=rails"}, want: `invalid -framework "rails"`},
 		{env: []string{"IDEM_LEASE=long"}, want: `invalid value "long" for IDEM_LEASE`},
 		{env: []string{"IDEM_SIMULATE_FAILURES=maybe"}, want: "IDEM_SIMULATE_FAILURES"},
+		{env: []string{"IDEM_FINGERPRINT_KEY="}, want: "missing -fingerprint-key (env IDEM_FINGERPRINT_KEY)"},
+		{args: []string{"-fingerprint-key", "0123456789abcdef"}, want: "invalid (16 bytes) -fingerprint-key"},
 		{args: []string{"-store", "pgx", "-dsn", "postgres://127.0.0.1:1/x?connect_timeout=2"}, want: "connect "},
 		{args: []string{"-store", "redis", "-dsn", "http://127.0.0.1:6379"}, want: "invalid -dsn for redis"},
 		{args: []string{"-store", "redis", "-dsn", "redis://127.0.0.1:1/0"}, want: "connect redis 127.0.0.1:1/0"},
 		{args: []string{"-store", "redis", "-payments-db", "file:x.db?mode=memory"}, want: "invalid -payments-db"},
 	} {
 		cmd := exec.Command(binPath, c.args...)
-		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, c.env...)
+		cmd.Env = append([]string{"PATH=/usr/bin:/bin", "IDEM_FINGERPRINT_KEY=" + testFingerprintKey}, c.env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		start := time.Now()
@@ -59,7 +61,7 @@ func TestEnvAndFlags(t *testing.T) {
 	cfg, err := parseConfig([]string{"-framework", "nethttp", "-handler-delay", "1s"}, func(k string) string {
 		return map[string]string{
 			"IDEM_FRAMEWORK": "echo", "IDEM_STORE": "memory", "IDEM_LEASE": "50s",
-			"IDEM_SIMULATE_FAILURES": "true", "IDEM_HANDLER_DELAY": "5s",
+			"IDEM_SIMULATE_FAILURES": "true", "IDEM_HANDLER_DELAY": "5s", "IDEM_FINGERPRINT_KEY": testFingerprintKey,
 		}[k]
 	}, nil)
 	if err != nil {

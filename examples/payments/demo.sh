@@ -41,6 +41,9 @@ if [ -z "$BASE" ]; then
 		prev=$a
 	done
 	[ "$store" = sqlite ] && [ -z "${IDEM_DSN:-}" ] && dsn=(-dsn "$tmp/demo.db")
+	# The service has no default fingerprint key; a demo on a fresh
+	# database can use a fresh one.
+	export IDEM_FINGERPRINT_KEY=${IDEM_FINGERPRINT_KEY:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 	"$tmp/payments" -addr 127.0.0.1:0 "${dsn[@]}" -handler-delay 1s "$@" 2>"$tmp/server.log" &
 	pid=$!
 	for _ in $(seq 1 200); do

@@ -103,6 +103,11 @@ func (l *logBuffer) String() string {
 	return strings.Join(l.lines, "\n")
 }
 
+// testFingerprintKey is the services' -fingerprint-key: the same for every
+// process of a test, so that a restarted service matches the records of
+// the one before.
+const testFingerprintKey = "payments test fingerprint key, not a secret"
+
 // proc is one running example process.
 type proc struct {
 	cmd    *exec.Cmd
@@ -119,7 +124,7 @@ var addrRE = regexp.MustCompile(`msg="payments service listening" addr=(\S+)`)
 // printed if the test failed.
 func startService(t testing.TB, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(binPath, append([]string{"-addr", "127.0.0.1:0", "-fingerprint-key", testFingerprintKey}, args...)...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "IDEM_") {
 			cmd.Env = append(cmd.Env, kv)

@@ -385,24 +385,29 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 				t.Fatalf("Claim on a missing table = %v, want idem.ErrMisconfigured", err)
 			}
 
-			// The table without headers, then with old text headers.
+			// The table without headers, then with old text headers, then
+			// without the nonce.
 			cols := map[string]string{
-				"postgres": `principal text, "key" text, fingerprint bytea, state text, lease_token text, request_id text, status int, %s body bytea, created_at timestamptz, locked_at timestamptz, expires_at timestamptz`,
-				"mysql":    "principal VARBINARY(255), `key` VARBINARY(255), fingerprint VARBINARY(255), state VARCHAR(16), lease_token VARBINARY(255), request_id VARBINARY(255), status INT, %s body LONGBLOB, created_at DATETIME(6), locked_at DATETIME(6), expires_at DATETIME(6)",
-				"sqlite":   `principal TEXT, "key" TEXT, fingerprint BLOB, state TEXT, lease_token TEXT, request_id TEXT, status INTEGER, %s body BLOB, created_at INTEGER, locked_at INTEGER, expires_at INTEGER`,
+				"postgres": `principal text, "key" text, fingerprint bytea, state text, lease_token text, request_id text, %s status int, %s body bytea, created_at timestamptz, locked_at timestamptz, expires_at timestamptz`,
+				"mysql":    "principal VARBINARY(255), `key` VARBINARY(255), fingerprint VARBINARY(255), state VARCHAR(16), lease_token VARBINARY(255), request_id VARBINARY(255), %s status INT, %s body LONGBLOB, created_at DATETIME(6), locked_at DATETIME(6), expires_at DATETIME(6)",
+				"sqlite":   `principal TEXT, "key" TEXT, fingerprint BLOB, state TEXT, lease_token TEXT, request_id TEXT, %s status INTEGER, %s body BLOB, created_at INTEGER, locked_at INTEGER, expires_at INTEGER`,
 			}[d]
 			oldHeaders := map[string]string{"postgres": "headers jsonb,", "mysql": "headers LONGTEXT,", "sqlite": "headers TEXT,"}[d]
-			for _, c := range []struct{ headers, problem string }{{"", "missing"}, {oldHeaders, "binary"}} {
+			headers := map[string]string{"postgres": "headers bytea,", "mysql": "headers LONGBLOB,", "sqlite": "headers BLOB,"}[d]
+			nonce := map[string]string{"postgres": "nonce text,", "mysql": "nonce VARBINARY(64),", "sqlite": "nonce TEXT,"}[d]
+			for _, c := range []struct{ nonce, headers, column, problem string }{
+				{nonce, "", "headers", "missing"}, {nonce, oldHeaders, "headers", "binary"}, {"", headers, "nonce", "missing"},
+			} {
 				t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + name) })
 				if err := db.Exec("DROP TABLE IF EXISTS " + name).Error; err != nil {
 					t.Fatal(err)
 				}
-				if err := db.Exec("CREATE TABLE " + name + " (" + fmt.Sprintf(cols, c.headers) + ")").Error; err != nil {
+				if err := db.Exec("CREATE TABLE " + name + " (" + fmt.Sprintf(cols, c.nonce, c.headers) + ")").Error; err != nil {
 					t.Fatal(err)
 				}
 				err := s.Migrate(ctx) // CREATE IF NOT EXISTS leaves it; the check finds it
-				if !errors.As(err, &se) || se.Column != "headers" || !strings.Contains(se.Problem, c.problem) || !errors.Is(err, idem.ErrMisconfigured) {
-					t.Fatalf("Migrate on a table with headers %q = %v", c.headers, err)
+				if !errors.As(err, &se) || se.Column != c.column || !strings.Contains(se.Problem, c.problem) || !errors.Is(err, idem.ErrMisconfigured) {
+					t.Fatalf("Migrate on a table with nonce %q and headers %q = %v, want column %s %s", c.nonce, c.headers, err, c.column, c.problem)
 				}
 			}
 			if err := db.Exec("DROP TABLE " + name).Error; err != nil {

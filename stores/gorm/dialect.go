@@ -225,12 +225,12 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	var q queries
 
 	q.cols = strings.Join([]string{
-		"principal", K, "fingerprint", "state", "lease_token", "request_id", "status", "headers", "body",
+		"principal", K, "fingerprint", "state", "lease_token", "request_id", "nonce", "status", "headers", "body",
 		d.timeOut("created_at"), d.timeOut("locked_at"), d.timeOut("expires_at"),
 	}, ", ")
 	nowCol := d.timeOut(now) + " AS db_now"
-	insertCols := "(principal, " + K + ", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at)"
-	insertVals := "VALUES (?, ?, ?, 'in_progress', ?, ?, " + now + ", " + now + ", " + d.nowPlus() + ")"
+	insertCols := "(principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at)"
+	insertVals := "VALUES (?, ?, ?, 'in_progress', ?, ?, ?, " + now + ", " + now + ", " + d.nowPlus() + ")"
 	my := ""
 	if d == dialectMySQL {
 		my = mysqlTimeouts(maria, lock)
@@ -253,7 +253,7 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	// in a crash took its holder's transaction with it.
 	q.claimPG = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
 		" ins AS (INSERT INTO " + T + " " + insertCols +
-		" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), now(), now(), " + d.nowPlus() +
+		" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " + d.nowPlus() +
 		" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
 		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
 		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
@@ -285,13 +285,14 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	expired := "expires_at <= " + now
 	set := func(col, val string) string { return col + " = IF(" + expired + ", " + val + ", " + col + ")" }
 	q.upsertMy = my + "INSERT INTO " + T +
-		" (principal, " + K + ", fingerprint, state, lease_token, request_id, status, headers, body, created_at, locked_at, expires_at)" +
-		" VALUES (?, ?, ?, 'in_progress', ?, ?, NULL, NULL, NULL, " + now + ", " + now + ", " + d.nowPlus() + ")" +
+		" (principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, status, headers, body, created_at, locked_at, expires_at)" +
+		" VALUES (?, ?, ?, 'in_progress', ?, ?, ?, NULL, NULL, NULL, " + now + ", " + now + ", " + d.nowPlus() + ")" +
 		" ON DUPLICATE KEY UPDATE " + strings.Join([]string{
 		set("lease_token", "?"),
 		set("fingerprint", "?"),
 		set("state", "'in_progress'"),
 		set("request_id", "?"),
+		set("nonce", "?"),
 		set("status", "NULL"),
 		set("headers", "NULL"),
 		set("body", "NULL"),
@@ -318,7 +319,9 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	// The takeovers are fenced by the token the caller saw and re-check
 	// their condition with the database clock at the moment they run; a
 	// row that changed in between matches nothing and Claim starts over.
-	q.takeExpired = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?," +
+	// An expired row is replaced whole, its nonce included; a stale claim
+	// keeps its nonce, so the taken-over attempt's downstream keys.
+	q.takeExpired = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
 		" status = NULL, headers = NULL, body = NULL, created_at = " + now + ", locked_at = " + now +
 		", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND expires_at <= " + now + returning

@@ -47,7 +47,7 @@ func Example() {
 	if err := db.AutoMigrate(&Payment{}); err != nil {
 		panic(err)
 	}
-	engine, err := idem.New(idem.Config{Store: store})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	if err != nil {
 		panic(err)
 	}
@@ -83,3 +83,8 @@ func Example() {
 	// 201 {"id":1} replayed: true
 	// payments: 1
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -66,15 +66,13 @@ func mysqlStore(t *testing.T, edit func(*mysqldriver.Config)) *Store {
 
 func req(key, body, token string, lease, retention time.Duration) idem.ClaimRequest {
 	h := sha256.Sum256([]byte(body))
-	return idem.ClaimRequest{Principal: "alice", Key: key, Fingerprint: h[:], Token: token,
+	return idem.ClaimRequest{Principal: "alice", Key: key, Fingerprint: h[:], Token: token, Nonce: "n-" + token,
 		RequestID: "r-" + token, Lease: lease, Retention: retention}
 }
 
 func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 	t.Helper()
-	ret := r.Retention.Microseconds()
-	n, err := s.exec(context.Background(), s.q.upsertMy, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, ret,
-		r.Token, r.Fingerprint, r.RequestID, ret)
+	n, err := s.exec(context.Background(), s.q.upsertMy, upsertMyArgs(r)...)
 	if err != nil {
 		t.Fatal(err)
 	}

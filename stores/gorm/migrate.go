@@ -116,7 +116,7 @@ var storeColumns = []struct {
 	binary bool
 }{
 	{"principal", false}, {"key", false}, {"fingerprint", true}, {"state", false}, {"lease_token", false},
-	{"request_id", false}, {"status", false}, {"headers", true}, {"body", true},
+	{"request_id", false}, {"nonce", false}, {"status", false}, {"headers", true}, {"body", true},
 	{"created_at", false}, {"locked_at", false}, {"expires_at", false},
 }
 
@@ -181,8 +181,8 @@ func (s *Store) Check(ctx context.Context) error {
 		probes = append(probes,
 			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status WHERE 1 = 0",
 			"DELETE FROM "+T+" WHERE 1 = 0",
-			"INSERT INTO "+T+" (principal, "+K+", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at)"+
-				" SELECT principal, "+K+", fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at FROM "+T+" WHERE 1 = 0")
+			"INSERT INTO "+T+" (principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at)"+
+				" SELECT principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at FROM "+T+" WHERE 1 = 0")
 	}
 	for _, p := range probes {
 		if _, err := pool.ExecContext(ctx, p); err != nil {

@@ -232,6 +232,7 @@ func (s *Store) Table() string { return s.qtable.schema + "." + s.qtable.name }
 const (
 	maxFingerprint = 255
 	maxToken       = 255
+	maxNonce       = 64
 )
 
 // maxClaimRounds bounds Claim's loop. Each round that does not decide means
@@ -248,6 +249,8 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 		return errors.New("idemgorm: claim: empty key")
 	case req.Token == "":
 		return errors.New("idemgorm: claim: empty lease token")
+	case req.Nonce == "":
+		return errors.New("idemgorm: claim: empty nonce")
 	case len(req.Fingerprint) == 0:
 		return errors.New("idemgorm: claim: empty fingerprint")
 	case req.Lease <= 0 || req.Retention <= 0:
@@ -260,6 +263,8 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 		return fmt.Errorf("idemgorm: claim: fingerprint is %d bytes, the schema holds %d", len(req.Fingerprint), maxFingerprint)
 	case len(req.Token) > maxToken:
 		return fmt.Errorf("idemgorm: claim: lease token is %d bytes, the schema holds %d", len(req.Token), maxToken)
+	case len(req.Nonce) > maxNonce:
+		return fmt.Errorf("idemgorm: claim: nonce is %d bytes, the schema holds %d", len(req.Nonce), maxNonce)
 	}
 	return nil
 }
@@ -375,7 +380,7 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 			return res, false, nil
 		}
 		taken, ok, terr := s.takeover(ctx, s.q.takeExpired, s.lockArgs(
-			req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
+			req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken,
 		), req)
 		if terr != nil || !ok {
@@ -414,7 +419,7 @@ func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r row
 		return r, false, false, err
 	}
 	rows, err := pool.QueryContext(ctx, s.q.claimPG, s.q.lockTimeoutPG,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds(),
 		req.Principal, req.Key)
 	if err != nil {
 		return r, false, false, err
@@ -456,7 +461,7 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 	}
 	err = s.writeTurn(ctx, func() error {
 		r, ok, err = s.queryRow(ctx, true, s.q.insertLite,
-			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds())
+			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds())
 		return err
 	})
 	if err != nil {
@@ -469,14 +474,19 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 	return r, false, ok, err
 }
 
+// upsertMyArgs are the arguments of queries.upsertMy for req: the row to
+// insert, then the values that replace an expired row.
+func upsertMyArgs(req idem.ClaimRequest) []any {
+	ret := req.Retention.Microseconds()
+	return []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, ret,
+		req.Token, req.Fingerprint, req.RequestID, req.Nonce, ret}
+}
+
 // claimMySQL runs the conditional upsert (see buildQueries) and reads the
 // row it left, both on the primary. The row carries the caller's token iff
 // the upsert inserted it or replaced an expired one.
 func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
-	ret := req.Retention.Microseconds()
-	affected, err := s.exec(ctx, s.q.upsertMy,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, ret,
-		req.Token, req.Fingerprint, req.RequestID, ret)
+	affected, err := s.exec(ctx, s.q.upsertMy, upsertMyArgs(req)...)
 	if err != nil {
 		return r, false, false, err
 	}
@@ -767,14 +777,14 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 
 // recordRow is one scanned row of queries.cols (and the clock).
 type recordRow struct {
-	principal, key, state, token, requestID string
-	fingerprint, headers, body              []byte
-	status                                  sql.NullInt64
-	created, locked, expires, now           timeValue
+	principal, key, state, token, requestID, nonce string
+	fingerprint, headers, body                     []byte
+	status                                         sql.NullInt64
+	created, locked, expires, now                  timeValue
 }
 
 func (r *recordRow) dest(withNow bool) []any {
-	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID,
+	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID, &r.nonce,
 		&r.status, &r.headers, &r.body, &r.created, &r.locked, &r.expires}
 	if withNow {
 		d = append(d, &r.now)
@@ -785,7 +795,7 @@ func (r *recordRow) dest(withNow bool) []any {
 func (r *recordRow) record() (idem.Record, error) {
 	rec := idem.Record{
 		Principal: r.principal, Key: r.key, Fingerprint: r.fingerprint, State: idem.State(r.state),
-		LeaseToken: r.token, RequestID: r.requestID,
+		LeaseToken: r.token, RequestID: r.requestID, Nonce: r.nonce,
 		CreatedAt: r.created.t, LockedAt: r.locked.t, ExpiresAt: r.expires.t,
 	}
 	if !rec.State.Valid() {

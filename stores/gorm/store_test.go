@@ -26,7 +26,7 @@ func fp(s string) []byte {
 
 func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
 	return idem.ClaimRequest{
-		Principal: principal, Key: key, Fingerprint: fp(body), Token: "tok-" + randSuffix() + randSuffix(),
+		Principal: principal, Key: key, Fingerprint: fp(body), Token: "tok-" + randSuffix() + randSuffix(), Nonce: "n-" + randSuffix(),
 		RequestID: "req-" + randSuffix(), Lease: lease, Retention: time.Hour,
 	}
 }

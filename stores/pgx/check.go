@@ -48,7 +48,7 @@ var columnTypes = []struct {
 	types []string
 }{
 	{"principal", textTypes}, {"key", textTypes}, {"fingerprint", []string{"bytea"}},
-	{"state", textTypes}, {"lease_token", textTypes}, {"request_id", textTypes},
+	{"state", textTypes}, {"lease_token", textTypes}, {"request_id", textTypes}, {"nonce", textTypes},
 	{"created_at", []string{"timestamptz"}}, {"locked_at", []string{"timestamptz"}},
 	{"expires_at", []string{"timestamptz"}}, {"status", []string{"int4", "int8"}},
 	{"headers", []string{"bytea"}}, {"body", []string{"bytea"}},

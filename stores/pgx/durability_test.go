@@ -33,7 +33,7 @@ func TestOnlyTheClaimCommitsWithoutFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, idempgx.ClaimSQL(e.Store), "alice", "dur-"+randHex(6), fp("body"), randHex(16), "req", int64(3600e6))
+	rows, err := tx.Query(ctx, idempgx.ClaimSQL(e.Store), "alice", "dur-"+randHex(6), fp("body"), randHex(16), "req", int64(3600e6), randHex(16))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
@@ -20,7 +21,7 @@ func TestEngineFailureDrills(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 6, nil))
 	ctx := testCtx(t)
-	engine, err := idem.New(idem.Config{Store: e.Store, RequestTimeout: 2 * time.Second,
+	engine, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: e.Store, RequestTimeout: 2 * time.Second,
 		StoreTimeout: 5 * time.Second, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

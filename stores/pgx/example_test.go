@@ -44,7 +44,7 @@ func Example() {
 		id text PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	engine, err := idem.New(idem.Config{Store: store})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,3 +89,8 @@ func Example() {
 	// 201 {"status":"succeeded"} replayed: true
 	// payments: 1
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -122,14 +122,14 @@ func (e *env) mustCount(t testing.TB, id string) int {
 }
 
 func fp(s string) []byte {
-	b := make([]byte, 32)
+	b := make([]byte, idem.FingerprintSize)
 	copy(b, s)
 	return b
 }
 
 func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
 	return idem.ClaimRequest{
-		Principal: principal, Key: key, Fingerprint: fp(body), Token: randHex(16),
+		Principal: principal, Key: key, Fingerprint: fp(body), Token: randHex(16), Nonce: randHex(16),
 		RequestID: "req-" + randHex(4), Lease: lease, Retention: time.Hour,
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
@@ -242,7 +243,7 @@ func TestTxEndedThroughTheEngine(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 4, nil))
-	eng, err := idem.New(idem.Config{Store: e.Store, RequestTimeout: time.Second, StoreTimeout: time.Second,
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: e.Store, RequestTimeout: time.Second, StoreTimeout: time.Second,
 		Lease: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)

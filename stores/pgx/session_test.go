@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
@@ -350,6 +351,7 @@ func TestCheck(t *testing.T) {
 	}{
 		{"no table", "", []string{"table"}, nil},
 		{"a column missing", "ALTER TABLE {t} DROP COLUMN request_id", []string{"column request_id"}, nil},
+		{"a table from before the nonce", "ALTER TABLE {t} DROP COLUMN nonce", []string{"column nonce"}, nil},
 		{"the old jsonb headers", "ALTER TABLE {t} ALTER COLUMN headers TYPE jsonb USING NULL", nil, []string{"headers: jsonb, want bytea"}},
 		{"text where a time belongs", "ALTER TABLE {t} ALTER COLUMN expires_at TYPE text", nil, []string{"expires_at: text, want timestamptz"}},
 		{"no unique index", "ALTER TABLE {t} DROP CONSTRAINT t_pkey", []string{"unique index on (principal, key)"}, nil},
@@ -435,7 +437,7 @@ func TestMisconfiguredThroughTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := idem.New(idem.Config{Store: s})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -317,7 +317,7 @@ const txEndedMarker = "idempgx transaction ended"
 
 // recordCols are the columns every record-returning statement returns, in
 // scanRecord's order.
-const recordCols = `principal, key, fingerprint, state, lease_token, request_id,
+const recordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
 	created_at, locked_at, expires_at, status, headers, body`
 
 func newStatements(t string, to timeouts) statements {
@@ -366,9 +366,9 @@ func newStatements(t string, to timeouts) statements {
 	s.claim = fmt.Sprintf(`WITH durability AS (
 	SELECT set_config('synchronous_commit', 'off', true)
 ), ins AS (
-	INSERT INTO %[1]s AS t (principal, key, fingerprint, state, lease_token, request_id,
+	INSERT INTO %[1]s AS t (principal, key, fingerprint, state, lease_token, request_id, nonce,
 		created_at, locked_at, expires_at)
-	VALUES ($1, $2, $3, 'in_progress', $4, $5, now(), now(), now() + $6::bigint * interval '1 microsecond')
+	VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $6::bigint * interval '1 microsecond')
 	ON CONFLICT (principal, key) DO NOTHING
 	RETURNING %[2]s
 )
@@ -380,6 +380,7 @@ WHERE principal = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`, t, record
 	// Taking over a stale in_progress row: fenced by the token the caller
 	// saw, and the staleness re-checked on the row's latest version with the
 	// statement's own now(). Zero rows means someone else changed the row.
+	// The nonce stays: the taken-over attempt's downstream keys are reused.
 	s.takeover = fmt.Sprintf(`UPDATE %[1]s SET lease_token = $4, request_id = $5, locked_at = now(),
 	expires_at = now() + $6::bigint * interval '1 microsecond'
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
@@ -387,9 +388,9 @@ WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
 RETURNING %[2]s, now()`, t, recordCols)
 
 	// Replacing a row past its retention: it counts as absent, so every
-	// column starts afresh.
+	// column starts afresh, the nonce included.
 	s.replace = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
-	request_id = $5, created_at = now(), locked_at = now(),
+	request_id = $5, nonce = $8, created_at = now(), locked_at = now(),
 	expires_at = now() + $6::bigint * interval '1 microsecond',
 	status = NULL, headers = NULL, body = NULL
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
@@ -520,8 +521,8 @@ func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.Comm
 // carries req.Token can only have been written by this call, so finding it
 // means the lost statement did claim the key.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
-	if req.Principal == "" || req.Key == "" || req.Token == "" {
-		return idem.ClaimResult{}, errors.New("idempgx: claim: principal, key and token must not be empty")
+	if req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "" {
+		return idem.ClaimResult{}, errors.New("idempgx: claim: principal, key, token and nonce must not be empty")
 	}
 	lease := req.Lease.Truncate(time.Microsecond)
 	connRetries := 0
@@ -555,7 +556,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			rec, err = scanRecord(rows, &inserted, &now)
 			found = err == nil
 			return err
-		}, s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention))
+		}, s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce)
 		if err != nil {
 			if retryable(err) {
 				continue
@@ -573,7 +574,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			// Our own statement claimed it, and its answer was lost.
 			return idem.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
-			res, ok, err := s.takeOver(ctx, s.sql.replace, req, rec.LeaseToken)
+			res, ok, err := s.takeOver(ctx, s.sql.replace, req, rec.LeaseToken, req.Nonce)
 			if err != nil && retryable(err) {
 				continue
 			}
@@ -652,12 +653,12 @@ func scanRecord(rows pgx.Rows, inserted *bool, now *time.Time) (idem.Record, err
 		headers []byte
 		body    []byte
 	)
-	dest := make([]any, 0, 14)
+	dest := make([]any, 0, 15)
 	if inserted != nil {
 		dest = append(dest, inserted)
 	}
 	dest = append(dest, &rec.Principal, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken,
-		&rec.RequestID, &rec.CreatedAt, &rec.LockedAt, &rec.ExpiresAt, &status, &headers, &body)
+		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.ExpiresAt, &status, &headers, &body)
 	if now != nil {
 		dest = append(dest, now)
 	}

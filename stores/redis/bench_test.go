@@ -8,6 +8,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -64,7 +65,7 @@ func benchStore(b *testing.B, s *idemredis.Store) {
 		}
 	})
 	b.Run("FirstRequest", func(b *testing.B) {
-		eng, err := idem.New(idem.Config{Store: s})
+		eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
 		mustNil(b, err)
 		for i := range b.N {
 			key := "bf-" + strconv.Itoa(i)

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
 
@@ -31,7 +32,7 @@ func TestCrashBetweenBusinessCommitAndSettle(t *testing.T) {
 			t.Parallel()
 			env := newEnv(t)
 			db := newPaymentsDB()
-			cfg := idem.Config{Store: env.Store, RequestTimeout: 300 * time.Millisecond,
+			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: env.Store, RequestTimeout: 300 * time.Millisecond,
 				StoreTimeout: 200 * time.Millisecond, Lease: 800 * time.Millisecond}
 			if withReconcile {
 				cfg.Reconcile = reconcileFrom(db)
@@ -102,7 +103,7 @@ func TestFailoverToReplicaThatMissedTheClaim(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	env := idemredistest.NewEnv(t, c)
 	db := newPaymentsDB()
-	eng, err := idem.New(idem.Config{Store: env.Store, RequestTimeout: 5 * time.Second, StoreTimeout: time.Second,
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: env.Store, RequestTimeout: 5 * time.Second, StoreTimeout: time.Second,
 		Lease: 7 * time.Second, Reconcile: reconcileFrom(db)})
 	mustNil(t, err)
 

@@ -55,7 +55,7 @@ func Example() {
 		log.Fatal(err) // Redis is down: `make services` starts it
 	}
 	db := &payments{byKey: map[string]string{}}
-	engine, err := idem.New(idem.Config{Store: store, Retention: time.Minute})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -83,3 +83,8 @@ func Example() {
 	// 201 {"id":"pay_1"} replayed: true
 	// payments: 1
 }
+
+// fingerprintKey stands for the service's idem.Config.FingerprintKey: in
+// production, at least 32 random bytes read from a secret store, the same
+// on every instance.
+var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -31,7 +31,7 @@ func testCtx(t testing.TB) context.Context {
 
 func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
 	return idem.ClaimRequest{
-		Principal: principal, Key: key, Fingerprint: []byte("fp:" + body), Token: idemredistest.RandHex(16),
+		Principal: principal, Key: key, Fingerprint: []byte("fp:" + body), Token: idemredistest.RandHex(16), Nonce: idemredistest.RandHex(16),
 		RequestID: "req-" + idemredistest.RandHex(4), Lease: lease, Retention: time.Hour,
 	}
 }

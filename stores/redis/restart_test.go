@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
 
@@ -37,7 +38,7 @@ func TestRedisRestartMidRun(t *testing.T) {
 	c.AddHook(cnt)
 	env := idemredistest.NewEnv(t, c)
 	db := newPaymentsDB()
-	eng, err := idem.New(idem.Config{
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
 		Store: env.Store, RequestTimeout: 500 * time.Millisecond, StoreTimeout: 500 * time.Millisecond,
 		Lease: 1500 * time.Millisecond, Reconcile: reconcileFrom(db),
 	})

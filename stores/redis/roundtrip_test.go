@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -99,7 +100,7 @@ func TestRoundTrips(t *testing.T) {
 
 	// Through the engine: a first request is the claim and the settle, a
 	// replay the claim.
-	eng, err := idem.New(idem.Config{Store: s})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
 	mustNil(t, err)
 	db := newPaymentsDB()
 	key := "rt-engine-" + idemredistest.RandHex(4)

@@ -14,6 +14,7 @@ import "github.com/redis/go-redis/v9"
 //	s     state: in_progress, completed or failed
 //	t     lease token of the current holder
 //	q     request id of the attempt that created the record
+//	n     nonce of the attempt that created the record, kept by a takeover
 //	c     created at (µs)
 //	l     locked at: when the current lease was taken (µs)
 //	x     expires at (µs); the hash's PEXPIREAT is x rounded up to the ms
@@ -33,14 +34,16 @@ local function int(n) return string.format('%d', n) end
 `
 
 // claimScript: KEYS record, index; ARGV member, fingerprint, token, request
-// id, lease (µs), retention (µs). It returns {claimed, reclaimed, now,
+// id, lease (µs), retention (µs), nonce. It returns {claimed, reclaimed, now,
 // field, value, …} with the record as stored after the script.
 //
-//   - absent (or past x, which Redis is about to delete): a fresh record.
+//   - absent (or past x, which Redis is about to delete): a fresh record,
+//     with the request's nonce.
 //   - in progress with this very token: the same script ran already and its
 //     answer was lost (the client retried it); answer as the first run did.
 //   - in progress, lease older than ARGV lease, same fingerprint: taken over
-//     with the new token, a new lease and a new expiry. The check and the
+//     with the new token, a new lease and a new expiry, keeping its nonce
+//     (a record from before nonces keeps none: ”). The check and the
 //     write are one atomic script, so the token it replaces cannot change
 //     in between: the takeover is fenced by atomicity.
 //   - anything else: returned as it is, and nothing is written. A replay
@@ -54,23 +57,23 @@ local function answer(claimed, reclaimed, fields)
 	for i = 1, #fields do out[#out + 1] = fields[i] end
 	return out
 end
-local function grant(reclaimed, created)
+local function grant(reclaimed, created, nonce)
 	local x = now + tonumber(ARGV[6])
 	redis.call('DEL', KEYS[1])
-	redis.call('HSET', KEYS[1], 'f', ARGV[2], 's', 'in_progress', 't', ARGV[3], 'q', ARGV[4],
+	redis.call('HSET', KEYS[1], 'f', ARGV[2], 's', 'in_progress', 't', ARGV[3], 'q', ARGV[4], 'n', nonce,
 		'c', int(created), 'l', int(now), 'x', int(x), 'r', tostring(reclaimed))
 	redis.call('PEXPIREAT', KEYS[1], int(math.ceil(x / 1000)))
 	redis.call('ZADD', KEYS[2], int(now), ARGV[1])
 	return answer(1, reclaimed, redis.call('HGETALL', KEYS[1]))
 end
 if f['s'] == nil or now >= tonumber(f['x']) then
-	return grant(0, now)
+	return grant(0, now, ARGV[7])
 end
 if f['s'] == 'in_progress' and f['t'] == ARGV[3] then
 	return answer(1, tonumber(f['r']) or 0, rec)
 end
 if f['s'] == 'in_progress' and now - tonumber(f['l']) >= tonumber(ARGV[5]) and f['f'] == ARGV[2] then
-	return grant(1, tonumber(f['c']))
+	return grant(1, tonumber(f['c']), f['n'] or '')
 end
 return answer(0, 0, rec)
 `)

@@ -209,15 +209,15 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // the script recognises its own token and answers as the first run did, so
 // the caller holds the key instead of being locked out by its own claim.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
-	if req.Principal == "" || req.Key == "" || req.Token == "" {
-		return idem.ClaimResult{}, errors.New("idemredis: claim: principal, key and token must not be empty")
+	if req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "" {
+		return idem.ClaimResult{}, errors.New("idemredis: claim: principal, key, token and nonce must not be empty")
 	}
 	if req.Retention <= 0 {
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
 	}
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
-	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention)}
+	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention), req.Nonce}
 	var (
 		vals []any
 		err  error
@@ -334,7 +334,7 @@ func flatFields(vals []any) (map[string]string, error) {
 func decodeRecord(principal, key string, f map[string]string) (idem.Record, error) {
 	rec := idem.Record{
 		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idem.State(f["s"]),
-		LeaseToken: f["t"], RequestID: f["q"],
+		LeaseToken: f["t"], RequestID: f["q"], Nonce: f["n"],
 	}
 	if !rec.State.Valid() {
 		return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorruptRecord, f["s"])

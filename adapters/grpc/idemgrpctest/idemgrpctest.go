@@ -146,6 +146,9 @@ func (s *suite) start(t *testing.T, cfg idemgrpc.Config) (testpb.TestServiceClie
 	if cfg.Store == nil {
 		cfg.Store = s.b.Store
 	}
+	if cfg.FingerprintKey == nil {
+		cfg.FingerprintKey = storetest.FingerprintKey
+	}
 	if cfg.Principal == nil {
 		cfg.Principal = func(ctx context.Context) (string, error) {
 			p, _ := ctx.Value(principalKey{}).(string)

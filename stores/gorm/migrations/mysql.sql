@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     state       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     lease_token VARBINARY(255) NOT NULL,
     request_id  VARBINARY(255) NOT NULL,
+    nonce       VARBINARY(64)  NOT NULL,
     status      INT            NULL,
     headers     LONGBLOB       NULL,
     body        LONGBLOB       NULL,

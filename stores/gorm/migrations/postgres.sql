@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
     lease_token text        NOT NULL,
     request_id  text        NOT NULL DEFAULT '' CHECK (octet_length(request_id) <= 255),
+    nonce       text        NOT NULL CHECK (octet_length(nonce) <= 64),
     status      integer,
     headers     bytea,
     body        bytea,

@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     state       TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
     lease_token TEXT    NOT NULL,
     request_id  TEXT    NOT NULL DEFAULT '' CHECK (length(CAST(request_id AS BLOB)) <= 255),
+    nonce       TEXT    NOT NULL CHECK (length(CAST(nonce AS BLOB)) <= 64),
     status      INTEGER,
     headers     BLOB,
     body        BLOB,

@@ -14,8 +14,9 @@
 CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     principal   text        NOT NULL,
     key         text        NOT NULL,
-    -- SHA-256 of method, path, principal and body (32 bytes): never the body.
-    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
+    -- idem.Fingerprint: a version byte and an HMAC-SHA-256 of method, path,
+    -- principal and body under the service's key; never the body.
+    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) <= 255),
     state       text        NOT NULL
                 CHECK (state IN ('in_progress', 'completed', 'failed')),
     -- Fences settle and release: they only act while it still matches.
@@ -23,6 +24,8 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     -- The first attempt's request id; idem bounds it to 255 bytes.
     request_id  text        NOT NULL DEFAULT ''
                 CHECK (octet_length(request_id) <= 255),
+    -- Random per record, kept by a takeover: enters idem.DownstreamKey.
+    nonce       text        NOT NULL CHECK (octet_length(nonce) <= 64),
     created_at  timestamptz NOT NULL DEFAULT now(),
     locked_at   timestamptz NOT NULL DEFAULT now(),
     -- Retention: past it the row counts as absent and may be purged.

@@ -1,0 +1,35 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"testing"
+)
+
+// TestFingerprintIsHMAC: the fingerprint's hand-prepared pads compute
+// exactly crypto/hmac's HMAC-SHA-256 of the fingerprint input, for keys
+// shorter than, as long as and longer than a SHA-256 block.
+func TestFingerprintIsHMAC(t *testing.T) {
+	t.Parallel()
+	body := []byte("amount=1250&cvv=737")
+	msg := []byte("idem/fingerprint/v2")
+	msg = appendField(msg, 'm', "POST")
+	msg = appendField(msg, 'p', "/payments")
+	msg = appendField(msg, 'u', "alice")
+	msg = append(msg, 'r', 0, 0, 0, 0, 0, 0, 0, 0)
+	binary.BigEndian.PutUint64(msg[len(msg)-8:], uint64(len(body)))
+	msg = append(msg, body...)
+	for _, n := range []int{32, 63, 64, 65, 200} {
+		key := bytes.Repeat([]byte{byte(n)}, n)
+		key[0] = 0xa5
+		m := hmac.New(sha256.New, key)
+		m.Write(msg)
+		want := m.Sum([]byte{FingerprintVersion})
+		got := Fingerprint(key, "POST", "/payments", "alice", "application/x-www-form-urlencoded", body, nil)
+		if !bytes.Equal(got, want) {
+			t.Errorf("key of %d bytes: fingerprint %x, want HMAC-SHA-256 %x", n, got, want)
+		}
+	}
+}
