@@ -49,6 +49,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"ConcurrentPurgersDeleteOnce", testConcurrentPurge},
 		{"SweepersUnderLiveTraffic", testSweepersUnderTraffic},
 		{"ListStale", testListStale},
+		{"Stats", testStats},
 		{"ResponseRoundTrip", testResponseRoundTrip},
 	}
 	for _, tc := range tests {
