@@ -231,6 +231,7 @@ func testCommands(t *testing.T, e *env) {
 	finish(t, begin(t, short, "carol", "old-1"), http.StatusCreated, `{"id":"p0"}`)
 	time.Sleep(lease + 200*time.Millisecond)
 	live := begin(t, e.engine, "dave", "live-1")
+	t.Cleanup(live.Abort) // a no-op once finished; else its open transaction would block the cleanup
 
 	settled := [3]string{"2", "1", "1"} // completed, failed, expired
 	settledJSON := [3]string{"2", "1", "1"}
@@ -400,8 +401,9 @@ body         11 bytes (--body prints it)
 
 	t.Run("a fenced release loses to a retry that took the claim over", func(t *testing.T) {
 		o := e.opts()
-		settledRetry := make(chan struct{})
+		var settledRetry chan struct{}
 		o.Confirm = func(string) (bool, error) {
+			settledRetry = make(chan struct{})
 			// The client retries meanwhile: its claim takes stuck-1 over,
 			// and it settles a moment later (on SQLite the release waits
 			// for its write lock until then).
@@ -416,7 +418,9 @@ body         11 bytes (--body prints it)
 			return true, nil
 		}
 		_, err := release(o, "bob", "stuck-1")
-		<-settledRetry
+		if settledRetry != nil {
+			<-settledRetry
+		}
 		if !errors.Is(err, ctl.ErrRefused) {
 			t.Fatalf("release after a takeover: %v, want refused", err)
 		}

@@ -32,7 +32,9 @@ type Opened struct {
 }
 
 // checker is the start-up check every store of this repository has.
-type checker interface{ Check(ctx context.Context) error }
+type checker interface {
+	Check(ctx context.Context) error
+}
 
 // Open opens the store dsn names, by its scheme:
 //

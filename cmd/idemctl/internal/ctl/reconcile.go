@@ -22,9 +22,9 @@ import (
 // ReconcileRequest is what Reconcile POSTs to the reconciler URL for each
 // stale claim.
 type ReconcileRequest struct {
-	Principal string   `json:"principal"`
-	Key       string   `json:"key"`
-	RequestID string   `json:"request_id"`
+	Principal string    `json:"principal"`
+	Key       string    `json:"key"`
+	RequestID string    `json:"request_id"`
 	LockedAt  time.Time `json:"locked_at"`
 }
 
