@@ -23,8 +23,9 @@ FROM %s`
 
 // Stats implements idem.Store with one statement that counts every figure
 // (none is NotCounted). It reads the whole table, so it costs a sequential
-// scan: run it from an operator's tool or a gauge every minute or so, not
-// per request.
+// scan, bounded like every statement of the store by WithStatementTimeout
+// (past it the error wraps idem.ErrTransient): run it from an operator's
+// tool or a gauge every minute or so, not per request.
 func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
 	var (
 		st                                        idem.Stats
