@@ -185,6 +185,13 @@ type Store interface {
 	// ListStale returns at most limit in-progress records whose lease
 	// (olderThan) has expired, oldest first.
 	ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
+
+	// Stats counts the records by state, the in-progress ones whose lease
+	// was taken at least staleAfter ago, the oldest lease, and the expired
+	// records awaiting PurgeExpired, all on the store's clock. It is for
+	// operators and gauges, not for deciding a claim: it may read the
+	// whole store. A figure the store cannot count is NotCounted.
+	Stats(ctx context.Context, staleAfter time.Duration) (Stats, error)
 }
 
 // Tx is the transaction a store begins for one handler. The handler's own

@@ -50,6 +50,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"SweepersUnderLiveTraffic", testSweepersUnderTraffic},
 		{"ListStale", testListStale},
 		{"SweeperAndRetryRaceForAStaleClaim", testSweeperRacesRetry},
+		{"Stats", testStats},
 		{"ResponseRoundTrip", testResponseRoundTrip},
 	}
 	for _, tc := range tests {

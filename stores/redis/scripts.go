@@ -129,4 +129,4 @@ return 0
 `)
 
 // scripts is every script, for Check to load.
-var scripts = []*redis.Script{claimScript, settleScript, releaseScript, staleScript, pruneScript}
+var scripts = []*redis.Script{claimScript, settleScript, releaseScript, staleScript, pruneScript, statsScript}

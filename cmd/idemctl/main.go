@@ -1,0 +1,20 @@
+// Command idemctl shows and mends the records of an idem store: counts,
+// stale claims, one record, a fenced release, a purge and a reconciling
+// pass. See README.md for the commands, the exit codes and the runbook for
+// the stale-claim alert.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+
+	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := ctl.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,49 @@
+package idempgx
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/jackc/pgx/v5"
+)
+
+// statsSQL counts every figure of idem.Stats in one statement, on the
+// database clock. It reads the whole table: it is for operators, not for
+// the request path.
+const statsSQL = `SELECT now(),
+	count(*) FILTER (WHERE state = 'in_progress'),
+	count(*) FILTER (WHERE state = 'completed'),
+	count(*) FILTER (WHERE state = 'failed'),
+	count(*) FILTER (WHERE state = 'in_progress' AND locked_at <= now() - $1::bigint * interval '1 microsecond'),
+	min(locked_at) FILTER (WHERE state = 'in_progress'),
+	count(*) FILTER (WHERE expires_at <= now())
+FROM %s`
+
+// Stats implements idem.Store with one statement that counts every figure
+// (none is NotCounted). It reads the whole table, so it costs a sequential
+// scan, bounded like every statement of the store by WithStatementTimeout
+// (past it the error wraps idem.ErrTransient): run it from an operator's
+// tool or a gauge every minute or so, not per request.
+func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
+	var (
+		st                                        idem.Stats
+		inProgress, completed, failed, stale, exp int64
+		oldest                                    *time.Time
+	)
+	err := s.onConn(ctx, func() error {
+		return s.query(ctx, func(rows pgx.Rows) error {
+			return rows.Scan(&st.Now, &inProgress, &completed, &failed, &stale, &oldest, &exp)
+		}, fmt.Sprintf(statsSQL, s.table.ident()), micros(staleAfter))
+	})
+	if err != nil {
+		return idem.Stats{}, wrap("stats", err)
+	}
+	st.InProgress, st.Completed, st.Failed = idem.Count(inProgress), idem.Count(completed), idem.Count(failed)
+	st.Stale, st.Expired = idem.Count(stale), idem.Count(exp)
+	if oldest != nil {
+		st.OldestLockedAt = *oldest
+	}
+	return st, nil
+}
