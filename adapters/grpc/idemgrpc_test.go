@@ -68,7 +68,7 @@ func TestReconcileTakeover(t *testing.T) {
 func TestEventRouteIsTheFullMethod(t *testing.T) {
 	var routes []string
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{Store: memstore.New(),
+		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
 			Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })},
 		Principal: func(context.Context) (string, error) { return "alice", nil },
 	})
