@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,8 @@ type config struct {
 	storeTimeout     time.Duration
 	handlerDelay     time.Duration
 	simulateFailures bool
+	providerURL      string
+	providerOnly     bool
 }
 
 // Default DSNs per store when -dsn is empty.
@@ -97,6 +100,10 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	fs.BoolVar(&c.simulateFailures, "simulate-failures", c.simulateFailures,
 		"honour the X-Simulate-Failure: transient|panic header on POST /payments (env IDEM_SIMULATE_FAILURES)")
 
+	str(&c.providerURL, "provider-url", "IDEM_PROVIDER_URL", "charge every payment through the payment provider at this http:// URL "+
+		"(a payments -provider-only process); off when empty")
+	fs.BoolVar(&c.providerOnly, "provider-only", false, "serve only the fake payment provider, on -addr")
+
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(usageOut, "Usage: payments [flags]\n\nThe idem example payments service.\n\nFlags:")
@@ -124,6 +131,11 @@ func (c *config) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.addr); err != nil {
 		return fmt.Errorf("invalid -addr %q: %v", c.addr, err)
+	}
+	if c.providerURL != "" {
+		if u, err := url.Parse(c.providerURL); err != nil || u.Scheme != "http" || u.Host == "" {
+			return fmt.Errorf("invalid -provider-url %q: want http://host:port", c.providerURL)
+		}
 	}
 	if c.grpcAddr != "" {
 		if _, _, err := net.SplitHostPort(c.grpcAddr); err != nil {

@@ -26,6 +26,8 @@ func TestBadConfig(t *testing.T) {
 		{args: []string{"-addr", "nowhere"}, want: `invalid -addr "nowhere"`},
 		{args: []string{"-bogus"}, want: "flag provided but not defined: -bogus"},
 		{args: []string{"extra"}, want: `unexpected argument "extra"`},
+		{args: []string{"-provider-url", "https://pay.example"}, want: `invalid -provider-url "https://pay.example"`},
+		{env: []string{"IDEM_PROVIDER_URL=127.0.0.1:8090"}, want: `invalid -provider-url "127.0.0.1:8090"`},
 		{env: []string{"IDEM_FRAMEWORK=rails"}, want: `invalid -framework "rails"`},
 		{env: []string{"IDEM_LEASE=long"}, want: `invalid value "long" for IDEM_LEASE`},
 		{env: []string{"IDEM_SIMULATE_FAILURES=maybe"}, want: "IDEM_SIMULATE_FAILURES"},
