@@ -72,5 +72,3 @@ func TestEnvAndFlags(t *testing.T) {
 		t.Fatalf("%+v", cfg)
 	}
 }
-
-func contains(s, substr string) bool { return strings.Contains(s, substr) }
