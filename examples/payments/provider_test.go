@@ -140,9 +140,12 @@ func testProviderCrash(t *testing.T, store string) {
 	}
 
 	second := startService(t, args...)
+	// What the crash left: nothing on a store with a shared transaction;
+	// on redis the payment row if the kill came after its insert (it is
+	// written right after the charge, outside any transaction), or not.
 	left := listPayments(t, second.base, acct)
-	if want := map[bool]int{true: 1, false: 0}[store == "redis"]; len(left) != want {
-		t.Fatalf("after the crash %s has %d payments, want %d: %+v", acct, len(left), want, left)
+	if max := map[bool]int{true: 1, false: 0}[store == "redis"]; len(left) > max {
+		t.Fatalf("after the crash %s has %d payments, want at most %d: %+v", acct, len(left), max, left)
 	}
 	var (
 		conflicts int
@@ -168,8 +171,8 @@ func testProviderCrash(t *testing.T, store string) {
 	}
 	charges := chargesOf(t, prov.base, acct)
 	payments := wantPayments(t, second.base, acct, 1)
-	t.Logf("%s: charged at %v, killed at %v, %d retries refused, 201 sent at %v took %v; %d charge(s), %d payment(s)",
-		store, charged.Round(time.Millisecond), killed.Round(time.Millisecond), conflicts,
+	t.Logf("%s: charged at %v, killed at %v, %d payment row(s) left, %d retries refused, 201 sent at %v took %v; %d charge(s), %d payment(s)",
+		store, charged.Round(time.Millisecond), killed.Round(time.Millisecond), len(left), conflicts,
 		okSent.Round(time.Millisecond), okTook.Round(time.Millisecond), len(charges), len(payments))
 	if len(charges) != 1 {
 		t.Fatalf("%d charges after the crash and the retry, want 1: %+v", len(charges), charges)
@@ -183,8 +186,11 @@ func testProviderCrash(t *testing.T, store string) {
 	if okTook >= crashDelay {
 		t.Errorf("the takeover took %v: the handler ran again instead of Reconcile answering from the charge", okTook)
 	}
-	if store != "redis" && !strings.Contains(second.logs.String(), "reconciled a stale claim from the provider's charge") {
+	if len(left) == 0 && !strings.Contains(second.logs.String(), "reconciled a stale claim from the provider's charge") {
 		t.Errorf("no reconcile from the provider logged")
+	}
+	if len(left) == 1 && left[0] != p {
+		t.Fatalf("the retry answered %+v, not the payment the crashed attempt wrote %+v", p, left[0])
 	}
 	if r := do(t, "POST", second.base+"/payments", acct, key, payBody); !r.replayed() || !bytes.Equal(r.body, ok.body) {
 		t.Fatalf("retry after recovery: %v, want the replay of %s", r, ok.body)
