@@ -10,25 +10,30 @@ import (
 
 // TestWALPerRequest measures what PostgreSQL writes for each variant:
 // bytes of WAL per first request and per replay, the mean of n sequential
-// requests, each variant on emptied tables right after a CHECKPOINT. Unlike
-// throughput on a shared machine this hardly depends on load (other
-// databases on the server add a little; run it alone). It empties the
-// benchmark tables.
+// requests, each variant on emptied tables right after a CHECKPOINT. It
+// reports the raw LSN difference, which counts every other session on the
+// server, and, read with pg_walinspect, the benchmark tables' own records
+// by type (walBreakdown), which repeat whatever else runs. It fails when a
+// replay writes a record in a transaction of its own (a replay must lock
+// and write nothing). It empties the benchmark tables.
 //
 //	go test -count=1 -v -run TestWALPerRequest .
 func TestWALPerRequest(t *testing.T) {
 	const n = 200
 	ctx, admin := setupTest(t)
-	lsn := func() int64 {
-		var v int64
-		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").Scan(&v); err != nil {
+	lsn := func() (int64, string) {
+		var (
+			v int64
+			s string
+		)
+		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_wal_lsn()::text").Scan(&v, &s); err != nil {
 			t.Fatal(err)
 		}
-		return v
+		return v, s
 	}
 
 	var table strings.Builder
-	fmt.Fprintf(&table, "| variant | WAL bytes per first request | WAL bytes per replay |\n|---|---:|---:|\n")
+	fmt.Fprintf(&table, "| variant | WAL bytes per first request | own records | WAL bytes per replay | own records |\n|---|---:|---:|---:|---:|\n")
 	for _, v := range testVariants(ctx) {
 		h, closeFn, err := v.open(&Counter{})
 		if err != nil {
@@ -64,18 +69,35 @@ func TestWALPerRequest(t *testing.T) {
 		for i := range 20 { // warm the pool and the statement caches
 			post(fmt.Sprint("warm", i), http.StatusCreated)
 		}
-		start := lsn()
+		start, startLSN := lsn()
 		for i := range n {
 			post(fmt.Sprint("k", i), http.StatusCreated)
 		}
-		mid := lsn()
+		mid, midLSN := lsn()
 		for i := range n {
 			post(fmt.Sprint("k", i), http.StatusCreated)
 		}
-		end := lsn()
+		end, endLSN := lsn()
 		first, replay := float64(mid-start)/n, float64(end-mid)/n
-		t.Logf("%s: %.0f WAL bytes per first request, %.1f per replay", v.name, first, replay)
-		fmt.Fprintf(&table, "| %s | %.0f | %.1f |\n", v.name, first, replay)
+		firstStats, err := walBreakdown(ctx, admin, startLSN, midLSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayStats, err := walBreakdown(ctx, admin, midLSN, endLSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A replay must write nothing: no statement of it may take a
+		// transaction id (lock or write a row). Page prunes a read
+		// triggers are allowed; they carry none.
+		if tx := walTransactional(replayStats); tx > 0 {
+			t.Errorf("%s: %d replays wrote %d WAL records in transactions of their own, want none:\n%s",
+				v.name, n, tx, formatBreakdown(replayStats, n))
+		}
+		own, ownReplay := float64(walTotal(firstStats))/n, float64(walTotal(replayStats))/n
+		t.Logf("%s: %.0f WAL bytes per first request (own records %.1f), %.1f per replay (own %.1f); first requests:\n%s",
+			v.name, first, own, replay, ownReplay, formatBreakdown(firstStats, n))
+		fmt.Fprintf(&table, "| %s | %.0f | %.1f | %.1f | %.1f |\n", v.name, first, own, replay, ownReplay)
 		srv.Close()
 		closeFn()
 	}

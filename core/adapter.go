@@ -16,6 +16,12 @@ import (
 type Adapter[C any] struct {
 	*Engine
 	principal func(C) (string, error)
+	// Route, when set, returns the route template that matched c
+	// ("/payments/:id"), for Request.Route and so Event.Route: gin's
+	// c.FullPath(), echo's c.Path(). An empty answer falls back to the
+	// net/http request's Pattern (set when a ServeMux routed it). Adapters
+	// set it once, right after NewAdapter.
+	Route func(C) string
 }
 
 // NewAdapter checks that principal is set, builds the Engine from cfg and
@@ -50,14 +56,19 @@ func (a *Adapter[C]) Principal(c C) (string, error) {
 func (a *Adapter[C]) HandleHTTP(c C, w http.ResponseWriter, r *http.Request,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
 	principal, err := a.Principal(c)
+	req := a.HTTPRequest(r, principal)
+	if a.Route != nil {
+		if route := a.Route(c); route != "" {
+			req.Route = route
+		}
+	}
 	if err == nil {
-		a.Engine.HandleHTTP(w, r, principal, next)
+		a.Engine.handleHTTP(w, r, req, next)
 		return
 	}
 	// Without a principal Begin claims nothing and reads no body: it
 	// answers 401, or, when the key is optional and absent, lets the
 	// handler run as it would without the middleware.
-	req := a.HTTPRequest(r, "")
 	req.PrincipalErr = err
 	if _, resp := a.Begin(r.Context(), req); resp != nil {
 		WriteResponse(w, resp)

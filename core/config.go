@@ -102,7 +102,12 @@ type ReplayAuthorizer func(ctx context.Context, principal string, rec Record) er
 // became of the previous attempt's external effects. The caller holds the
 // new lease, so no other attempt runs meanwhile. Returning a non-nil
 // Response stores it as completed and replays it instead of running the
-// handler again; returning nil runs the handler. An error releases the key.
+// handler again; returning nil runs the handler. An error, or an answer
+// that cannot be stored, keeps the claim in progress, not released: the
+// effect is still unknown, and a released key would let the next retry run
+// the handler without asking. The client is told to retry once the lease
+// has run out, when the next takeover asks again. The Sweeper asks it too,
+// for the stale claims no client retries (see Sweeper).
 type Reconciler func(ctx context.Context, stale Record) (*Response, error)
 
 // Config configures an Engine. Zero fields take the documented defaults;

@@ -25,6 +25,7 @@ type Engine struct {
 	stored      map[string]bool // canonical header names in the allow-list
 	ignore      [][]string      // Config.IgnoreFields, split once
 	clockIsWall bool            // Config.Clock was left to default to time.Now
+	holds       holdTimes       // per route, how long attempts held their key (retryAfter)
 	// keyMissing and keyInvalid name the configured header and limit.
 	keyMissing, keyInvalid Problem
 }
@@ -255,7 +256,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		case !bytes.Equal(rec.Fingerprint, fp):
 			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
 		case rec.State == StateInProgress || rec.Response == nil:
-			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(rec.LockedAt, res.Now), nil)
+			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
 		}
 		if e.cfg.AuthorizeReplay != nil {
 			if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
@@ -285,31 +286,20 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
 		if err != nil {
 			a.finished = true
-			a.release(ctx, err)
-			return refuse(OutcomeReleased, ProblemStoreUnavailable, 1, fmt.Errorf("reconcile: %w", err))
+			// Not released: the effect is still unknown, and a release
+			// would let the next retry run the handler without asking.
+			err = fmt.Errorf("reconcile: %w", a.keep(ctx, err))
+			return refuse(OutcomeStoreError, ProblemStoreUnavailable, a.leaseLeft(), err)
 		}
 		if resp != nil {
 			if !a.finish() {
 				panic("idem: Attempt finished twice")
 			}
+			a.reconciled = true
 			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
 		}
 	}
 	return a, verdict{}, Event{}
-}
-
-// retryAfter tells a 409'd client when the key is likely free, in whole
-// seconds, at least 1: when the holder's deadline passes if it may still
-// be running, otherwise when its lease expires and the key can be taken
-// over. Both are measured on the store's clock.
-func (e *Engine) retryAfter(lockedAt, now time.Time) int {
-	elapsed := now.Sub(lockedAt)
-	remaining := e.cfg.RequestTimeout + e.cfg.StoreTimeout - elapsed
-	if remaining <= 0 {
-		remaining = e.cfg.Lease - elapsed
-	}
-	secs := int(math.Ceil(remaining.Seconds()))
-	return max(secs, 1)
 }
 
 // replay marks the stored response as replayed. The record is the caller's
@@ -343,6 +333,7 @@ type Attempt struct {
 	ev          Event
 	start       time.Time
 	reclaimed   bool
+	reconciled  bool // the result is Reconcile's answer, not a handler's (see keep)
 	fingerprint [32]byte
 	// classifier is the call's own (Call.Classify); nil uses
 	// Config.Classify, with status 0 taken as 200.
@@ -431,6 +422,7 @@ func (a *Attempt) settle(res Result) verdict {
 		a.ev.Outcome, a.ev.Err = outcome, v.err
 		a.ev.TxUsed = a.tx != nil && a.tx.Used()
 		a.ev.Duration = e.cfg.Clock().Sub(a.start)
+		e.holds.observe(a.ev.Route, a.ev.Duration)
 		return v
 	}
 	if res.Status == 0 && a.classifier == nil {
@@ -442,7 +434,7 @@ func (a *Attempt) settle(res Result) verdict {
 	disp := a.classify(res.Status, res.Err)
 	now := time.Now()
 	deadlineErr := a.hctx.errAt(now)
-	if deadlineErr != nil {
+	if deadlineErr != nil && !a.reconciled {
 		disp = Release
 	}
 	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
@@ -496,6 +488,11 @@ func (a *Attempt) settle(res Result) verdict {
 			// stays in progress until its lease expires, when a takeover
 			// asks Reconcile what happened.
 			return done(OutcomeTxEnded, a.txEnded(err))
+		}
+		if a.reconciled {
+			// Reconcile said the effect happened: kept, not released,
+			// for the next takeover to ask again.
+			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: a.leaseLeft(), err: err})
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its

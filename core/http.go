@@ -12,7 +12,10 @@ func (restoredBody) Close() error { return nil }
 
 // HTTPRequest returns the engine's view of r for principal. Adapters for
 // frameworks built on net/http (net/http itself, Gin, Echo) use it so that
-// every one of them reads the same headers the same way.
+// every one of them reads the same headers the same way. Its Route is
+// r.Pattern, the ServeMux pattern that matched ("POST /payments/{id}"),
+// empty when no ServeMux has routed r yet; an adapter for a framework with
+// its own router sets Route after (see Adapter.Route).
 func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 	key := r.Header.Get(e.cfg.Header)
 	if key == "" && len(r.Header.Values(e.cfg.Header)) > 0 {
@@ -21,6 +24,7 @@ func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 	return Request{
 		Method:        r.Method,
 		Path:          r.URL.RequestURI(),
+		Route:         r.Pattern,
 		Principal:     principal,
 		Key:           key,
 		ContentType:   r.Header.Get("Content-Type"),
@@ -43,7 +47,13 @@ func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 // key and goes on unchanged to the framework's recovery.
 func (e *Engine) HandleHTTP(w http.ResponseWriter, r *http.Request, principal string,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
-	att, resp := e.Begin(r.Context(), e.HTTPRequest(r, principal))
+	e.handleHTTP(w, r, e.HTTPRequest(r, principal), next)
+}
+
+// handleHTTP is HandleHTTP with the engine's view of r already built.
+func (e *Engine) handleHTTP(w http.ResponseWriter, r *http.Request, req Request,
+	next func(r2 *http.Request, buf *ResponseBuffer) error) {
+	att, resp := e.Begin(r.Context(), req)
 	if att == nil {
 		if resp == nil {
 			_ = next(r, nil)

@@ -8,12 +8,37 @@ import (
 	"time"
 )
 
-// Sweeper deletes expired records in batches and reports stale claims.
+// Sweeper deletes expired records in batches, reports stale claims and,
+// given an Engine whose Config.Reconcile is set, resolves them.
+//
 // Correctness never waits for it: the claim already treats an expired
-// record as absent. Several sweepers (one per instance) may run against one
-// store; the store's PurgeExpired makes their batches disjoint.
+// record as absent, and a client's retry takes a stale claim over and asks
+// Reconcile itself. The sweeper is for the claims no client retries: a
+// crashed attempt whose external effect (a charged card) would otherwise
+// stay unknown and unrecorded until the record expires. For each stale
+// claim it makes the same fenced takeover a retry makes (Store.Claim with
+// the record's fingerprint and a new token), so a retrying client and the
+// sweeper cannot both hold the key: whichever claims second finds the key
+// held (the client gets a 409 and, after it, the reconciled replay or a
+// fresh run) or settled. Then it asks Reconcile: a Response is stored as
+// completed (or failed, per Config.Classify) in one commit and replayed to
+// the next retry; nil, "no effect", releases the key so the next retry runs
+// the handler; an error keeps the claim, stale again after Lease, for the
+// next sweep or a client to ask again. Without an Engine, or without
+// Reconcile, stale claims are only reported.
+//
+// Several sweepers (one per instance) may run against one store: the
+// store's PurgeExpired makes their batches disjoint, and the fenced
+// takeover lets one of them resolve each stale claim.
 type Sweeper struct {
-	// Store is swept. Required.
+	// Engine, when set, is the engine whose records are swept: Store and
+	// Lease default to its Config's, and with Config.Reconcile set the
+	// stale claims are taken over and reconciled. Setting the engine
+	// rather than copying its Reconcile keeps the takeover's lease,
+	// retention, timeouts and classifier the ones the engine's own
+	// takeovers use.
+	Engine *Engine
+	// Store is swept. Required unless Engine is set.
 	Store Store
 	// Interval between sweeps. Default 1 minute.
 	Interval time.Duration
@@ -23,7 +48,8 @@ type Sweeper struct {
 	// the database for long. Default 100.
 	MaxBatches int
 	// Lease is the engine's lease: in-progress records older than it are
-	// reported as stale. Zero disables the report.
+	// reported as stale. Zero takes the Engine's, or without one disables
+	// the report.
 	Lease time.Duration
 	// Logger receives one line per sweep that did something, and every
 	// stale claim. Default slog.Default().
@@ -37,9 +63,28 @@ type Sweeper struct {
 type SweepResult struct {
 	// Purged counts the expired records deleted.
 	Purged int
+	// Backlog is true when the purge stopped at MaxBatches, every batch
+	// full: expired records may remain. Run then sweeps again at once
+	// instead of waiting for Interval, so a busy store is purged at the
+	// rate the database allows, not at BatchSize × MaxBatches per Interval.
+	Backlog bool
 	// Stale lists in-progress records whose lease had expired, at most
-	// BatchSize of them, oldest first.
+	// BatchSize of them, oldest first, as listed before any was resolved.
 	Stale []Record
+	// Reconciled counts the stale claims taken over whose Reconcile
+	// answer was stored: the next retry replays it.
+	Reconciled int
+	// Released counts the stale claims taken over and released because
+	// Reconcile found no effect (or Config.Classify released its answer):
+	// the next retry runs the handler.
+	Released int
+	// Raced counts the stale claims another attempt (a client's retry,
+	// another sweeper) took over or settled first: nothing was done.
+	Raced int
+	// Failed counts the stale claims whose takeover, Reconcile or store
+	// calls failed; Sweep's error says why. A claim whose Reconcile
+	// failed stays in progress and is retried once stale again.
+	Failed int
 }
 
 // SweepObserver receives the result of every sweep a Sweeper's Run makes,
@@ -54,7 +99,23 @@ type SweepObserver interface {
 // does not end the sweep: with several sweepers at once, one's batch comes
 // back short because another deleted part of it, while expired records
 // remain.
+//
+// With an Engine whose Config.Reconcile is set, each stale claim is then
+// taken over and reconciled (see Sweeper), one after the other; a failure
+// with one does not stop the others, and Sweep returns them all joined.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
+	store, lease := s.Store, s.Lease
+	if s.Engine != nil {
+		if store == nil {
+			store = s.Engine.cfg.Store
+		}
+		if lease == 0 {
+			lease = s.Engine.cfg.Lease
+		}
+	}
+	if store == nil {
+		return SweepResult{}, fmt.Errorf("%w: Sweeper.Store or Sweeper.Engine is required", ErrInvalidConfig)
+	}
 	batch, maxBatches := s.BatchSize, s.MaxBatches
 	if batch <= 0 {
 		batch = 500
@@ -63,8 +124,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		maxBatches = 100
 	}
 	var res SweepResult
+	full := 0 // consecutive full batches
 	for range maxBatches {
-		n, err := s.Store.PurgeExpired(ctx, batch)
+		n, err := store.PurgeExpired(ctx, batch)
 		res.Purged += n
 		if err != nil {
 			return res, fmt.Errorf("idem: sweep: %w", err)
@@ -72,23 +134,51 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		if n == 0 {
 			break
 		}
-	}
-	if s.Lease > 0 {
-		stale, err := s.Store.ListStale(ctx, s.Lease, batch)
-		if err != nil {
-			return res, fmt.Errorf("idem: sweep: list stale: %w", err)
+		if n == batch {
+			full++
 		}
-		res.Stale = stale
 	}
-	return res, nil
+	res.Backlog = full == maxBatches
+	if lease <= 0 {
+		return res, nil
+	}
+	stale, err := store.ListStale(ctx, lease, batch)
+	if err != nil {
+		return res, fmt.Errorf("idem: sweep: list stale: %w", err)
+	}
+	res.Stale = stale
+	if s.Engine == nil || s.Engine.cfg.Reconcile == nil {
+		return res, nil
+	}
+	var errs []error
+	for _, r := range stale {
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
+		}
+		action, err := s.Engine.reconcileStale(ctx, r)
+		switch action {
+		case staleReconciled:
+			res.Reconciled++
+		case staleReleased:
+			res.Released++
+		case staleRaced:
+			res.Raced++
+		default:
+			res.Failed++
+			errs = append(errs, fmt.Errorf("idem: sweep: key_hash %s: %w", keyHash(r.Principal, r.Key), err))
+		}
+	}
+	return res, errors.Join(errs...)
 }
 
 // Run sweeps every Interval until ctx is done, logging what each sweep did.
-// It returns ctx's error; a failed sweep is logged and retried at the next
-// interval.
+// A sweep that left a backlog (SweepResult.Backlog) is followed at once by
+// the next. It returns ctx's error; a failed sweep is logged and retried at
+// the next interval.
 func (s *Sweeper) Run(ctx context.Context) error {
-	if s.Store == nil {
-		return fmt.Errorf("%w: Sweeper.Store is required", ErrInvalidConfig)
+	if s.Store == nil && s.Engine == nil {
+		return fmt.Errorf("%w: Sweeper.Store or Sweeper.Engine is required", ErrInvalidConfig)
 	}
 	interval, logger := s.Interval, s.Logger
 	if interval <= 0 {
@@ -107,12 +197,19 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		switch {
 		case err != nil && !errors.Is(err, context.Canceled):
 			logger.WarnContext(ctx, "idempotency sweep failed", slog.String("error", err.Error()), slog.Int("purged", res.Purged))
-		case res.Purged > 0:
-			logger.InfoContext(ctx, "idempotency sweep", slog.Int("purged", res.Purged))
+		case res.Purged > 0 || res.Reconciled > 0 || res.Released > 0:
+			logger.InfoContext(ctx, "idempotency sweep", slog.Int("purged", res.Purged),
+				slog.Int("reconciled", res.Reconciled), slog.Int("released", res.Released))
 		}
 		for _, r := range res.Stale {
+			// The key is hashed as in the engine's log: the sweeper has no
+			// Config.LogKeys to say otherwise.
 			logger.WarnContext(ctx, "stale idempotency claim",
-				slog.String("key", r.Key), slog.Time("locked_at", r.LockedAt), slog.String("request_id", r.RequestID))
+				slog.String("key_hash", keyHash(r.Principal, r.Key)), slog.Time("locked_at", r.LockedAt),
+				slog.String("request_id", r.RequestID))
+		}
+		if res.Backlog && err == nil && ctx.Err() == nil {
+			continue
 		}
 		select {
 		case <-ctx.Done():

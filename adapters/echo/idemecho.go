@@ -58,6 +58,9 @@ func New(cfg Config) (echo.MiddlewareFunc, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The route Echo's router matched, set before e.Use and group
+	// middleware run; "" in e.Pre middleware, which runs before routing.
+	a.Route = func(c echo.Context) string { return c.Path() }
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			res, req := c.Response(), c.Request()

@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
 	idem "github.com/idemgo/idem/core"
@@ -103,6 +104,8 @@ type middleware struct {
 	// observed is true when an Observer or a Logger receives the engine's
 	// Events, which may outlive the request.
 	observed bool
+	// routes is the app's route table, for Request.Route (see route).
+	routes atomic.Pointer[routeTable]
 }
 
 // handle is the middleware: it runs one request through the engine.
@@ -225,6 +228,7 @@ func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	return idem.Request{
 		Method:        method,
 		Path:          path,
+		Route:         m.route(c),
 		Principal:     principal,
 		PrincipalErr:  perr,
 		Key:           key,
@@ -233,6 +237,76 @@ func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 		Body:          body,
 		ContentLength: length,
 	}, br
+}
+
+// route returns the template of the route c is routed to ("/payments/:id"),
+// or "" when none matches. c.Route() cannot say: in app.Use or a group's
+// middleware it is the middleware's own mount ("/", "/payments"), because
+// Fiber routes one step at a time, in c.Next(). So the route is the first
+// one of c's method, middleware mounts left out, whose pattern matches c's
+// path: the one c.Next() runs, unless a handler before it rewrites the path
+// or passes the request on with c.Next(). Route paths belong to the app,
+// never to fasthttp's buffers, so they need no copy.
+func (m *middleware) route(c *fiber.Ctx) string {
+	app := c.App()
+	rt := m.routes.Load()
+	if rt == nil || rt.app != app || rt.handlers != app.HandlersCount() {
+		rt = newRouteTable(app)
+		m.routes.Store(rt)
+	}
+	k := routeKey{c.Method(), c.Path()}
+	rt.mu.RLock()
+	pattern, ok := rt.seen[k]
+	rt.mu.RUnlock()
+	if ok {
+		return pattern
+	}
+	for _, p := range rt.byMethod[k.method] {
+		if fiber.RoutePatternMatch(k.path, p, rt.cfg) {
+			pattern = p
+			break
+		}
+	}
+	// The keys point into fasthttp's buffers: copy them to keep them.
+	k = routeKey{strings.Clone(k.method), strings.Clone(k.path)}
+	rt.mu.Lock()
+	if len(rt.seen) >= maxSeenPaths {
+		clear(rt.seen)
+	}
+	rt.seen[k] = pattern
+	rt.mu.Unlock()
+	return pattern
+}
+
+// maxSeenPaths bounds the paths a routeTable remembers the route of. A
+// matching costs a few allocations (fiber.RoutePatternMatch parses the
+// pattern every time), a remembered path none; retries of one request, and
+// routes without parameters, hit it. Full, it starts over.
+const maxSeenPaths = 1024
+
+type routeKey struct{ method, path string }
+
+// routeTable is an app's routes by method, middleware mounts left out, in
+// the order Fiber tries them, and the route of the paths seen lately. It is
+// rebuilt when a route is added (the app's handler count changes) or the
+// middleware serves another app.
+type routeTable struct {
+	app      *fiber.App
+	handlers uint32
+	cfg      fiber.Config
+	byMethod map[string][]string
+
+	mu   sync.RWMutex
+	seen map[routeKey]string
+}
+
+func newRouteTable(app *fiber.App) *routeTable {
+	rt := &routeTable{app: app, handlers: app.HandlersCount(), cfg: app.Config(),
+		byMethod: make(map[string][]string), seen: make(map[routeKey]string)}
+	for _, r := range app.GetRoutes(true) {
+		rt.byMethod[r.Method] = append(rt.byMethod[r.Method], r.Path)
+	}
+	return rt
 }
 
 // ownMethod returns method in memory of its own: Fiber's constant for one

@@ -65,6 +65,9 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The matched route, group prefix included ("/api/payments/:id"): Gin
+	// routes before any middleware runs, r.Use's included.
+	a.Route = func(c *gin.Context) string { return c.FullPath() }
 	return func(c *gin.Context) {
 		orig, origReq := c.Writer, c.Request
 		ran := false

@@ -217,7 +217,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		herr  error
 	)
 	res, err := i.a.Do(hctx, idem.Call{
-		Principal: principal, PrincipalErr: perr, Key: key, Operation: info.FullMethod,
+		Principal: principal, PrincipalErr: perr, Key: key, Operation: info.FullMethod, Route: info.FullMethod,
 		Encoding: Encoding, Input: input, RequestID: requestID, Classify: i.classify,
 	}, func(ctx context.Context) (idem.Response, error) {
 		ran = true

@@ -62,3 +62,28 @@ func TestReconcileTakeover(t *testing.T) {
 		}
 	}
 }
+
+// TestEventRouteIsTheFullMethod: per-route metrics label a gRPC call by its
+// full method name, a bounded set, never by anything the client sent.
+func TestEventRouteIsTheFullMethod(t *testing.T) {
+	var routes []string
+	idempotent, err := idemgrpc.New(idemgrpc.Config{
+		Config: idem.Config{Store: memstore.New(),
+			Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })},
+		Principal: func(context.Context) (string, error) { return "alice", nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: testpb.TestService_Act_FullMethodName}
+	handler := func(ctx context.Context, req any) (any, error) { return &testpb.ActReply{}, nil }
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-route"))
+	for range 2 { // the run and its replay
+		if _, err := idempotent(ctx, &testpb.ActRequest{EffectId: "pay_1"}, info, handler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(routes) != 2 || routes[0] != info.FullMethod || routes[1] != info.FullMethod {
+		t.Fatalf("routes %q, want %s twice", routes, info.FullMethod)
+	}
+}

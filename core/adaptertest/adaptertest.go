@@ -35,6 +35,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"EarlierHeadersSurvive", testEarlierHeaders},
 		{"TransactionCommitsWithRecord", testTransactionCommits},
 		{"FirstRequestThenReplay", testFirstThenReplay},
+		{"EventRouteIsTheTemplate", testRouteTemplate},
 		{"ConcurrentIdenticalRequestsRunOnce", testConcurrentRunOnce},
 		{"ChangedBodyIs422", testChangedBody},
 		{"CanonicalJSONReplays", testCanonicalJSON},

@@ -49,6 +49,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"ConcurrentPurgersDeleteOnce", testConcurrentPurge},
 		{"SweepersUnderLiveTraffic", testSweepersUnderTraffic},
 		{"ListStale", testListStale},
+		{"SweeperAndRetryRaceForAStaleClaim", testSweeperRacesRetry},
 		{"ResponseRoundTrip", testResponseRoundTrip},
 	}
 	for _, tc := range tests {
@@ -136,6 +137,17 @@ func settleWithEffect(ctx context.Context, b Backend, lease idem.Lease, id strin
 		return fmt.Errorf("WriteEffect: %w", err)
 	}
 	return tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp})
+}
+
+// settleFailed begins a transaction for lease and settles it failed with a
+// stored 400.
+func settleFailed(ctx context.Context, b Backend, lease idem.Lease) error {
+	_, tx, err := b.Store.BeginTx(ctx, lease)
+	if err != nil {
+		return fmt.Errorf("BeginTx: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return tx.Settle(ctx, idem.Outcome{State: idem.StateFailed, Response: idem.Response{Status: http.StatusBadRequest}})
 }
 
 // claimAndBegin claims a fresh key for alice and begins its transaction.
@@ -611,11 +623,23 @@ func testGetMissing(t *testing.T, b Backend) {
 func testPurgeExpired(t *testing.T, b Backend) {
 	ctx := ctxT(t)
 	var expired, live []string
+	// Expired records in every state: abandoned claims, completed and
+	// failed ones (a store may find them through different indexes).
 	for i := range 7 {
 		req := claimReq("alice", uniq(fmt.Sprintf("exp%d", i)), "body")
 		req.Retention = Lease
 		mustClaim(t, b.Store, req)
 		expired = append(expired, req.Key)
+		switch i % 3 {
+		case 1:
+			if err := settleWithEffect(ctx, b, leaseOf(req), req.Key, okResponse("old")); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			if err := settleFailed(ctx, b, leaseOf(req)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	for i := range 3 {
 		req := claimReq("alice", uniq(fmt.Sprintf("live%d", i)), "body")

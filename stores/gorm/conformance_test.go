@@ -9,9 +9,15 @@ import (
 	"gorm.io/gorm"
 )
 
+// The dialects run side by side: each is its own server (or SQLite file)
+// and every Backend its own fresh table, and the suite is mostly waiting on
+// them.
 func TestConformance(t *testing.T) {
 	for _, d := range dialects {
-		t.Run(d, func(t *testing.T) { storetest.Run(t, newBackend(d)) })
+		t.Run(d, func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, newBackend(d))
+		})
 	}
 }
 
@@ -34,6 +40,7 @@ func TestConformanceMySQLOddSession(t *testing.T) {
 func TestConformanceReplicas(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d, func(t *testing.T) {
+			t.Parallel()
 			storetest.Run(t, func(t testing.TB) storetest.Backend {
 				var db *gorm.DB = idemgormtest.OpenResolverDB(t, d, false)
 				return idemgormtest.NewFixtureOn(t, db, d).Backend()

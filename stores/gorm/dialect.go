@@ -189,6 +189,7 @@ type queries struct {
 	takeExpired string // fenced takeover of an expired record
 	takeStale   string // fenced takeover of a stale in-progress lease
 	settle      string
+	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
 	release     string
 	get         string
 	purge       string
@@ -333,6 +334,15 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 		q.settle = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('statement_timeout', ?, true) AS st)" +
 			" UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
 			where + " AND lease_token = ? AND state = 'in_progress'"
+		// The same, for a batch with COMMIT behind it: a missed fence must
+		// abort the transaction, not merely report zero rows, or the COMMIT
+		// would commit the handler's writes without the outcome. The CASE
+		// raises (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly
+		// one row was updated; the server then skips the COMMIT.
+		q.settlePipe = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('statement_timeout', ?, true) AS st)," +
+			" u AS (UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
+			where + " AND lease_token = ? AND state = 'in_progress' RETURNING 1)" +
+			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
 		q.release = pgLock + "DELETE FROM " + T + " USING cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
 	} else {
 		q.settle = my + "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
@@ -344,8 +354,15 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	case dialectPostgres:
 		// SKIP LOCKED lets several sweepers share the work; the outer
 		// condition re-checks expiry on the row version being deleted.
-		q.purge = "DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM " + T +
-			" WHERE expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED) AS d" +
+		// Settled rows come from the expires index, which holds only them;
+		// the few expired in-progress rows from the stale index, which
+		// holds only those. It binds the limit three times.
+		q.purge = "WITH settled AS (SELECT principal, " + K + " FROM " + T +
+			" WHERE state <> 'in_progress' AND expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)," +
+			" held AS (SELECT principal, " + K + " FROM " + T +
+			" WHERE state = 'in_progress' AND expires_at <= now() LIMIT ? FOR UPDATE SKIP LOCKED)" +
+			" DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM settled UNION ALL" +
+			" SELECT principal, " + K + " FROM held LIMIT ?) AS d" +
 			" WHERE t.principal = d.principal AND t." + K + " = d." + K + " AND t.expires_at <= now()"
 	case dialectMySQL:
 		// A DELETE … ORDER BY expires_at LIMIT lets the optimizer scan the
@@ -366,7 +383,7 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
 
 	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.selectNow, &q.takeExpired, &q.takeStale,
-		&q.settle, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
+		&q.settle, &q.settlePipe, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}
 	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"

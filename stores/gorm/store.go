@@ -684,7 +684,11 @@ func (s *Store) purgeOnce(ctx context.Context, limit int) (int, error) {
 	}
 	var n int64
 	err := s.writeTurn(ctx, func() (err error) {
-		n, err = s.exec(ctx, s.q.purge, limit)
+		if s.dialect == dialectPostgres {
+			n, err = s.exec(ctx, s.q.purge, limit, limit, limit)
+		} else {
+			n, err = s.exec(ctx, s.q.purge, limit)
+		}
 		return err
 	})
 	return int(n), err

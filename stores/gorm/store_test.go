@@ -70,6 +70,7 @@ func contentionRounds(dialect string) int {
 func TestExactlyOnceUnderContention(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d, func(t *testing.T) {
+			t.Parallel() // each dialect is its own server, each fixture its own table
 			f := newFixture(t, d)
 			ctx := testCtx(t)
 			const goroutines = 16

@@ -278,6 +278,11 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
+	if t.store.dialect == dialectPostgres {
+		if sent, err := t.settleAndCommit(ctx, args); sent {
+			return err
+		}
+	}
 	res, err := t.store.execOn(ctx, t.conn, query, args...)
 	if err != nil {
 		ended := t.serverEnded(ctx)

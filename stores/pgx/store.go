@@ -401,14 +401,28 @@ WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	s.get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
 
 	// Several sweepers can run at once: each locks its own batch and skips
-	// rows another holds. The locking re-checks expires_at on the latest
-	// version of a row that changed after the snapshot.
-	s.purge = fmt.Sprintf(`DELETE FROM %[1]s AS t USING (
+	// rows another holds. The locking re-checks state and expires_at on the
+	// latest version of a row that changed after the snapshot. Settled rows
+	// come from the expires_at index, which holds only them; the few
+	// expired in_progress rows (abandoned claims) from the locked_at index,
+	// which holds only those; the batch takes settled rows first.
+	s.purge = fmt.Sprintf(`WITH settled AS (
 	SELECT principal, key FROM %[1]s
-	WHERE expires_at <= now()
+	WHERE state <> 'in_progress' AND expires_at <= now()
 	ORDER BY expires_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
+), held AS (
+	SELECT principal, key FROM %[1]s
+	WHERE state = 'in_progress' AND expires_at <= now()
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM %[1]s AS t USING (
+	SELECT principal, key FROM settled
+	UNION ALL
+	SELECT principal, key FROM held
+	LIMIT $1
 ) AS d
 WHERE t.principal = d.principal AND t.key = d.key`, t)
 

@@ -103,7 +103,7 @@ var Harness = adaptertest.Harness{
 		mux := http.NewServeMux()
 		mux.Handle("/outside", h)
 		mux.Handle("/payments", chain(group, h))
-		mux.Handle("/payments/", chain(group, h))
+		mux.Handle("/payments/{rest...}", chain(group, h))
 		srv := httptest.NewServer(Recoverer(header(s.Header, chain(global, mux))))
 		t.Cleanup(srv.Close)
 		return srv.URL, nil

@@ -1,0 +1,118 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// staleAction is what the sweeper did with one stale claim.
+type staleAction int
+
+const (
+	staleRaced      staleAction = iota // another attempt took it over or settled it first
+	staleReconciled                    // Reconcile's answer stored as completed (or failed)
+	staleReleased                      // no effect: the key is free for the next retry
+	staleFailed                        // takeover, Reconcile or the store failed
+)
+
+// reconcileStale is the sweeper's half of the stale state: it takes stale
+// over with the same fenced takeover a retry makes (Store.Claim with the
+// record's fingerprint and a new token), so a retrying client and the
+// sweeper cannot both hold the key, then asks Config.Reconcile what became
+// of the crashed attempt. A Response is stored as a retry's reconcile
+// stores it, in one commit (BeginTx, Settle); nil releases the key. When
+// Reconcile fails the transaction is rolled back and the claim kept: it is
+// stale again after Lease, for the next sweep or a client's takeover to
+// ask again, instead of letting a retry run the handler blind. The caller
+// checked that Reconcile is set.
+func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction, error) {
+	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: newToken()}
+	res, err := e.cfg.Store.Claim(ctx, ClaimRequest{
+		Principal: lease.Principal, Key: lease.Key, Fingerprint: stale.Fingerprint, Token: lease.Token,
+		RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+	})
+	switch {
+	case err != nil:
+		// A claim whose answer was lost may have committed: release it,
+		// fenced by this token, as a client's failed claim does.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
+		defer cancel()
+		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, rerr)
+		}
+		return staleFailed, fmt.Errorf("claim: %w", err)
+	case !res.Claimed:
+		return staleRaced, nil
+	case !res.Reclaimed:
+		// The record expired meanwhile and the claim made a new one: the
+		// key counts as absent, so give it back.
+		if err := e.cfg.Store.Release(ctx, lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+			return staleFailed, fmt.Errorf("release an expired record's claim: %w", err)
+		}
+		return staleRaced, nil
+	}
+
+	start := e.cfg.Clock()
+	a := &Attempt{e: e, lease: lease, start: start, reclaimed: true,
+		ev: Event{Principal: lease.Principal, Key: lease.Key, RequestID: stale.RequestID}}
+	copy(a.fingerprint[:], stale.Fingerprint)
+	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
+	if err != nil {
+		a.finished = true
+		a.release(ctx, nil)
+		return staleFailed, fmt.Errorf("begin: %w", err)
+	}
+	a.tx = tx
+	a.hctx.init(txCtx, time.Now().Add(e.cfg.RequestTimeout))
+	a.ctx = &a.hctx
+
+	resp, err := e.cfg.Reconcile(a.ctx, res.Record)
+	a.finished = true
+	if err != nil {
+		return staleFailed, fmt.Errorf("reconcile: %w", a.keep(ctx, err))
+	}
+	if resp == nil {
+		if ended := a.release(ctx, nil); ended != nil {
+			return staleFailed, fmt.Errorf("release: %w", ended)
+		}
+		if a.ev.Err != nil {
+			return staleFailed, fmt.Errorf("release: %w", a.ev.Err)
+		}
+		return staleReleased, nil
+	}
+	a.reconciled = true
+	v := a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body})
+	switch {
+	case v.stored != "":
+		return staleReconciled, nil
+	case v.outcome == OutcomeReleased && v.problem == "":
+		return staleReleased, nil // the classifier released Reconcile's answer
+	case v.err != nil:
+		return staleFailed, fmt.Errorf("settle: %w", v.err)
+	}
+	return staleFailed, fmt.Errorf("settle: %s", v.outcome)
+}
+
+// keep ends a takeover whose outcome is unknown without releasing its
+// claim: it rolls the transaction back and leaves the record in progress,
+// stale again after Lease. It returns cause, joined with the rollback's
+// error if any.
+func (a *Attempt) keep(ctx context.Context, cause error) error {
+	defer a.hctx.cancel()
+	sctx := a.storeContext(ctx, time.Now())
+	defer a.sctx.cancel()
+	if err := a.tx.Rollback(sctx); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// leaseLeft is the Retry-After, in whole seconds and at least 1, for a
+// claim kept in progress: when its lease runs out and a takeover may ask
+// Reconcile again.
+func (a *Attempt) leaseLeft() int {
+	return max(int(math.Ceil((a.e.cfg.Lease - time.Since(a.start)).Seconds())), 1)
+}
