@@ -11,8 +11,10 @@
 //
 //	idem.requests               counter {request}, attributes idem.outcome and http.route
 //	idem.claim.duration         histogram s: the store's Claim latency
-//	idem.stale_claims           gauge {claim}: in-progress records past the lease at the last sweep
-//	idem.stale_claim.oldest_age gauge s: age of the oldest of them, 0 when none
+//	idem.stale_claims           gauge {claim}: in-progress records past the lease the last sweep left unresolved
+//	idem.stale_claim.oldest_age gauge s: age of the oldest stale claim the last sweep listed, 0 when none
+//	idem.sweep.stale            counter {claim}: stale claims the sweeper took over, by idem.result
+//	                            (reconciled, released, raced, failed)
 //	idem.sweep.purged           counter {record}: expired records the sweeper deleted
 //	idem.sweep.errors           counter {sweep}: sweeps that failed
 //
@@ -63,6 +65,7 @@ const (
 	AttrRoute    = attribute.Key("http.route")
 	AttrMethod   = attribute.Key("http.request.method")
 	AttrStatus   = attribute.Key("http.response.status_code")
+	AttrResult   = attribute.Key("idem.result") // of a stale claim the sweeper took over
 )
 
 // Options configures New. The zero value is valid.
@@ -84,6 +87,7 @@ type Observer struct {
 	claim       metric.Float64Histogram
 	stale       metric.Int64Gauge
 	staleAge    metric.Float64Gauge
+	resolved    metric.Int64Counter
 	purged      metric.Int64Counter
 	sweepErrors metric.Int64Counter
 	now         func() time.Time
@@ -120,6 +124,9 @@ func New(opts Options) (*Observer, error) {
 	err = errors.Join(err, e)
 	o.staleAge, e = m.Float64Gauge("idem.stale_claim.oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest stale claim at the last sweep; 0 when there is none."))
+	err = errors.Join(err, e)
+	o.resolved, e = m.Int64Counter("idem.sweep.stale", metric.WithUnit("{claim}"),
+		metric.WithDescription("Stale claims the sweeper took over, by result: reconciled (answer stored), released, raced (another attempt was first), failed."))
 	err = errors.Join(err, e)
 	o.purged, e = m.Int64Counter("idem.sweep.purged", metric.WithUnit("{record}"),
 		metric.WithDescription("Expired idempotency records the sweeper deleted."))
@@ -175,20 +182,30 @@ func (o *Observer) Observe(ctx context.Context, ev idem.Event) {
 	span.End(trace.WithTimestamp(end))
 }
 
-// ObserveSweep implements idem.SweepObserver. A successful sweep records
-// the stale gauges; a failed one counts the failure (unless ctx was
-// cancelled: the sweeper stopping) and leaves them. Purged records count
-// either way.
+// ObserveSweep implements idem.SweepObserver. A sweep that listed the
+// stale claims records the stale gauges: the claims it listed and did not
+// resolve, and the age of the oldest listed; one that failed before it
+// could list them records none (it does not know). A failed sweep is
+// counted, unless it failed because ctx was cancelled (the sweeper
+// stopping). Purged records and resolved claims count either way.
 func (o *Observer) ObserveSweep(ctx context.Context, res idem.SweepResult, err error) {
 	// The sweeper calls with its own context, which may be done already.
 	ctx = context.WithoutCancel(ctx)
 	if res.Purged > 0 {
 		o.purged.Add(ctx, int64(res.Purged))
 	}
-	if err != nil {
-		if !errors.Is(err, context.Canceled) {
-			o.sweepErrors.Add(ctx, 1)
+	for _, r := range []struct {
+		result string
+		n      int
+	}{{"reconciled", res.Reconciled}, {"released", res.Released}, {"raced", res.Raced}, {"failed", res.Failed}} {
+		if r.n > 0 {
+			o.resolved.Add(ctx, int64(r.n), metric.WithAttributes(AttrResult.String(r.result)))
 		}
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		o.sweepErrors.Add(ctx, 1)
+	}
+	if err != nil && len(res.Stale) == 0 {
 		return
 	}
 	now := o.now()
@@ -196,7 +213,7 @@ func (o *Observer) ObserveSweep(ctx context.Context, res idem.SweepResult, err e
 	for _, r := range res.Stale {
 		age = max(age, now.Sub(r.LockedAt).Seconds())
 	}
-	o.stale.Record(ctx, int64(len(res.Stale)))
+	o.stale.Record(ctx, int64(max(0, len(res.Stale)-res.Reconciled-res.Released-res.Raced)))
 	o.staleAge.Record(ctx, age)
 }
 

@@ -289,3 +289,46 @@ func TestRequestID(t *testing.T) {
 		t.Errorf("RequestID = %q, want %q", idemotel.RequestID(ctx), want)
 	}
 }
+
+// TestSweepReconciles: the stale gauge counts the claims a reconciling
+// sweep left, and the results are counted by idem.result.
+func TestSweepReconciles(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	o, reader, _, _ := setup(t, clk.Now)
+	store := memstore.New(memstore.WithClock(clk.Now))
+	e, err := idem.New(idem.Config{Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
+		switch stale.Key {
+		case "charged":
+			return &idem.Response{Status: http.StatusCreated}, nil
+		case "provider-down":
+			return nil, errors.New("provider: connection refused")
+		}
+		return nil, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"charged", "not-charged", "provider-down"} {
+		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+			Token: key, Lease: e.Config().Lease, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(e.Config().Lease + time.Minute)
+	sw := &idem.Sweeper{Engine: e, Logger: slog.New(slog.DiscardHandler)}
+	res, err := sw.Sweep(ctx)
+	o.ObserveSweep(ctx, res, err)
+	ms := collect(t, reader)
+	if dps := ms["idem.stale_claims"].Data.(metricdata.Gauge[int64]).DataPoints; len(dps) != 1 || dps[0].Value != 1 {
+		t.Errorf("idem.stale_claims %+v, want 1 (provider-down)", dps)
+	}
+	for _, r := range []string{"reconciled", "released", "failed"} {
+		if n, _ := sum(t, ms["idem.sweep.stale"], idemotel.AttrResult.String(r)); n != 1 {
+			t.Errorf("idem.sweep.stale{%s} = %d, want 1", r, n)
+		}
+	}
+	if n, _ := sum(t, ms["idem.sweep.errors"]); n != 1 {
+		t.Errorf("idem.sweep.errors = %d, want 1", n)
+	}
+}

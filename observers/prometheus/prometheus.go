@@ -10,8 +10,10 @@
 //
 //	idem_requests_total{outcome, route}          counter: one per request, by idem.OutcomeLabel and Event.Route
 //	idem_claim_duration_seconds                  histogram: the store's Claim latency
-//	idem_stale_claims                            gauge: in-progress records past the lease at the last sweep
-//	idem_stale_claim_oldest_age_seconds          gauge: age of the oldest of them at the last sweep, 0 when none
+//	idem_stale_claims                            gauge: in-progress records past the lease the last sweep left unresolved
+//	idem_stale_claim_oldest_age_seconds          gauge: age of the oldest stale claim the last sweep listed, 0 when none
+//	idem_sweep_stale_total{result}               counter: stale claims the sweeper resolved or tried to, by result:
+//	                                             reconciled, released, raced, failed (Sweeper.Engine with Config.Reconcile)
 //	idem_sweep_purged_total                      counter: expired records the sweeper deleted
 //	idem_sweep_errors_total                      counter: sweeps that failed
 //	idem_sweep_last_success_timestamp_seconds    gauge: when a sweep last succeeded (Unix time)
@@ -60,6 +62,7 @@ type Metrics struct {
 	claim       prometheus.Histogram
 	stale       prometheus.Gauge
 	staleAge    prometheus.Gauge
+	resolved    *prometheus.CounterVec
 	purged      prometheus.Counter
 	sweepErrors prometheus.Counter
 	lastSweep   prometheus.Gauge
@@ -99,8 +102,12 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		}),
 		stale: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "stale_claims", ConstLabels: cl,
-			Help: "In-progress records older than the lease at the last sweep (at most the sweeper's batch size): crashed attempts whose external effect is unknown.",
+			Help: "In-progress records older than the lease that the last sweep left unresolved (at most the sweeper's batch size): crashed attempts whose external effect is unknown.",
 		}),
+		resolved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "sweep_stale_total", ConstLabels: cl,
+			Help: "Stale claims the sweeper took over, by result: reconciled (answer stored), released, raced (another attempt was first), failed.",
+		}, []string{"result"}),
 		staleAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "stale_claim_oldest_age_seconds", ConstLabels: cl,
 			Help: "Age of the oldest stale claim at the last sweep, since its lease was taken; 0 when there is none.",
@@ -127,7 +134,10 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 			m.requests.WithLabelValues(string(o), r)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.claim, m.stale, m.staleAge, m.purged, m.sweepErrors, m.lastSweep} {
+	for _, r := range []string{"reconciled", "released", "raced", "failed"} {
+		m.resolved.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.claim, m.stale, m.staleAge, m.resolved, m.purged, m.sweepErrors, m.lastSweep} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemprom: register: %w", err)
 		}
@@ -144,24 +154,32 @@ func (m *Metrics) Observe(_ context.Context, ev idem.Event) {
 	}
 }
 
-// ObserveSweep implements idem.SweepObserver. A successful sweep sets the
-// stale gauges to what it listed; a failed one leaves them as they were
-// (it does not know) and counts the failure, unless it failed because ctx
-// was cancelled (the sweeper stopping). Purged records count either way.
+// ObserveSweep implements idem.SweepObserver. A sweep that listed the
+// stale claims sets the stale gauges: the claims it listed and did not
+// resolve, and the age of the oldest listed; one that failed before it
+// could list them leaves the gauges as they were (it does not know). A
+// failed sweep is counted, unless it failed because ctx was cancelled (the
+// sweeper stopping). Purged records and resolved claims count either way.
 func (m *Metrics) ObserveSweep(_ context.Context, res idem.SweepResult, err error) {
 	m.purged.Add(float64(res.Purged))
-	if err != nil {
-		if !errors.Is(err, context.Canceled) {
-			m.sweepErrors.Inc()
-		}
+	m.resolved.WithLabelValues("reconciled").Add(float64(res.Reconciled))
+	m.resolved.WithLabelValues("released").Add(float64(res.Released))
+	m.resolved.WithLabelValues("raced").Add(float64(res.Raced))
+	m.resolved.WithLabelValues("failed").Add(float64(res.Failed))
+	if err != nil && !errors.Is(err, context.Canceled) {
+		m.sweepErrors.Inc()
+	}
+	if err != nil && len(res.Stale) == 0 {
 		return
 	}
 	now := m.now()
-	m.stale.Set(float64(len(res.Stale)))
+	m.stale.Set(float64(max(0, len(res.Stale)-res.Reconciled-res.Released-res.Raced)))
 	age := 0.0
 	for _, r := range res.Stale {
 		age = max(age, now.Sub(r.LockedAt).Seconds())
 	}
 	m.staleAge.Set(age)
-	m.lastSweep.Set(float64(now.UnixNano()) / 1e9)
+	if err == nil {
+		m.lastSweep.Set(float64(now.UnixNano()) / 1e9)
+	}
 }

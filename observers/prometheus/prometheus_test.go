@@ -263,3 +263,53 @@ func TestNew(t *testing.T) {
 		t.Errorf("the global registry has %d idem_requests_total series (%v), want none", n, err)
 	}
 }
+
+// TestSweepReconciles: with an Engine whose Reconcile is set the sweeper
+// resolves stale claims; the gauge counts only those it left, and the
+// results are counted.
+func TestSweepReconciles(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	store := memstore.New(memstore.WithClock(clk.Now))
+	reg := prometheus.NewPedanticRegistry()
+	m, err := idemprom.New(reg, idemprom.Options{Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := idem.New(idem.Config{Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
+		switch stale.Key {
+		case "charged":
+			return &idem.Response{Status: http.StatusCreated}, nil
+		case "provider-down":
+			return nil, errors.New("provider: connection refused")
+		}
+		return nil, nil // no effect: release
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"charged", "not-charged", "provider-down"} {
+		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+			Token: key, Lease: e.Config().Lease, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(e.Config().Lease + time.Minute)
+	runOnce(t, &idem.Sweeper{Engine: e, Observer: m, Logger: slog.New(slog.DiscardHandler)})
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"idem_stale_claims", nil, 1}, // provider-down: still stale
+		{"idem_sweep_stale_total", []string{"result", "reconciled"}, 1},
+		{"idem_sweep_stale_total", []string{"result", "released"}, 1},
+		{"idem_sweep_stale_total", []string{"result", "failed"}, 1},
+		{"idem_sweep_stale_total", []string{"result", "raced"}, 0},
+		{"idem_sweep_errors_total", nil, 1},
+	} {
+		if got := value(t, reg, tc.name, tc.labels...); got != tc.want {
+			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)
+		}
+	}
+}
