@@ -142,7 +142,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	sweepDone := make(chan struct{})
 	go func() {
 		defer close(sweepDone)
-		sw := &idem.Sweeper{Store: be.store, Interval: time.Minute, Lease: ec.Lease, Logger: log, Observer: m}
+		// With the engine (and so its Reconcile: the provider's, or
+		// redis's row lookup) the sweeper also resolves the stale claims
+		// no client retries.
+		sw := &idem.Sweeper{Engine: eng, Interval: time.Minute, Logger: log, Observer: m}
 		_ = sw.Run(sweepCtx)
 	}()
 
