@@ -272,6 +272,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 				return refuse(OutcomeReplayForbidden, ProblemForbidden, 0, err)
 			}
 		}
+		ev.OriginalRequestID = rec.RequestID
 		ev.Outcome, ev.Duration = OutcomeReplayed, end.Sub(start)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}

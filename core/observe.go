@@ -62,6 +62,11 @@ type Event struct {
 	Principal string
 	Key       string
 	RequestID string
+	// OriginalRequestID is, on a replay, the request id the record's
+	// original attempt stored (Call.RequestID, Config.RequestIDHeader):
+	// it ties the replay to the request that produced the answer, for
+	// instance to link their traces. Empty otherwise.
+	OriginalRequestID string
 	// Status is the status sent to the client.
 	Status int
 	// ClaimLatency is the time the store's Claim took; zero when no claim

@@ -14,6 +14,7 @@ require (
 	github.com/idemgo/idem/adapters/nethttp v0.1.0
 	github.com/idemgo/idem/client v0.1.0
 	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/observers/prometheus v0.1.0
 	github.com/idemgo/idem/stores/gorm v0.1.0
 	github.com/idemgo/idem/stores/pgx v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -114,3 +115,5 @@ replace (
 replace github.com/idemgo/idem/adapters/grpc => ../adapters/grpc
 
 replace github.com/idemgo/idem/stores/redis => ../stores/redis
+
+replace github.com/idemgo/idem/observers/prometheus => ../observers/prometheus

@@ -174,8 +174,19 @@ ensure_nats() {
 	log "NATS ok"
 }
 
+# promtool checks and unit-tests examples/payments/alerts.yml. Debian ships
+# it in the prometheus package (which also installs a server we do not start).
+ensure_promtool() {
+	if ! command -v promtool >/dev/null; then
+		apt_install prometheus
+		command -v promtool >/dev/null || die "promtool still missing after installing prometheus"
+	fi
+	log "promtool ok"
+}
+
 ensure_postgres
 ensure_mariadb
 ensure_redis
 ensure_redis_cluster
 ensure_nats
+ensure_promtool

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,14 +33,24 @@ type config struct {
 	storeTimeout     time.Duration
 	handlerDelay     time.Duration
 	simulateFailures bool
+	providerURL      string
+	providerOnly     bool
 	// fingerprintKey is idem.Config.FingerprintKey: the flag's bytes as
 	// given (a 64-digit hex string is 64 bytes of key, 256 bits of secret).
 	fingerprintKey string
+	// fingerprintKeyFile holds the key when fingerprintKey is empty; it is
+	// created with a random key on first use (keyFileCreated), so that
+	// `go run ./examples/payments` works and keeps its key across restarts.
+	fingerprintKeyFile string
+	keyFileCreated     bool
 }
 
 // Default DSNs per store when -dsn is empty.
 const (
-	defaultSQLitePath  = "idem-payments.db"
+	defaultSQLitePath = "idem-payments.db"
+	// defaultKeyFile is where the fingerprint key is kept when none is
+	// given, next to the default SQLite database.
+	defaultKeyFile     = "idem-fingerprint.key"
 	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test"
 	defaultRedisURL    = "redis://127.0.0.1:6379/0"
@@ -87,8 +101,11 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	str(&c.paymentsDB, "payments-db", "IDEM_PAYMENTS_DB", "redis only: the SQL database of the payments, an SQLite file path "+
 		"(default ./"+defaultRedisPaymentsPath+") or a postgres:// URL")
 	str(&c.fingerprintKey, "fingerprint-key", "IDEM_FINGERPRINT_KEY", "secret the request fingerprints are keyed with: "+
-		"at least 32 bytes, the same on every instance and across restarts; required, no default "+
-		"(locally: export IDEM_FINGERPRINT_KEY=$(openssl rand -hex 32))")
+		"at least 32 bytes, the same on every instance and across restarts; in production pass it from a secret store "+
+		"(empty: -fingerprint-key-file)")
+	c.fingerprintKeyFile = defaultKeyFile
+	str(&c.fingerprintKeyFile, "fingerprint-key-file", "IDEM_FINGERPRINT_KEY_FILE", "without -fingerprint-key, the file "+
+		"holding it, created with a random key (mode 0600) when missing: for one machine, not for several instances")
 	dur(&c.requestTimeout, "request-timeout", "IDEM_REQUEST_TIMEOUT", "handler deadline (0: the library default, 30s)")
 	dur(&c.lease, "lease", "IDEM_LEASE", "claim lease; must exceed request-timeout + store-timeout (0: derived)")
 	dur(&c.storeTimeout, "store-timeout", "IDEM_STORE_TIMEOUT", "bound on each store call after the handler (0: the library default, 5s)")
@@ -102,6 +119,10 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	}
 	fs.BoolVar(&c.simulateFailures, "simulate-failures", c.simulateFailures,
 		"honour the X-Simulate-Failure: transient|panic header on POST /payments (env IDEM_SIMULATE_FAILURES)")
+
+	str(&c.providerURL, "provider-url", "IDEM_PROVIDER_URL", "charge every payment through the payment provider at this http:// URL "+
+		"(a payments -provider-only process); off when empty")
+	fs.BoolVar(&c.providerOnly, "provider-only", false, "serve only the fake payment provider, on -addr")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -131,6 +152,11 @@ func (c *config) validate() error {
 	if _, _, err := net.SplitHostPort(c.addr); err != nil {
 		return fmt.Errorf("invalid -addr %q: %v", c.addr, err)
 	}
+	if c.providerURL != "" {
+		if u, err := url.Parse(c.providerURL); err != nil || u.Scheme != "http" || u.Host == "" {
+			return fmt.Errorf("invalid -provider-url %q: want http://host:port", c.providerURL)
+		}
+	}
 	if c.grpcAddr != "" {
 		if _, _, err := net.SplitHostPort(c.grpcAddr); err != nil {
 			return fmt.Errorf("invalid -grpc-addr %q: %v", c.grpcAddr, err)
@@ -144,14 +170,18 @@ func (c *config) validate() error {
 			return fmt.Errorf("invalid -%s %v: must not be negative", d.name, d.v)
 		}
 	}
-	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
-		what := "missing"
-		if c.fingerprintKey != "" {
-			what = fmt.Sprintf("invalid (%d bytes)", len(c.fingerprintKey))
+	if c.providerOnly {
+		return nil // the provider keys nothing
+	}
+	if c.fingerprintKey == "" {
+		if err := c.loadKeyFile(); err != nil {
+			return err
 		}
-		return fmt.Errorf("%s -fingerprint-key (env IDEM_FINGERPRINT_KEY): the secret the request fingerprints are keyed with, "+
-			"at least %d bytes, the same on every instance and across restarts; locally: export IDEM_FINGERPRINT_KEY=$(openssl rand -hex 32)",
-			what, idem.MinFingerprintKeyBytes)
+	}
+	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
+		return fmt.Errorf("invalid (%d bytes) -fingerprint-key (env IDEM_FINGERPRINT_KEY): the secret the request fingerprints "+
+			"are keyed with, at least %d bytes, the same on every instance and across restarts",
+			len(c.fingerprintKey), idem.MinFingerprintKeyBytes)
 	}
 	// The engine's own validation decides whether the timeouts fit
 	// together (lease > request timeout + store timeout); ask it now,
@@ -177,4 +207,39 @@ func (c *config) idemConfig(store idem.Store) idem.Config {
 // oneLine flattens a (possibly joined, multi-line) error into one line.
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
+
+// loadKeyFile reads the fingerprint key from c.fingerprintKeyFile, creating
+// the file with 32 random bytes (hex) when it does not exist. O_EXCL makes
+// two processes starting at once agree: the loser reads the winner's key.
+func (c *config) loadKeyFile() error {
+	path := c.fingerprintKeyFile
+	if path == "" {
+		return errors.New("missing -fingerprint-key (env IDEM_FINGERPRINT_KEY) and -fingerprint-key-file: " +
+			"the secret the request fingerprints are keyed with")
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		var b [32]byte
+		_, _ = rand.Read(b[:])
+		_, werr := f.WriteString(hex.EncodeToString(b[:]) + "\n")
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return fmt.Errorf("-fingerprint-key-file %s: %v", path, werr)
+		}
+		c.keyFileCreated = true
+	} else if !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("-fingerprint-key-file %s: %v", path, err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("-fingerprint-key-file %s: %v", path, err)
+	}
+	c.fingerprintKey = strings.TrimSpace(string(raw))
+	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
+		return fmt.Errorf("-fingerprint-key-file %s holds %d bytes, want at least %d", path, len(c.fingerprintKey), idem.MinFingerprintKeyBytes)
+	}
+	return nil
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,10 +28,13 @@ func TestBadConfig(t *testing.T) {
 		{args: []string{"-addr", "nowhere"}, want: `invalid -addr "nowhere"`},
 		{args: []string{"-bogus"}, want: "flag provided but not defined: -bogus"},
 		{args: []string{"extra"}, want: `unexpected argument "extra"`},
+		{args: []string{"-provider-url", "https://pay.example"}, want: `invalid -provider-url "https://pay.example"`},
+		{env: []string{"IDEM_PROVIDER_URL=127.0.0.1:8090"}, want: `invalid -provider-url "127.0.0.1:8090"`},
 		{env: []string{"IDEM_FRAMEWORK=rails"}, want: `invalid -framework "rails"`},
 		{env: []string{"IDEM_LEASE=long"}, want: `invalid value "long" for IDEM_LEASE`},
 		{env: []string{"IDEM_SIMULATE_FAILURES=maybe"}, want: "IDEM_SIMULATE_FAILURES"},
-		{env: []string{"IDEM_FINGERPRINT_KEY="}, want: "missing -fingerprint-key (env IDEM_FINGERPRINT_KEY)"},
+		{env: []string{"IDEM_FINGERPRINT_KEY="}, args: []string{"-fingerprint-key-file", ""}, want: "missing -fingerprint-key (env IDEM_FINGERPRINT_KEY) and -fingerprint-key-file"},
+		{env: []string{"IDEM_FINGERPRINT_KEY="}, args: []string{"-fingerprint-key-file", "/nonexistent/idem.key"}, want: "-fingerprint-key-file /nonexistent/idem.key: open"},
 		{args: []string{"-fingerprint-key", "0123456789abcdef"}, want: "invalid (16 bytes) -fingerprint-key"},
 		{args: []string{"-store", "pgx", "-dsn", "postgres://127.0.0.1:1/x?connect_timeout=2"}, want: "connect "},
 		{args: []string{"-store", "redis", "-dsn", "http://127.0.0.1:6379"}, want: "invalid -dsn for redis"},
@@ -73,4 +78,30 @@ func TestEnvAndFlags(t *testing.T) {
 	}
 }
 
-func contains(s, substr string) bool { return strings.Contains(s, substr) }
+// TestKeyFile: without -fingerprint-key the service keeps its key in a
+// file it creates once (mode 0600) and reads on every later start, so
+// `go run ./examples/payments` works and its records stay comparable
+// across restarts.
+func TestKeyFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.key")
+	getenv := func(k string) string {
+		return map[string]string{"IDEM_STORE": "memory", "IDEM_FINGERPRINT_KEY_FILE": path}[k]
+	}
+	first, err := parseConfig(nil, getenv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 || !first.keyFileCreated || len(first.fingerprintKey) != 64 {
+		t.Fatalf("first start: %v %v created=%v key %d bytes; want a new 0600 file with 64 hex digits", fi, err, first.keyFileCreated, len(first.fingerprintKey))
+	}
+	second, err := parseConfig(nil, getenv, nil)
+	if err != nil || second.keyFileCreated || second.fingerprintKey != first.fingerprintKey {
+		t.Fatalf("second start: %v created=%v, same key %v; want the first key read back", err, second.keyFileCreated, second.fingerprintKey == first.fingerprintKey)
+	}
+	flagged, err := parseConfig([]string{"-fingerprint-key", testFingerprintKey}, getenv, nil)
+	if err != nil || flagged.fingerprintKey != testFingerprintKey {
+		t.Fatalf("-fingerprint-key given: %v %q; want the flag's key, the file ignored", err, flagged.fingerprintKey)
+	}
+}

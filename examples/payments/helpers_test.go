@@ -116,7 +116,7 @@ type proc struct {
 	exited chan struct{}
 }
 
-var addrRE = regexp.MustCompile(`msg="payments service listening" addr=(\S+)`)
+var addrRE = regexp.MustCompile(`msg="(?:payments service|fake payment provider) listening" addr=(\S+)`)
 
 // startService starts the example with args on a free port (-addr
 // 127.0.0.1:0; the port is read from the start-up log line), waits for

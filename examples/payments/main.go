@@ -64,6 +64,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if cfg.providerOnly {
+		return runProvider(ctx, cfg, log)
+	}
+	if cfg.keyFileCreated {
+		log.Warn("generated a fingerprint key for this machine; several instances must share one key: pass -fingerprint-key from a secret store",
+			slog.String("file", cfg.fingerprintKeyFile))
+	}
 	newServer, ok := frameworks[cfg.framework]
 	if !ok {
 		fmt.Fprintf(stderr, "payments: framework %q is not built into this binary\n", cfg.framework)
@@ -78,13 +85,24 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	defer be.close()
 
-	m := newMetrics()
+	m, metricsHandler, err := newMetrics()
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+		return 1
+	}
 	ic := cfg.idemConfig(be.store)
 	ic.Observer, ic.Logger, ic.Reconcile = m, log, be.reconcile
+	svc := &Service{Repo: be.repo, Delay: cfg.handlerDelay, SimulateFailures: cfg.simulateFailures, Log: log}
+	if cfg.providerURL != "" {
+		// Charges go through the provider; a stale claim is reconciled
+		// by asking it what the crashed attempt charged.
+		svc.Provider = newProviderClient(cfg.providerURL)
+		ic.Reconcile = providerReconcile(svc.Provider, be.repo, be.reconcile, log)
+	}
 	a := &app{
 		idem:    ic,
-		svc:     &Service{Repo: be.repo, Delay: cfg.handlerDelay, SimulateFailures: cfg.simulateFailures, Log: log},
-		metrics: m.handler,
+		svc:     svc,
+		metrics: metricsHandler,
 		log:     log,
 	}
 	srv, err := newServer(a)
@@ -120,14 +138,18 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		slog.String("addr", ln.Addr().String()), slog.String("framework", cfg.framework),
 		slog.String("store", cfg.store), slog.String("database", be.where),
 		slog.Duration("request_timeout", ec.RequestTimeout), slog.Duration("lease", ec.Lease),
-		slog.Duration("handler_delay", cfg.handlerDelay), slog.Bool("simulate_failures", cfg.simulateFailures))
+		slog.Duration("handler_delay", cfg.handlerDelay), slog.Bool("simulate_failures", cfg.simulateFailures),
+		slog.String("provider", cfg.providerURL))
 
 	// The sweeper deletes expired records; correctness never waits for it.
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	sweepDone := make(chan struct{})
 	go func() {
 		defer close(sweepDone)
-		sw := &idem.Sweeper{Store: be.store, Interval: time.Minute, Lease: ec.Lease, Logger: log}
+		// With the engine (and so its Reconcile: the provider's, or
+		// redis's row lookup) the sweeper also resolves the stale claims
+		// no client retries.
+		sw := &idem.Sweeper{Engine: eng, Interval: time.Minute, Logger: log, Observer: m}
 		_ = sw.Run(sweepCtx)
 	}()
 
@@ -187,3 +209,30 @@ func (h *httpServer) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting and waits for in-flight requests.
 func (h *httpServer) Shutdown(ctx context.Context) error { return h.s.Shutdown(ctx) }
+
+// runProvider serves the fake payment provider alone on cfg.addr
+// (-provider-only) until ctx is done.
+func runProvider(ctx context.Context, cfg config, log *slog.Logger) int {
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		log.Error("provider", slog.String("error", err.Error()))
+		return 1
+	}
+	srv := newHTTPServer(newFakeProvider().handler())
+	log.Info("fake payment provider listening", slog.String("addr", ln.Addr().String()))
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		log.Error("provider failed", slog.String("error", fmt.Sprint(err)))
+		return 1
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return 1
+	}
+	<-serveErr
+	return 0
+}

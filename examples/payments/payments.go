@@ -70,6 +70,9 @@ type Service struct {
 	// SimulateFailures honours SimulateHeader.
 	SimulateFailures bool
 	Log              *slog.Logger
+	// Provider, when set (-provider-url), charges every payment before
+	// its row is written.
+	Provider *providerClient
 }
 
 // ProblemBase prefixes the problem types of the example's own errors.
@@ -99,6 +102,22 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 	}
 	p.ID, p.Account, p.Status = newPaymentID(), account, "succeeded"
 	p.CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
+	if s.Provider != nil {
+		// The provider's key is the same for every attempt at this
+		// payment, the one after a crash included: it charges once.
+		key, err := idem.DownstreamKey(ctx, chargeStep)
+		if err != nil {
+			s.Log.ErrorContext(ctx, "payment: no downstream key", slog.String("error", err.Error()))
+			return InternalError()
+		}
+		c, err := s.Provider.Charge(ctx, key, p)
+		if err != nil {
+			s.Log.ErrorContext(ctx, "payment: charge failed", slog.String("error", err.Error()))
+			return problem(http.StatusServiceUnavailable, ProblemBase+"provider-unavailable", "Payment provider unavailable",
+				"The payment provider did not confirm the charge; nothing was stored. Retrying with the same key is safe: the provider charges a payment once.")
+		}
+		p = paymentOf(c)
+	}
 	// undo removes the row again when the request fails after writing it.
 	// A store's transaction does that with a rollback; a keyedRepository
 	// (-store redis: no shared transaction) does it with Undo.

@@ -688,15 +688,8 @@ func staleReclaimed(t *testing.T, hc *http.Client, base string) int {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	const name = `idem_requests_total{outcome="stale_reclaimed"} `
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("metrics line %q: %v", line, err)
-			}
-			return int(f)
-		}
+	if n, found := outcomeCount(t, string(b), "stale_reclaimed"); found {
+		return int(n)
 	}
 	t.Fatalf("no stale_reclaimed counter in /metrics")
 	return 0
