@@ -173,8 +173,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 // httpServer serves a net/http handler (net/http itself, Gin, Echo).
 type httpServer struct{ s *http.Server }
 
-func newHTTPServer(h http.Handler) *httpServer {
-	return &httpServer{s: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+// It sets every timeout (see limits.go): without them one client could hold
+// a connection and its buffers as long as it likes.
+func newHTTPServer(h http.Handler, cfg idem.Config) *httpServer {
+	return &httpServer{s: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout(cfg),
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}}
 }
 
 // Serve serves until Shutdown, after which it returns nil.
