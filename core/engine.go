@@ -27,6 +27,8 @@ type Engine struct {
 	clockIsWall bool            // Config.Clock was left to default to time.Now
 	// keyMissing and keyInvalid name the configured header and limit.
 	keyMissing, keyInvalid Problem
+	// inFlight is Config.MaxInFlightPerPrincipal's limiter, nil when off.
+	inFlight *inFlightLimiter
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
@@ -41,6 +43,7 @@ func New(cfg Config) (*Engine, error) {
 	for _, h := range cfg.StoredHeaders {
 		e.stored[http.CanonicalHeaderKey(h)] = true
 	}
+	e.inFlight = newInFlightLimiter(cfg.MaxInFlightPerPrincipal)
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
 	e.keyInvalid = NewProblem(ProblemKeyInvalid)
@@ -201,6 +204,22 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	}
 	ev.Key = key
 
+	// Bounded resources per caller (issue 19): the principal's in-flight
+	// slot is held from here; an Attempt returned to the caller owns it.
+	var slotOwner *Attempt
+	if e.inFlight != nil {
+		if !e.inFlight.enter(c.Principal) {
+			return refuse(OutcomeInFlightLimited, ProblemTooManyInFlight, 1, ErrTooManyInFlight)
+		}
+		defer func() {
+			if slotOwner == nil {
+				e.inFlight.leave(c.Principal)
+			} else {
+				slotOwner.inFlight = true
+			}
+		}()
+	}
+
 	body := c.Input
 	if read != nil {
 		var err error
@@ -226,7 +245,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
-	res, err := e.cfg.Store.Claim(ctx, creq)
+	res, err := e.claim(ctx, a, creq)
 	end = e.cfg.Clock()
 	ev.ClaimLatency = end.Sub(claimStart)
 	if err != nil {
@@ -262,7 +281,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	}
 
 	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
-	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
+	txCtx, tx, err := e.beginTx(context.WithValue(ctx, attemptKey{}, a), a)
 	if err != nil {
 		a.release(ctx, nil)
 		p, ra := storeProblem(err)
@@ -289,6 +308,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
 		}
 	}
+	slotOwner = a
 	return a, verdict{}, Event{}
 }
 
@@ -332,6 +352,9 @@ type Attempt struct {
 	ctx         context.Context // &hctx once the transaction has begun
 	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
 	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
+	cctx        deadlineCtx     // the claim's: StoreTimeout (see Engine.claim)
+	endBegin    func(error)     // releases beginTx's context (see Attempt.leave)
+	inFlight    bool            // holds its principal's in-flight slot
 	resp        Response        // the handler's response, as Finish returns it
 	reqBody     restoredBody    // the body handed back to net/http handlers
 	ev          Event
@@ -418,6 +441,7 @@ func (a *Attempt) classify(status int, err error) Disposition {
 // fills in the attempt's Event but for its Status. The caller has marked
 // the attempt finished.
 func (a *Attempt) settle(res Result) verdict {
+	defer a.leave()
 	defer a.hctx.cancel()
 	e := a.e
 	done := func(outcome OutcomeLabel, v verdict) verdict {
@@ -533,6 +557,7 @@ func storeProblem(err error) (ProblemType, int) {
 // and release returns that error.
 func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 	sctx := a.storeContext(ctx, time.Now())
+	defer a.leave()
 	defer a.sctx.cancel()
 	if a.ctx != nil {
 		defer a.hctx.cancel()

@@ -33,7 +33,8 @@ const (
 	OutcomeNoKey               OutcomeLabel = "no_key"   // optional key absent: passed through
 	OutcomeTxEnded             OutcomeLabel = "tx_ended" // the handler ended the transaction; the key stays in progress
 	OutcomePrincipalInvalid    OutcomeLabel = "principal_invalid"
-	OutcomeResponseInvalid     OutcomeLabel = "response_invalid" // a header to store is not valid HTTP: rolled back
+	OutcomeResponseInvalid     OutcomeLabel = "response_invalid"  // a header to store is not valid HTTP: rolled back
+	OutcomeInFlightLimited     OutcomeLabel = "in_flight_limited" // 429: the principal's MaxInFlightPerPrincipal reached
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -42,7 +43,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid,
+	OutcomeResponseInvalid, OutcomeInFlightLimited,
 }
 
 // Event describes one request's passage through the engine. It carries the

@@ -32,6 +32,7 @@ const (
 	ProblemMisconfigured    ProblemType = ProblemTypeBase + "store-misconfigured"
 	ProblemPrincipalInvalid ProblemType = ProblemTypeBase + "principal-invalid"
 	ProblemResponseInvalid  ProblemType = ProblemTypeBase + "response-invalid"
+	ProblemTooManyInFlight  ProblemType = ProblemTypeBase + "too-many-in-flight"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -90,6 +91,8 @@ var problems = map[ProblemType]Problem{
 			"The key stays locked until it is reconciled; a retry after Retry-After gets the reconciled result."},
 	ProblemMisconfigured: {Status: http.StatusInternalServerError, Title: "Idempotency store misconfigured",
 		Detail: "The idempotency store is not set up correctly (a missing table, column or permission). Nothing was stored; retrying will not help until it is fixed."},
+	ProblemTooManyInFlight: {Status: http.StatusTooManyRequests, Title: "Too many requests in flight",
+		Detail: "Too many of your idempotent requests are being processed at once. Nothing was stored; retry after the time in Retry-After."},
 	ProblemPrincipalInvalid: {Status: http.StatusBadRequest, Title: "Principal cannot be stored",
 		Detail: "The authenticated principal is empty, too long or not valid UTF-8, so an idempotent request cannot be recorded for it."},
 }
