@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
@@ -169,4 +170,12 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 	if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("get after release: %v", err)
 	}
+}
+
+// TestPoolPinning: one principal's slow requests cannot make another's
+// queue for the pool (issue 19's figures: a pool of 10, 3 s handlers, 12
+// at once).
+func TestPoolPinning(t *testing.T) {
+	e := newEnv(t, newPool(t, 10, nil))
+	storetest.PoolPinning(t, e.Store, 10, 3*time.Second)
 }
