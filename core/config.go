@@ -185,6 +185,20 @@ type Config struct {
 	// the guarantee (through the pool instead of the transaction).
 	// Event.TxUsed says the same for every request.
 	WarnTxUnused bool
+	// OmitStoredBody stores the status and the allow-listed headers of a
+	// response, not its body, for endpoints whose clients re-read the
+	// resource (at its Location) instead of relying on the replayed body.
+	// A replay then sends the stored status and headers with an empty
+	// body (Content-Length: 0) and Idempotent-Replayed: true; the first
+	// response is sent whole. It keeps what the body echoes (amounts,
+	// descriptions, card digits) out of the store altogether.
+	OmitStoredBody bool
+	// BodySealer, when set, seals every stored body at settle and opens it
+	// at replay (see BodySealer). A body that does not open is never
+	// replayed: the request is answered 500 replay-unreadable. Records
+	// stored before a sealer was configured do not open either, unless the
+	// sealer recognises them; they expire after Retention.
+	BodySealer BodySealer
 	// MaxInFlightPerPrincipal bounds the idempotent requests one principal
 	// may have in flight at once, from the key check to the end of the
 	// attempt; one more is answered 429 too-many-in-flight with a

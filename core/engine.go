@@ -276,6 +276,11 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 				return refuse(OutcomeReplayForbidden, ProblemForbidden, 0, err)
 			}
 		}
+		// Data at rest (issue 19): a sealed body is opened, or nothing is
+		// replayed.
+		if err := e.openStored(ctx, &rec); err != nil {
+			return refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
+		}
 		ev.Outcome, ev.Duration = OutcomeReplayed, end.Sub(start)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
@@ -498,9 +503,17 @@ func (a *Attempt) settle(res Result) verdict {
 			return done(OutcomeResponseInvalid, verdict{problem: ProblemResponseInvalid, err: err})
 		}
 	}
-	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: res.Body}}
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
+	// Data at rest (issue 19): the body stored may be omitted or sealed.
+	storedBody, err := a.bodyToStore(sctx, res.Body)
+	if err != nil {
+		if ended := a.release(a.ctx, err); ended != nil {
+			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
+		}
+		return done(OutcomeStoreError, verdict{problem: ProblemCommitFailed, err: err})
+	}
+	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: storedBody}}
 	if err := a.tx.Settle(sctx, out); err != nil {
 		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, ErrTxEnded) && !errors.Is(err, ErrTxEnded) {
 			err = errors.Join(err, rerr)

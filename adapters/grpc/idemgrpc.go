@@ -358,6 +358,7 @@ var codeOf = map[idem.ProblemType]codes.Code{
 	idem.ProblemResponseTooLarge: codes.Internal,
 	idem.ProblemTxEnded:          codes.Internal,
 	idem.ProblemTooManyInFlight:  codes.ResourceExhausted,
+	idem.ProblemReplayUnreadable: codes.Internal,
 }
 
 // Code returns the gRPC code the interceptor answers the library's case p
