@@ -113,7 +113,7 @@ func (e *CallError) Status() int { return problems[e.Problem].Status }
 func (e *CallError) Retryable() bool {
 	switch e.Problem {
 	case ProblemKeyInUse, ProblemLeaseLost, ProblemStoreUnavailable, ProblemCommitFailed,
-		ProblemTimeout, ProblemTxEnded:
+		ProblemTimeout, ProblemTxEnded, ProblemTooManyInFlight:
 		return true
 	}
 	return false

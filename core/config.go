@@ -156,9 +156,12 @@ type Config struct {
 	// live handler is never taken over. Default RequestTimeout +
 	// StoreTimeout + 5s.
 	Lease time.Duration
-	// StoreTimeout bounds each store call made on the request's behalf
-	// after the handler (settle, commit, release), which run even when the
-	// client has gone away. Default 5s.
+	// StoreTimeout bounds each store call made on the request's behalf:
+	// the claim and the start of the transaction (with their wait for a
+	// pool connection: an exhausted pool answers 503 store-unavailable
+	// with a Retry-After after StoreTimeout, instead of queueing), and
+	// after the handler the settle, commit and release, which run even
+	// when the client has gone away. Default 5s.
 	StoreTimeout time.Duration
 	// Retention is how long settled records are kept and replayed.
 	// Default 24h.
@@ -207,6 +210,38 @@ type Config struct {
 	// the guarantee (through the pool instead of the transaction).
 	// Event.TxUsed says the same for every request.
 	WarnTxUnused bool
+	// OmitStoredBody stores the status and the allow-listed headers of a
+	// response, not its body, for endpoints whose clients re-read the
+	// resource (at its Location) instead of relying on the replayed body.
+	// A replay then sends the stored status and headers with an empty
+	// body (Content-Length: 0) and Idempotent-Replayed: true; the first
+	// response is sent whole. It keeps what the body echoes (amounts,
+	// descriptions, card digits) out of the store altogether.
+	OmitStoredBody bool
+	// BodySealer, when set, seals every stored body at settle and opens it
+	// at replay (see BodySealer). A body that does not open is never
+	// replayed: the request is answered 500 replay-unreadable. Records
+	// stored before a sealer was configured do not open either, unless the
+	// sealer recognises them; they expire after Retention.
+	BodySealer BodySealer
+	// MaxInFlightPerPrincipal bounds the idempotent requests one principal
+	// may have in flight at once, from the key check to the end of the
+	// attempt; one more is answered 429 too-many-in-flight with a
+	// Retry-After, before its body is read and before anything is claimed.
+	// Default 0: no limit.
+	//
+	// It exists for the pool arithmetic. On a SQL store every claimed
+	// request holds one pool connection for its handler's whole run, so
+	// with a pool of P connections one principal sending P slow requests
+	// holds them all, and every other principal's request waits for one
+	// (StoreTimeout bounds that wait, then answers 503). With a limit L < P
+	// one principal holds at most L connections and P-L stay for the
+	// others; k principals at their limit hold k*L. Choose L so the
+	// principals you expect to be busy at once leave connections for the
+	// rest (a pool of 10 and L = 4: two busy principals still leave 2). The
+	// count is per Engine, that is per process: with N instances a
+	// principal may have N*L in flight against the database.
+	MaxInFlightPerPrincipal int
 	// Clock measures latencies. Default time.Now. Expiry and leases always
 	// use the store's clock.
 	Clock func() time.Time
@@ -273,6 +308,7 @@ func (c *Config) validate() error {
 	check(c.MaxResponseBytes > 0, "MaxResponseBytes must be positive, got %d", c.MaxResponseBytes)
 	check(c.RequestTimeout > 0, "RequestTimeout must be positive, got %v", c.RequestTimeout)
 	check(c.StoreTimeout > 0, "StoreTimeout must be positive, got %v", c.StoreTimeout)
+	check(c.MaxInFlightPerPrincipal >= 0, "MaxInFlightPerPrincipal must not be negative, got %d", c.MaxInFlightPerPrincipal)
 	check(c.Lease > c.RequestTimeout+c.StoreTimeout,
 		"Lease (%v) must exceed RequestTimeout + StoreTimeout (%v), or a live handler could be taken over",
 		c.Lease, c.RequestTimeout+c.StoreTimeout)

@@ -30,6 +30,8 @@ type Engine struct {
 	holds       holdTimes         // per route, how long attempts held their key (retryAfter)
 	// keyMissing and keyInvalid name the configured header and limit.
 	keyMissing, keyInvalid Problem
+	// inFlight is Config.MaxInFlightPerPrincipal's limiter, nil when off.
+	inFlight *inFlightLimiter
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
@@ -48,6 +50,7 @@ func New(cfg Config) (*Engine, error) {
 	for _, k := range cfg.PreviousFingerprintKeys {
 		e.fpPrevious = append(e.fpPrevious, newFingerprintKey(k))
 	}
+	e.inFlight = newInFlightLimiter(cfg.MaxInFlightPerPrincipal)
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
 	e.keyInvalid = NewProblem(ProblemKeyInvalid)
@@ -213,6 +216,22 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	}
 	ev.Key = key
 
+	// Bounded resources per caller (issue 19): the principal's in-flight
+	// slot is held from here; an Attempt returned to the caller owns it.
+	var slotOwner *Attempt
+	if e.inFlight != nil {
+		if !e.inFlight.enter(c.Principal) {
+			return refuse(OutcomeInFlightLimited, ProblemTooManyInFlight, 1, ErrTooManyInFlight)
+		}
+		defer func() {
+			if slotOwner == nil {
+				e.inFlight.leave(c.Principal)
+			} else {
+				slotOwner.inFlight = true
+			}
+		}()
+	}
+
 	body := c.Input
 	if read != nil {
 		var err error
@@ -239,7 +258,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
-	res, err := e.claim(ctx, creq, lease)
+	res, err := e.claim(ctx, a, creq, lease)
 	if err == nil && !res.Claimed && !bytes.Equal(res.Record.Fingerprint, fp) &&
 		e.previousKeyMatches(res.Record.Fingerprint, c, body) {
 		// The record was fingerprinted under a previous key: it is this
@@ -249,7 +268,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		fp = res.Record.Fingerprint
 		if res.Record.State == StateInProgress && res.Now.Sub(res.Record.LockedAt) >= e.cfg.Lease {
 			creq.Fingerprint = fp
-			res, err = e.claim(ctx, creq, lease)
+			res, err = e.claim(ctx, a, creq, lease)
 		}
 	}
 	end = e.cfg.Clock()
@@ -273,12 +292,17 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 			}
 		}
 		ev.OriginalRequestID = rec.RequestID
+		// Data at rest (issue 19): a sealed body is opened, or nothing is
+		// replayed.
+		if err := e.openStored(ctx, &rec); err != nil {
+			return refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
+		}
 		ev.Outcome, ev.Duration = OutcomeReplayed, end.Sub(start)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
 
 	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
-	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
+	txCtx, tx, err := e.beginTx(context.WithValue(ctx, attemptKey{}, a), a)
 	if err != nil {
 		a.release(ctx, nil)
 		p, ra := storeProblem(err)
@@ -308,16 +332,26 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
 		}
 	}
+	slotOwner = a
 	return a, verdict{}, Event{}
 }
 
-// claim asks the store to claim creq. On an error the claim may have
-// committed although its answer was lost (the client hung up and cancelled
-// ctx, the connection broke after the statement ran), so it releases it,
-// fenced by this attempt's own token, so the key is not blocked for a whole
-// lease; a claim that did not commit matches nothing.
-func (e *Engine) claim(ctx context.Context, creq ClaimRequest, lease Lease) (ClaimResult, error) {
-	res, err := e.cfg.Store.Claim(ctx, creq)
+// claim asks the store to claim creq, within StoreTimeout (through a's
+// deadline when a is set, see claimBounded). On an error the claim may
+// have committed although its answer was lost (the client hung up and
+// cancelled ctx, the connection broke after the statement ran), so it
+// releases it, fenced by this attempt's own token, so the key is not
+// blocked for a whole lease; a claim that did not commit matches nothing.
+func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease Lease) (ClaimResult, error) {
+	var res ClaimResult
+	var err error
+	if a != nil {
+		res, err = e.claimBounded(ctx, a, creq)
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+		res, err = e.cfg.Store.Claim(cctx, creq)
+		cancel()
+	}
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
 		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
@@ -374,6 +408,9 @@ type Attempt struct {
 	ctx         context.Context // &hctx once the transaction has begun
 	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
 	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
+	cctx        deadlineCtx     // the claim's: StoreTimeout (see Engine.claim)
+	endBegin    func(error)     // releases beginTx's context (see Attempt.leave)
+	inFlight    bool            // holds its principal's in-flight slot
 	resp        Response        // the handler's response, as Finish returns it
 	reqBody     restoredBody    // the body handed back to net/http handlers
 	ev          Event
@@ -461,6 +498,7 @@ func (a *Attempt) classify(status int, err error) Disposition {
 // fills in the attempt's Event but for its Status. The caller has marked
 // the attempt finished.
 func (a *Attempt) settle(res Result) verdict {
+	defer a.leave()
 	defer a.hctx.cancel()
 	e := a.e
 	done := func(outcome OutcomeLabel, v verdict) verdict {
@@ -518,9 +556,17 @@ func (a *Attempt) settle(res Result) verdict {
 			return done(OutcomeResponseInvalid, verdict{problem: ProblemResponseInvalid, err: err})
 		}
 	}
-	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: res.Body}}
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
+	// Data at rest (issue 19): the body stored may be omitted or sealed.
+	storedBody, err := a.bodyToStore(sctx, res.Body)
+	if err != nil {
+		if ended := a.release(a.ctx, err); ended != nil {
+			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
+		}
+		return done(OutcomeStoreError, verdict{problem: ProblemCommitFailed, err: err})
+	}
+	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: storedBody}}
 	if err := a.tx.Settle(sctx, out); err != nil {
 		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, ErrTxEnded) && !errors.Is(err, ErrTxEnded) {
 			err = errors.Join(err, rerr)
@@ -582,6 +628,7 @@ func storeProblem(err error) (ProblemType, int) {
 // and release returns that error.
 func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 	sctx := a.storeContext(ctx, time.Now())
+	defer a.leave()
 	defer a.sctx.cancel()
 	if a.ctx != nil {
 		defer a.hctx.cancel()

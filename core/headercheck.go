@@ -64,6 +64,14 @@ func checkHeader(h http.Header) error {
 	return nil
 }
 
+// ValidHeaderField reports whether a header field may be written as it is:
+// name is a field name and every value a field value. Adapters that write
+// a replayed response's headers themselves (not through WriteResponse)
+// leave out a field that fails it, as WriteResponse does: Finish refuses to
+// store one, and this guards the replay of records stored before it did,
+// on servers that write values raw (fasthttp).
+func ValidHeaderField(name string, values []string) bool { return validField(name, values) }
+
 func validField(name string, values []string) bool {
 	if !ValidHeaderFieldName(name) {
 		return false

@@ -33,7 +33,9 @@ const (
 	OutcomeNoKey               OutcomeLabel = "no_key"   // optional key absent: passed through
 	OutcomeTxEnded             OutcomeLabel = "tx_ended" // the handler ended the transaction; the key stays in progress
 	OutcomePrincipalInvalid    OutcomeLabel = "principal_invalid"
-	OutcomeResponseInvalid     OutcomeLabel = "response_invalid" // a header to store is not valid HTTP: rolled back
+	OutcomeResponseInvalid     OutcomeLabel = "response_invalid"  // a header to store is not valid HTTP: rolled back
+	OutcomeInFlightLimited     OutcomeLabel = "in_flight_limited" // 429: the principal's MaxInFlightPerPrincipal reached
+	OutcomeReplayUnreadable    OutcomeLabel = "replay_unreadable" // the stored body did not open (Config.BodySealer)
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -42,7 +44,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid,
+	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable,
 }
 
 // Event describes one request's passage through the engine. It carries the

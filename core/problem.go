@@ -32,6 +32,8 @@ const (
 	ProblemMisconfigured    ProblemType = ProblemTypeBase + "store-misconfigured"
 	ProblemPrincipalInvalid ProblemType = ProblemTypeBase + "principal-invalid"
 	ProblemResponseInvalid  ProblemType = ProblemTypeBase + "response-invalid"
+	ProblemTooManyInFlight  ProblemType = ProblemTypeBase + "too-many-in-flight"
+	ProblemReplayUnreadable ProblemType = ProblemTypeBase + "replay-unreadable"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -90,6 +92,10 @@ var problems = map[ProblemType]Problem{
 			"The key stays locked until it is reconciled; a retry after Retry-After gets the reconciled result."},
 	ProblemMisconfigured: {Status: http.StatusInternalServerError, Title: "Idempotency store misconfigured",
 		Detail: "The idempotency store is not set up correctly (a missing table, column or permission). Nothing was stored; retrying will not help until it is fixed."},
+	ProblemReplayUnreadable: {Status: http.StatusInternalServerError, Title: "Stored response unreadable",
+		Detail: "The stored response to this request could not be decrypted, so it is not replayed. The request was not run again; retrying will not help until the server's key is restored."},
+	ProblemTooManyInFlight: {Status: http.StatusTooManyRequests, Title: "Too many requests in flight",
+		Detail: "Too many of your idempotent requests are being processed at once. Nothing was stored; retry after the time in Retry-After."},
 	ProblemPrincipalInvalid: {Status: http.StatusBadRequest, Title: "Principal cannot be stored",
 		Detail: "The authenticated principal is empty, too long or not valid UTF-8, so an idempotent request cannot be recorded for it."},
 }

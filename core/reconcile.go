@@ -33,7 +33,7 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: token}
 	// e.claim releases, fenced by this token, a claim whose answer was lost
 	// but which may have committed, as for a client's failed claim.
-	res, err := e.claim(ctx, ClaimRequest{
+	res, err := e.claim(ctx, nil, ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: stale.Fingerprint, Token: lease.Token,
 		Nonce: nonce, RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}, lease)

@@ -476,10 +476,16 @@ func (sh *storedHeader) release() {
 }
 
 // write puts resp into c's response: its headers (replacing those of the
-// same name), status and body.
+// same name), status and body. fasthttp writes header values raw, so a
+// field that is not valid HTTP (a stored value with a CR LF, from a record
+// stored before Finish checked them) is left out: it would split the
+// response.
 func write(c *fiber.Ctx, resp *idem.Response) {
 	h := &c.Response().Header
 	for k, vs := range resp.Header {
+		if !idem.ValidHeaderField(k, vs) {
+			continue
+		}
 		h.Del(k)
 		for _, v := range vs {
 			h.Add(k, v)

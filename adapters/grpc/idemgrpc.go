@@ -51,6 +51,7 @@
 //	store unavailable, commit failed (503, 500)         Unavailable, RetryInfo
 //	method past Config.RequestTimeout (503)             DeadlineExceeded, RetryInfo
 //	lease lost to a takeover (409)                      Aborted, RetryInfo
+//	principal past MaxInFlightPerPrincipal (429)        ResourceExhausted, RetryInfo
 //	store misconfigured, reply too large,
 //	transaction ended by the method (500)               Internal
 //
@@ -356,6 +357,8 @@ var codeOf = map[idem.ProblemType]codes.Code{
 	idem.ProblemMisconfigured:    codes.Internal,
 	idem.ProblemResponseTooLarge: codes.Internal,
 	idem.ProblemTxEnded:          codes.Internal,
+	idem.ProblemTooManyInFlight:  codes.ResourceExhausted,
+	idem.ProblemReplayUnreadable: codes.Internal,
 }
 
 // Code returns the gRPC code the interceptor answers the library's case p

@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"OptionalKeyPassesThrough", testOptionalKey},
 		{"ReplayReauthorized", testReplayReauthorized},
 		{"StoredRecordHoldsOnlyAllowedData", testStoredRecord},
+		{"ReplayedHeadersValidated", testReplayedHeadersValidated},
 		{"ProblemsLeakNothing", testProblemsLeakNothing},
 		{"HostileBodiesNeverShareAFingerprint", testHostileBodies},
 		{"SlowAndBrokenBodies", testSlowAndBrokenBodies},

@@ -1,8 +1,12 @@
 // Package memstore is an in-memory idem.Store for tests and single-process
 // demos. Records live in one process: it gives no protection across
-// instances and loses everything on restart. It is bounded: past
-// MaxRecords it evicts expired records, and when none has expired it refuses
-// new claims with an error wrapping idem.ErrTransient instead of growing.
+// instances and loses everything on restart. It is bounded in records and
+// in bytes, in all and per principal: past a bound it evicts expired
+// records, and when none has expired it refuses the claim (or the settle of
+// a response that does not fit) with an error wrapping idem.ErrTransient
+// instead of growing. No principal may hold more than its share of either
+// bound (WithPrincipalShare), so one caller filling its share leaves room
+// for every other.
 //
 // Each record is kept by value, its variable-length parts (the settled
 // response included) encoded in one string, so that a store holding many
@@ -21,11 +25,27 @@ import (
 	idem "github.com/idemgo/idem/core"
 )
 
-// DefaultMaxRecords bounds a Store unless WithMaxRecords says otherwise.
-const DefaultMaxRecords = 100_000
+// Defaults of a Store's bounds.
+const (
+	// DefaultMaxRecords bounds the records of a Store unless
+	// WithMaxRecords says otherwise.
+	DefaultMaxRecords = 100_000
+	// DefaultMaxBytes bounds the bytes of a Store's records (keys, request
+	// ids, stored responses) unless WithMaxBytes says otherwise.
+	DefaultMaxBytes = 256 << 20
+	// DefaultPrincipalShare is the fraction of each bound one principal
+	// may hold unless WithPrincipalShare says otherwise.
+	DefaultPrincipalShare = 0.1
+)
 
-// ErrFull is returned (wrapped with idem.ErrTransient) by Claim when the store
-// holds MaxRecords unexpired records.
+// entryOverhead is what a record costs beyond its strings: the map slot,
+// the entry and the string headers, roughly.
+const entryOverhead = 128
+
+// ErrFull is returned (wrapped with idem.ErrTransient) by Claim when the
+// store, or the claiming principal's share of it, holds as many unexpired
+// records or bytes as its bounds allow, and by Settle when the response
+// does not fit in them.
 var ErrFull = errors.New("memstore: full")
 
 // Store is an in-memory idem.Store. The zero value is not usable; call New.
@@ -34,10 +54,21 @@ var ErrFull = errors.New("memstore: full")
 // no monotonic clock reading: leases and expiry are measured on the wall
 // clock that WithClock sets.
 type Store struct {
-	mu      sync.Mutex
-	records map[recordKey]entry
-	max     int
-	now     func() time.Time
+	mu       sync.Mutex
+	records  map[recordKey]entry
+	max      int
+	maxBytes int64
+	share    float64
+	now      func() time.Time
+	// bytes is what all records cost; usage what each principal's do.
+	bytes int64
+	usage map[string]usage
+}
+
+// usage is what one principal's records cost.
+type usage struct {
+	records int
+	bytes   int64
 }
 
 type recordKey struct{ principal, key string }
@@ -48,15 +79,30 @@ type Option func(*Store)
 // WithMaxRecords bounds the number of records kept.
 func WithMaxRecords(n int) Option { return func(s *Store) { s.max = n } }
 
+// WithMaxBytes bounds the bytes the records take: principals, keys, request
+// ids, fingerprints and stored responses.
+func WithMaxBytes(n int64) Option { return func(s *Store) { s.maxBytes = n } }
+
+// WithPrincipalShare sets the fraction, in (0, 1], of MaxRecords and of
+// MaxBytes that one principal's records may take. At 1 one principal may
+// fill the store and make every other principal's claims fail until its
+// records expire; the default, DefaultPrincipalShare, leaves room for at
+// least nine others.
+func WithPrincipalShare(f float64) Option { return func(s *Store) { s.share = f } }
+
 // WithClock replaces the store's clock, which plays the part of a database
 // clock: leases and expiry are measured on it.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
-	s := &Store{records: make(map[recordKey]entry), max: DefaultMaxRecords, now: time.Now}
+	s := &Store{records: make(map[recordKey]entry), max: DefaultMaxRecords, maxBytes: DefaultMaxBytes,
+		share: DefaultPrincipalShare, now: time.Now, usage: make(map[string]usage)}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.share <= 0 || s.share > 1 {
+		s.share = DefaultPrincipalShare
 	}
 	return s
 }
@@ -80,11 +126,8 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	e, ok := s.records[k]
 	switch {
 	case !ok:
-		if len(s.records) >= s.max {
-			s.evictExpired(t, len(s.records)-s.max+1)
-		}
-		if len(s.records) >= s.max {
-			return idem.ClaimResult{}, fmt.Errorf("%w: %w (%d records)", idem.ErrTransient, ErrFull, s.max)
+		if err := s.room(t, k.principal, 1, int64(len(k.principal)+len(k.key))+newEntrySize(&req)); err != nil {
+			return idem.ClaimResult{}, err
 		}
 	case t >= e.expires:
 		// Expired: absent as far as correctness goes.
@@ -96,7 +139,7 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 		return idem.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
 	e = newEntry(&req, nonce, created, t)
-	s.records[k] = e
+	s.put(k, e)
 	// The store keeps its own copy, so the record can be made of the
 	// caller's request.
 	rec := e.meta(k)
@@ -111,7 +154,7 @@ func (s *Store) evictExpired(now int64, n int) {
 			return
 		}
 		if now >= e.expires {
-			delete(s.records, k)
+			s.remove(k, e)
 			n--
 		}
 	}
@@ -129,11 +172,11 @@ func (s *Store) held(l idem.Lease) (recordKey, entry, bool) {
 func (s *Store) Release(_ context.Context, l idem.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k, _, ok := s.held(l)
+	k, e, ok := s.held(l)
 	if !ok {
 		return idem.ErrLeaseLost
 	}
-	delete(s.records, k)
+	s.remove(k, e)
 	return nil
 }
 
@@ -277,8 +320,11 @@ func (st *storeTx) Settle(_ context.Context, out idem.Outcome) error {
 	if !ok {
 		return idem.ErrLeaseLost
 	}
+	if err := s.room(s.now().UnixNano(), k.principal, 0, responseSize(&out.Response)); err != nil {
+		return fmt.Errorf("memstore: settle: %w", err)
+	}
 	e.settle(out.State, &out.Response)
-	s.records[k] = e
+	s.put(k, e)
 	for _, fn := range tx.onCommit {
 		fn()
 	}

@@ -26,7 +26,7 @@ func TestConformance(t *testing.T) {
 func TestBounded(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
-	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithClock(func() time.Time { return now }))
+	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	claim := func(key string, retention time.Duration) error {
 		_, err := s.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})

@@ -195,8 +195,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 // httpServer serves a net/http handler (net/http itself, Gin, Echo).
 type httpServer struct{ s *http.Server }
 
-func newHTTPServer(h http.Handler) *httpServer {
-	return &httpServer{s: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+// It sets every timeout (see limits.go): without them one client could hold
+// a connection and its buffers as long as it likes.
+func newHTTPServer(h http.Handler, cfg idem.Config) *httpServer {
+	return &httpServer{s: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout(cfg),
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}}
 }
 
 // Serve serves until Shutdown, after which it returns nil.
@@ -218,7 +227,8 @@ func runProvider(ctx context.Context, cfg config, log *slog.Logger) int {
 		log.Error("provider", slog.String("error", err.Error()))
 		return 1
 	}
-	srv := newHTTPServer(newFakeProvider().handler())
+	// The provider answers at once: the service's own defaults bound it.
+	srv := newHTTPServer(newFakeProvider().handler(), idem.Config{})
 	log.Info("fake payment provider listening", slog.String("addr", ln.Addr().String()))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

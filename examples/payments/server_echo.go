@@ -77,7 +77,7 @@ func newEcho(a *app) (server, error) {
 	})
 	e.GET("/healthz", func(c echo.Context) error { echoReply(c, a.svc.Health()); return nil })
 	e.GET("/metrics", echo.WrapHandler(a.metrics))
-	return newHTTPServer(e), nil
+	return newHTTPServer(e, a.idem), nil
 }
 
 func echoReply(c echo.Context, r Reply) {

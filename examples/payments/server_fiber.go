@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
@@ -38,8 +37,9 @@ func newFiber(a *app) (server, error) {
 		// a client's spare keep-alive connection that never carries a
 		// request (Go's and browsers' connection pools open them) holds
 		// the shutdown until the client closes it.
-		ReadTimeout: 10 * time.Second,
-		IdleTimeout: time.Minute,
+		ReadTimeout:  readTimeout,
+		WriteTimeout: writeTimeout(a.idem),
+		IdleTimeout:  idleTimeout,
 		ErrorHandler: func(c *fiber.Ctx, err error) error {
 			var fe *fiber.Error
 			if errors.As(err, &fe) && fe.Code != http.StatusInternalServerError {

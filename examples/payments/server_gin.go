@@ -51,7 +51,7 @@ func newGin(a *app) (server, error) {
 	})
 	r.GET("/healthz", func(c *gin.Context) { ginReply(c, a.svc.Health()) })
 	r.GET("/metrics", gin.WrapH(a.metrics))
-	return newHTTPServer(r), nil
+	return newHTTPServer(r, a.idem), nil
 }
 
 func ginReply(c *gin.Context, r Reply) {

@@ -66,7 +66,7 @@ func newGRPCServer(a *app) (*grpc.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcRecovery(a.log), grpcAuth, idempotent))
+	s := grpc.NewServer(append(grpcLimits(), grpc.ChainUnaryInterceptor(grpcRecovery(a.log), grpcAuth, idempotent))...)
 	paymentsv1.RegisterPaymentsServer(s, &grpcPayments{svc: a.svc})
 	return s, nil
 }

@@ -52,7 +52,7 @@ func newNetHTTP(a *app) (server, error) {
 	})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeReply(w, a.svc.Health()) })
 	mux.Handle("GET /metrics", a.metrics)
-	return newHTTPServer(recoverer(a.log, mux)), nil
+	return newHTTPServer(recoverer(a.log, mux), a.idem), nil
 }
 
 // recoverer answers a panic with a 500 problem; net/http alone would drop

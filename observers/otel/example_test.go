@@ -24,7 +24,7 @@ func Example() {
 		panic(err)
 	}
 	store := memstore.New()
-	engine, _ := idem.New(idem.Config{Store: store, Observer: o})
+	engine, _ := idem.New(idem.Config{FingerprintKey: []byte("example only: read yours from a secret store"), Store: store, Observer: o})
 	_ = &idem.Sweeper{Store: store, Lease: engine.Config().Lease, Observer: o} // go sweeper.Run(ctx)
 
 	for range 2 {

@@ -12,6 +12,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 	idemotel "github.com/idemgo/idem/observers/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -92,7 +93,7 @@ func TestMetrics(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	o, reader, _, _ := setup(t, clk.Now)
 	store := memstore.New(memstore.WithClock(clk.Now))
-	e, err := idem.New(idem.Config{Store: store, Observer: o})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Observer: o})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // of the request that produced the answer when it stored its traceparent.
 func TestSpans(t *testing.T) {
 	o, _, rec, tracer := setup(t, nil)
-	e, err := idem.New(idem.Config{Store: memstore.New(), Observer: o})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: o})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +297,7 @@ func TestSweepReconciles(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	o, reader, _, _ := setup(t, clk.Now)
 	store := memstore.New(memstore.WithClock(clk.Now))
-	e, err := idem.New(idem.Config{Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
 		switch stale.Key {
 		case "charged":
 			return &idem.Response{Status: http.StatusCreated}, nil

@@ -23,7 +23,7 @@ func Example() {
 		panic(err)
 	}
 	store := memstore.New()
-	engine, _ := idem.New(idem.Config{Store: store, Observer: m})
+	engine, _ := idem.New(idem.Config{FingerprintKey: []byte("example only: read yours from a secret store"), Store: store, Observer: m})
 	_ = &idem.Sweeper{Store: store, Lease: engine.Config().Lease, Observer: m} // go sweeper.Run(ctx)
 
 	for range 3 { // one claim, two replays
@@ -48,5 +48,5 @@ func Example() {
 	// Output:
 	// idem_requests_total claimed /payments 1
 	// idem_requests_total replayed /payments 2
-	// series: 19
+	// series: 21
 }

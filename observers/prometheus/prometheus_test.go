@@ -12,6 +12,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
 	idemprom "github.com/idemgo/idem/observers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -51,7 +52,7 @@ func TestRequestsByOutcomeAndRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := idem.New(idem.Config{Store: memstore.New(), Observer: m})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +276,7 @@ func TestSweepReconciles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := idem.New(idem.Config{Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
 		switch stale.Key {
 		case "charged":
 			return &idem.Response{Status: http.StatusCreated}, nil

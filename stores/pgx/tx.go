@@ -64,8 +64,10 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // BeginTx implements idem.Store. It acquires a pool connection and begins
-// a READ COMMITTED transaction on it (one round trip), on a context
-// detached from ctx's cancellation and bounded by WithTxTimeout; a
+// a READ COMMITTED transaction on it (one round trip). The wait for the
+// connection ends with ctx (the engine bounds it by StoreTimeout); BEGIN
+// runs on a context detached from ctx's cancellation; both are bounded by
+// WithTxTimeout. A
 // connection found broken is replaced, at most twice. BEGIN also sets, for
 // this transaction only, a random marker Settle checks and the TCP
 // keepalive settings of DeadPeerTimeout. It returns a context carrying the
@@ -80,8 +82,13 @@ func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, ide
 		conn *pgxpool.Conn
 		real pgx.Tx
 	)
+	// The wait for a connection honours ctx: the engine bounds it by
+	// StoreTimeout, so an exhausted pool answers 503 instead of queueing.
+	// Only the BEGIN itself runs without ctx's cancellation.
+	actx, acancel := context.WithTimeout(ctx, s.txTimeout)
+	defer acancel()
 	err := s.onConn(bctx, func() error {
-		c, err := s.pool.Acquire(bctx)
+		c, err := s.pool.Acquire(actx)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,148 @@
+package storetest
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+// PoolPinning proves that one principal cannot pin a store's connection
+// pool and make every other principal queue behind it (issue 19). store's
+// pool must hold exactly poolSize connections, each claimed request holding
+// one for its handler's run (a SQL store's transaction).
+//
+// On a real HTTP server, poolSize+2 of alice's requests arrive at once with
+// handlers that take hold; while they run, bob sends one POST. Three
+// configurations are measured:
+//
+//   - unbounded: StoreTimeout longer than hold, no in-flight limit, as
+//     before the bounds: bob's request waits for one of alice's handlers to
+//     end (logged, not asserted: it is the figure the bounds improve on);
+//   - StoreTimeout: bob's request is answered 503 store-unavailable with a
+//     Retry-After within 2*StoreTimeout (the claim's wait, then the
+//     release of a claim whose answer may have been lost), not after hold;
+//   - MaxInFlightPerPrincipal: alice holds at most half the pool, her
+//     excess requests are answered 429 at once, and bob's POST succeeds
+//     without waiting.
+//
+// It takes about 3*hold.
+func PoolPinning(t *testing.T, store idem.Store, poolSize int, hold time.Duration) {
+	storeTimeout := 500 * time.Millisecond
+	tests := []struct {
+		name       string
+		cfg        idem.Config
+		wantStatus int           // bob's; 0: only logged
+		within     time.Duration // bob's latency bound
+	}{
+		{"unbounded", idem.Config{StoreTimeout: 2 * hold}, 0, 0},
+		// Twice: the claim's wait, then the fenced release of a claim whose
+		// answer was lost, which waits for a connection too.
+		{"StoreTimeout", idem.Config{StoreTimeout: storeTimeout}, http.StatusServiceUnavailable, 2*storeTimeout + hold/3},
+		{"MaxInFlightPerPrincipal", idem.Config{MaxInFlightPerPrincipal: poolSize / 2}, http.StatusCreated, hold / 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Store = store
+			cfg.RequestTimeout = 4 * hold
+			bob, status, alice := pinPool(t, cfg, poolSize, hold)
+			t.Logf("pool %d, %d of alice's %v handlers at once: bob's POST answered %d after %v; alice's: %v",
+				poolSize, poolSize+2, hold, status, bob.Round(time.Millisecond), alice)
+			if tc.wantStatus == 0 {
+				return
+			}
+			if status != tc.wantStatus || bob > tc.within {
+				t.Fatalf("bob's POST answered %d after %v, want %d within %v", status, bob, tc.wantStatus, tc.within)
+			}
+		})
+	}
+}
+
+// pinPool runs poolSize+2 of alice's slow requests and, while they run,
+// one of bob's; it returns bob's latency and status and the count of
+// alice's statuses.
+func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (time.Duration, int, map[int]int) {
+	t.Helper()
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var running atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		principal := r.Header.Get("X-Principal")
+		eng.HandleHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			if principal == "alice" {
+				running.Add(1)
+				defer running.Add(-1)
+				select {
+				case <-time.After(hold):
+				case <-r2.Context().Done():
+				}
+			}
+			buf.WriteHeader(http.StatusCreated)
+			return nil
+		})
+	}))
+	defer srv.Close()
+	client := &http.Client{Timeout: 4 * hold, Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: poolSize + 4}}
+	defer client.CloseIdleConnections()
+	post := func(principal string) (int, error) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Principal", principal)
+		req.Header.Set(idem.DefaultHeader, uniq(principal))
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
+
+	var (
+		mu    sync.Mutex
+		alice = map[int]int{}
+		wg    sync.WaitGroup
+	)
+	for range poolSize + 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, err := post("alice")
+			if err != nil {
+				t.Errorf("alice: %v", err)
+			}
+			mu.Lock()
+			alice[status]++
+			mu.Unlock()
+		}()
+	}
+	// Wait until alice holds what she can: the whole pool, or her limit.
+	want := int32(poolSize)
+	if cfg.MaxInFlightPerPrincipal > 0 {
+		want = int32(min(poolSize, cfg.MaxInFlightPerPrincipal))
+	}
+	deadline := time.Now().Add(hold / 2)
+	for running.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of alice's handlers running, want %d", running.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	status, err := post("bob")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("bob: %v", err)
+	}
+	wg.Wait()
+	return took, status, alice
+}
