@@ -57,6 +57,11 @@ type Sweeper struct {
 	// Observer, when set, receives what every sweep of Run did, failed
 	// ones included, for metrics such as a stale-claim gauge.
 	Observer SweepObserver
+	// CountRecords makes every sweep end with Store.Stats, reported in
+	// SweepResult.Stats, for an in-progress gauge. On the SQL stores that
+	// is a count over the whole table: on a large table keep Interval at a
+	// minute or more.
+	CountRecords bool
 }
 
 // SweepResult is what one sweep did.
@@ -81,6 +86,9 @@ type SweepResult struct {
 	// Raced counts the stale claims another attempt (a client's retry,
 	// another sweeper) took over or settled first: nothing was done.
 	Raced int
+	// Stats is the store's count of its records after the sweep, when
+	// Sweeper.CountRecords is set and the count succeeded; otherwise nil.
+	Stats *Stats
 	// Failed counts the stale claims whose takeover, Reconcile or store
 	// calls failed; Sweep's error says why. A claim whose Reconcile
 	// failed stays in progress and is retried once stale again.
@@ -104,6 +112,21 @@ type SweepObserver interface {
 // taken over and reconciled (see Sweeper), one after the other; a failure
 // with one does not stop the others, and Sweep returns them all joined.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
+	res, err := s.sweep(ctx)
+	if !s.CountRecords || errors.Is(err, ErrInvalidConfig) || ctx.Err() != nil {
+		return res, err
+	}
+	store, lease := s.target()
+	st, serr := store.Stats(ctx, lease)
+	if serr != nil {
+		return res, errors.Join(err, fmt.Errorf("idem: sweep: stats: %w", serr))
+	}
+	res.Stats = &st
+	return res, err
+}
+
+// target is the store swept and the lease past which a claim is stale.
+func (s *Sweeper) target() (Store, time.Duration) {
 	store, lease := s.Store, s.Lease
 	if s.Engine != nil {
 		if store == nil {
@@ -113,6 +136,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 			lease = s.Engine.cfg.Lease
 		}
 	}
+	return store, lease
+}
+
+func (s *Sweeper) sweep(ctx context.Context) (SweepResult, error) {
+	store, lease := s.target()
 	if store == nil {
 		return SweepResult{}, fmt.Errorf("%w: Sweeper.Store or Sweeper.Engine is required", ErrInvalidConfig)
 	}

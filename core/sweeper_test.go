@@ -106,3 +106,34 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestSweeperCountsRecords: with CountRecords every sweep reports the
+// store's Stats, for an in-progress gauge; without it, none.
+func TestSweeperCountsRecords(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	store := memstore.New(memstore.WithClock(clk.Now))
+	ctx := context.Background()
+	for _, k := range []string{"stale", "held"} {
+		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: k, Token: k, Nonce: k,
+			Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		if k == "stale" {
+			clk.Add(2 * time.Minute)
+		}
+	}
+	for _, count := range []bool{false, true} {
+		s := idem.Sweeper{Store: store, Lease: time.Minute, CountRecords: count}
+		res, err := s.Sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case !count && res.Stats != nil:
+			t.Fatalf("Stats %+v without CountRecords", res.Stats)
+		case count && (res.Stats == nil || res.Stats.InProgress != 2 || res.Stats.Stale != 1):
+			t.Fatalf("Stats %+v, want 2 in progress, 1 stale", res.Stats)
+		}
+	}
+}

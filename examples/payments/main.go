@@ -149,7 +149,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		// With the engine (and so its Reconcile: the provider's, or
 		// redis's row lookup) the sweeper also resolves the stale claims
 		// no client retries.
-		sw := &idem.Sweeper{Engine: eng, Interval: time.Minute, Logger: log, Observer: m}
+		sw := &idem.Sweeper{Engine: eng, Interval: time.Minute, Logger: log, Observer: m, CountRecords: true}
 		_ = sw.Run(sweepCtx)
 	}()
 

@@ -66,6 +66,8 @@ type Metrics struct {
 	purged      prometheus.Counter
 	sweepErrors prometheus.Counter
 	lastSweep   prometheus.Gauge
+	inProgress  prometheus.Gauge
+	expired     prometheus.Gauge
 	now         func() time.Time
 }
 
@@ -124,6 +126,14 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 			Namespace: ns, Name: "sweep_last_success_timestamp_seconds", ConstLabels: cl,
 			Help: "Unix time of the last successful sweep.",
 		}),
+		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "in_progress_records", ConstLabels: cl,
+			Help: "In-progress records at the last sweep, stale ones included (set when the Sweeper's CountRecords is on and the store counts them).",
+		}),
+		expired: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "expired_records", ConstLabels: cl,
+			Help: "Expired records still to be purged at the last sweep (set when the Sweeper's CountRecords is on and the store counts them).",
+		}),
 		now: opts.Now,
 	}
 	if m.now == nil {
@@ -137,7 +147,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 	for _, r := range []string{"reconciled", "released", "raced", "failed"} {
 		m.resolved.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.claim, m.stale, m.staleAge, m.resolved, m.purged, m.sweepErrors, m.lastSweep} {
+	for _, c := range []prometheus.Collector{m.requests, m.claim, m.stale, m.staleAge, m.resolved, m.purged, m.sweepErrors, m.lastSweep, m.inProgress, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemprom: register: %w", err)
 		}
@@ -154,7 +164,9 @@ func (m *Metrics) Observe(_ context.Context, ev idem.Event) {
 	}
 }
 
-// ObserveSweep implements idem.SweepObserver. A sweep that listed the
+// ObserveSweep implements idem.SweepObserver. A sweep that counted the
+// store's records (Sweeper.CountRecords) sets the in-progress and expired
+// gauges from the figures the store counts. A sweep that listed the
 // stale claims sets the stale gauges: the claims it listed and did not
 // resolve, and the age of the oldest listed; one that failed before it
 // could list them leaves the gauges as they were (it does not know). A
@@ -168,6 +180,14 @@ func (m *Metrics) ObserveSweep(_ context.Context, res idem.SweepResult, err erro
 	m.resolved.WithLabelValues("failed").Add(float64(res.Failed))
 	if err != nil && !errors.Is(err, context.Canceled) {
 		m.sweepErrors.Inc()
+	}
+	if st := res.Stats; st != nil {
+		if st.InProgress.Counted() {
+			m.inProgress.Set(float64(st.InProgress))
+		}
+		if st.Expired.Counted() {
+			m.expired.Set(float64(st.Expired))
+		}
 	}
 	if err != nil && len(res.Stale) == 0 {
 		return

@@ -142,19 +142,20 @@ func TestSweepMetrics(t *testing.T) {
 		Token: "t", Lease: time.Second, Retention: 2 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	sweep := &idem.Sweeper{Store: store, Lease: lease, Observer: m, Logger: slog.New(slog.DiscardHandler)}
+	sweep := &idem.Sweeper{Store: store, Lease: lease, Observer: m, Logger: slog.New(slog.DiscardHandler), CountRecords: true}
 
 	for _, step := range []struct {
 		name               string
 		advance            time.Duration
 		wantStale, wantAge float64
 		wantPurged         float64
+		wantInProgress     float64
 	}{
-		{"fresh", 0, 0, 0, 0},
+		{"fresh", 0, 0, 0, 0, 3},
 		// crashed-1 locked 30s+90s ago, crashed-2 and expiring 90s ago.
-		{"past the lease", 90 * time.Second, 3, 120, 0},
+		{"past the lease", 90 * time.Second, 3, 120, 0, 3},
 		// expiring's retention is over: purged, no longer stale.
-		{"expired", time.Minute, 2, 180, 1},
+		{"expired", time.Minute, 2, 180, 1, 2},
 	} {
 		clk.Add(step.advance)
 		runOnce(t, sweep)
@@ -166,6 +167,12 @@ func TestSweepMetrics(t *testing.T) {
 		}
 		if got := value(t, reg, "idem_sweep_purged_total"); got != step.wantPurged {
 			t.Errorf("%s: purged = %v, want %v", step.name, got, step.wantPurged)
+		}
+		if got := value(t, reg, "idem_in_progress_records"); got != step.wantInProgress {
+			t.Errorf("%s: in progress = %v, want %v", step.name, got, step.wantInProgress)
+		}
+		if got := value(t, reg, "idem_expired_records"); got != 0 {
+			t.Errorf("%s: expired awaiting purge = %v, want 0 after the sweep's purge", step.name, got)
 		}
 		if got := value(t, reg, "idem_sweep_last_success_timestamp_seconds"); got != float64(clk.Now().Unix()) {
 			t.Errorf("%s: last success = %v, want %v", step.name, got, clk.Now().Unix())
