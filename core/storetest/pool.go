@@ -50,7 +50,7 @@ func PoolPinning(t *testing.T, store idem.Store, poolSize int, hold time.Duratio
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			cfg.Store = store
+			cfg.Store, cfg.FingerprintKey = store, FingerprintKey
 			cfg.RequestTimeout = 4 * hold
 			bob, status, alice := pinPool(t, cfg, poolSize, hold)
 			t.Logf("pool %d, %d of alice's %v handlers at once: bob's POST answered %d after %v; alice's: %v",

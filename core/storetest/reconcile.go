@@ -105,7 +105,7 @@ func testSweeperRacesRetry(t *testing.T, b Backend) {
 		var crashedKeys []string
 		for i := range keys {
 			key := fmt.Sprintf("r%d-k%d", round, i)
-			req := idem.ClaimRequest{Principal: principal, Key: key, Fingerprint: rec.Fingerprint, Token: token(),
+			req := idem.ClaimRequest{Principal: principal, Key: key, Fingerprint: rec.Fingerprint, Token: token(), Nonce: token(),
 				Lease: time.Second, Retention: time.Hour}
 			mustClaim(t, b.Store, req)
 			if i%2 == 0 {

@@ -131,9 +131,9 @@ func (r *run) main(ctx context.Context, rows int, expired float64, phase time.Du
 	const chunk = 250_000
 	for lo := 1; lo <= rows; lo += chunk {
 		hi := min(lo+chunk-1, rows)
-		_, err := r.pool.Exec(ctx, `INSERT INTO `+table+` (principal, key, fingerprint, state, lease_token, request_id,
+		_, err := r.pool.Exec(ctx, `INSERT INTO `+table+` (principal, key, fingerprint, state, lease_token, nonce, request_id,
 	created_at, locked_at, expires_at, status, headers, body)
-SELECT 'acct_' || (i % 1000), 'fill-' || i, sha256(int8send(i)), 'completed', md5(i::text), 'req_' || i,
+SELECT 'acct_' || (i % 1000), 'fill-' || i, sha256(int8send(i)), 'completed', md5(i::text), md5('n' || i), 'req_' || i,
 	e - $5::bigint * interval '1 microsecond', e - $5::bigint * interval '1 microsecond', e, 201, $6, $7
 FROM generate_series($1::bigint, $2::bigint) AS i,
 	LATERAL (SELECT CASE WHEN i <= $3 THEN now() - (($3 - i + 1) * interval '1 millisecond')
@@ -299,7 +299,7 @@ func (r *run) first(ctx context.Context, due time.Time) (time.Duration, error) {
 	n := r.seq.Add(1)
 	req := idem.ClaimRequest{
 		Principal: fmt.Sprintf("acct_%d", n%1000), Key: fmt.Sprintf("live-%d-%d", due.UnixNano(), n),
-		Fingerprint: make([]byte, 32), Token: fmt.Sprintf("%032x", n), RequestID: fmt.Sprintf("req_live_%d", n),
+		Fingerprint: make([]byte, 32), Token: fmt.Sprintf("%032x", n), Nonce: fmt.Sprintf("n%031x", n), RequestID: fmt.Sprintf("req_live_%d", n),
 		Lease: time.Minute, Retention: 24 * time.Hour,
 	}
 	t0 := time.Now()
