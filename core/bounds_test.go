@@ -76,8 +76,8 @@ func TestStoreTimeoutBoundsClaimAndBegin(t *testing.T) {
 			if !errors.Is(ev.Err, idem.ErrStoreTimeout) {
 				t.Fatalf("Event.Err = %v, want ErrStoreTimeout", ev.Err)
 			}
-			if _, err := mem.Get(context.Background(), "alice", "k"); !errors.Is(err, idem.ErrNotFound) {
-				t.Fatalf("the key was left claimed: %v", err)
+			if rec, free := storetest.Free(t, mem, "alice", "k"); !free {
+				t.Fatalf("the key was left claimed: %+v", rec)
 			}
 		})
 	}

@@ -22,32 +22,38 @@ func LeaseFrom(ctx context.Context) (Lease, bool) {
 // ErrNoAttempt is returned by DownstreamKey outside an idempotent handler.
 var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 
-// DownstreamKey returns a deterministic idempotency key for an effect
-// outside the database, such as a payment provider call, named by step
-// ("charge", "refund"). It is derived from the principal, the request's
-// key and step only, so every attempt at the same request sends the
-// provider the same key and the provider deduplicates: one that took over
-// a crashed holder's claim, and one that runs after an attempt was released
-// (the handler failed after calling the provider, or its commit failed).
+// DownstreamKey returns an idempotency key for an effect outside the
+// database, such as a payment provider call, named by step ("charge",
+// "refund"). It is derived from the principal, the request's key, the
+// record's nonce (Record.Nonce) and step, so:
+//
+//   - every attempt at the same record sends the provider the same key,
+//     and the provider deduplicates: one that took over a crashed holder's
+//     claim, and one that runs after an attempt was released (the handler
+//     failed after calling the provider, or its commit failed), because
+//     the released record keeps its nonce until it expires;
+//   - a key claimed again after its record expired gets a new nonce and
+//     so a new downstream key: the provider never answers a new request
+//     with an earlier request's effect, however long it keeps keys.
+//
+// A retry of a released attempt is deduplicated by the provider only while
+// both still remember the key: within Config.Retention of the claim (the
+// released record's life) and within the provider's own key window (Stripe
+// keeps keys 24 hours). Clients must stop retrying before the shorter of
+// the two ends; a Retention longer than the provider's window buys nothing
+// for such a retry.
+//
 // The key is 64 lowercase hex characters and reveals neither the principal
 // nor the client's key.
-//
-// Because it is deterministic, a key claimed again after its record expired
-// gets the same downstream key, and a provider that still remembers it
-// answers with the earlier request's effect. Config.Retention must
-// therefore cover the provider's key window (Stripe keeps keys 24 hours,
-// for one). The record's nonce (Record.Nonce) is not mixed in: a release
-// deletes the record and its nonce with it, so the retry of a released
-// attempt would get a new key and the provider would charge twice.
 func DownstreamKey(ctx context.Context, step string) (string, error) {
-	l, ok := LeaseFrom(ctx)
+	a, ok := ctx.Value(attemptKey{}).(*Attempt)
 	if !ok {
 		return "", ErrNoAttempt
 	}
 	h := sha256.New()
-	h.Write([]byte("idem/downstream/v1"))
+	h.Write([]byte("idem/downstream/v2"))
 	var n [binary.MaxVarintLen64]byte
-	for _, s := range []string{l.Principal, l.Key, step} {
+	for _, s := range []string{a.lease.Principal, a.lease.Key, a.nonce, step} {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
 		h.Write([]byte(s))
 	}

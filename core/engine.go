@@ -301,7 +301,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
 	}
 
-	a.lease, a.ev, a.reclaimed = lease, ev, res.Reclaimed
+	a.lease, a.nonce, a.ev, a.reclaimed = lease, res.Record.Nonce, ev, res.Reclaimed
 	txCtx, tx, err := e.beginTx(context.WithValue(ctx, attemptKey{}, a), a)
 	if err != nil {
 		a.release(ctx, nil)
@@ -403,6 +403,7 @@ func newTokenAndNonce() (token, nonce string) {
 type Attempt struct {
 	e           *Engine
 	lease       Lease
+	nonce       string // the record's (Record.Nonce), for DownstreamKey
 	body        []byte
 	tx          Tx
 	ctx         context.Context // &hctx once the transaction has begun

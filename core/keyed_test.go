@@ -192,9 +192,11 @@ func TestFingerprintKeyRotation(t *testing.T) {
 }
 
 // TestRecordNoncePerRecord: the engine sends every claim a fresh random
-// nonce, so a record made after an earlier one expired carries a new one,
-// while a takeover of a stale claim keeps the record's nonce and its
-// downstream key.
+// nonce, so a record made after an earlier one expired carries a new one
+// and a new downstream key: a provider that keeps keys longer than
+// Retention charges the new request instead of answering with the expired
+// record's charge. A takeover of a stale claim keeps the record's nonce
+// and its downstream key.
 func TestRecordNoncePerRecord(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
@@ -204,7 +206,10 @@ func TestRecordNoncePerRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func() (*idem.Attempt, string) {
+	p := &provider{charges: map[string]string{}}
+	// claim begins an attempt at pay-1 and charges the provider with its
+	// downstream key; it returns the attempt, the stored nonce and the key.
+	claim := func() (*idem.Attempt, string, string) {
 		t.Helper()
 		att, resp := e.Begin(context.Background(), request("alice", "pay-1"))
 		if att == nil {
@@ -217,35 +222,37 @@ func TestRecordNoncePerRecord(t *testing.T) {
 		if len(rec.Nonce) != 32 {
 			t.Fatalf("stored nonce %q, want 32 hex digits", rec.Nonce)
 		}
-		return att, rec.Nonce
-	}
-	downstream := func(att *idem.Attempt) string {
-		t.Helper()
 		k, err := idem.DownstreamKey(att.Context(), "charge")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return k
+		p.charge(k)
+		return att, rec.Nonce, k
 	}
-	first, nonce := claim() // the holder dies
-	key := downstream(first)
+	_, nonce, key := claim() // the holder dies after charging
 	clk.Add(4 * time.Second)
-	takeover, kept := claim()
-	if kept != nonce || downstream(takeover) != key {
-		t.Fatalf("takeover: nonce %s and downstream key %s, want the first attempt's %s and %s", kept, downstream(takeover), nonce, key)
+	takeover, kept, keptKey := claim()
+	if kept != nonce || keptKey != key {
+		t.Fatalf("takeover: nonce %s and downstream key %s, want the first attempt's %s and %s", kept, keptKey, nonce, key)
 	}
 	takeover.Finish(idem.Result{Status: http.StatusCreated})
+	if p.real != 1 {
+		t.Fatalf("the provider charged %d times for one record, want 1", p.real)
+	}
 	clk.Add(2 * time.Hour)
-	if _, fresh := claim(); fresh == nonce {
-		t.Fatalf("re-claim after expiry kept the expired record's nonce %s", fresh)
+	if _, fresh, freshKey := claim(); fresh == nonce || freshKey == key {
+		t.Fatalf("re-claim after expiry: nonce %s and downstream key %s, the expired record's", fresh, freshKey)
+	}
+	if p.real != 2 {
+		t.Fatalf("the provider charged %d times for two records of one key, want 2", p.real)
 	}
 }
 
 // TestDownstreamKeyStableAcrossRelease: a handler that called the provider
 // and then failed (a 5xx, a failed commit: the key is released) is retried
-// with the same downstream key, so the provider charges once. A release
-// deletes the record, so a per-record random value cannot be part of the
-// key until the store keeps it across a release.
+// with the same downstream key, so the provider charges once: the released
+// record keeps its nonce (storetest's ReleaseKeepsNonce proves every store
+// does).
 func TestDownstreamKeyStableAcrossRelease(t *testing.T) {
 	t.Parallel()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})

@@ -52,7 +52,7 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	}
 
 	start := e.cfg.Clock()
-	a := &Attempt{e: e, lease: lease, start: start, reclaimed: true,
+	a := &Attempt{e: e, lease: lease, nonce: res.Record.Nonce, start: start, reclaimed: true,
 		ev: Event{Principal: lease.Principal, Key: lease.Key, RequestID: stale.RequestID}}
 	copy(a.fingerprint[:], stale.Fingerprint)
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)

@@ -39,10 +39,10 @@ func (c Count) MarshalJSON() ([]byte, error) {
 type Stats struct {
 	// Now is the store's clock when it counted. Ages are measured from it.
 	Now time.Time
-	// InProgress, Completed and Failed count the records stored in each
-	// state, including expired records not yet purged (counted in Expired
-	// too).
-	InProgress, Completed, Failed Count
+	// InProgress, Completed, Failed and Released count the records stored
+	// in each state, including expired records not yet purged (counted in
+	// Expired too).
+	InProgress, Completed, Failed, Released Count
 	// Stale counts the in-progress records whose lease was taken at least
 	// staleAfter before Now: the records ListStale(staleAfter) lists.
 	Stale Count

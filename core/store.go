@@ -10,8 +10,7 @@ import (
 // State is the state of an idempotency record.
 type State string
 
-// The states a stored record can be in. A released attempt has no state: its
-// row is deleted and the key is absent again.
+// The states a stored record can be in.
 const (
 	// StateInProgress means a request holds the key's lease and its handler is
 	// running (or its holder crashed and the lease has not yet expired).
@@ -22,18 +21,27 @@ const (
 	// StateFailed means the handler settled with a deterministic 4xx
 	// response, which is replayed like a completed one.
 	StateFailed State = "failed"
+	// StateReleased means the attempt holding the key was released: it
+	// stored nothing (its handler failed with a 5xx, its commit failed, or
+	// an operator or Config.Reconcile released it), so the key counts as
+	// absent and the next claim runs the handler afresh, with any body.
+	// The record stays until its ExpiresAt only to keep its nonce: the
+	// next attempt gets the same DownstreamKey, so a provider that the
+	// released attempt reached deduplicates the retry.
+	StateReleased State = "released"
 )
 
 // Valid reports whether s is one of the defined states.
 func (s State) Valid() bool {
-	return s == StateInProgress || s == StateCompleted || s == StateFailed
+	return s == StateInProgress || s == StateCompleted || s == StateFailed || s == StateReleased
 }
 
 // Sentinel errors that stores return and callers branch on.
 var (
 	// ErrLeaseLost is returned by Tx.Settle and Store.Release when the lease
 	// token no longer matches an in-progress record: another request took
-	// the key over after the lease expired. Nothing was stored.
+	// the key over after the lease expired, or the lease was released.
+	// Nothing was stored.
 	ErrLeaseLost = errors.New("idem: lease lost to a takeover")
 	// ErrNotFound is returned by Store.Get when no record exists.
 	ErrNotFound = errors.New("idem: record not found")
@@ -94,10 +102,9 @@ type Record struct {
 	LeaseToken  string
 	// Nonce is the random value of the attempt that created the record
 	// (ClaimRequest.Nonce): written when the record is inserted or an
-	// expired one replaced, kept when a stale claim is taken over, so it
-	// tells two records of one key apart. DownstreamKey does not use it
-	// yet: a release deletes the record, and with it the nonce that the
-	// released attempt's retry would need (see DownstreamKey).
+	// expired one replaced, kept when a stale claim is taken over and when
+	// a released record is claimed again, so it tells two records of one
+	// key apart. DownstreamKey is derived from it.
 	Nonce     string
 	RequestID string // the request id of the attempt that created the record
 	CreatedAt time.Time
@@ -119,7 +126,7 @@ type ClaimRequest struct {
 	// Nonce is a new random value, unique per attempt (at most 64 bytes):
 	// the store writes it when it inserts the record or replaces an
 	// expired one, and keeps the stored one when it takes over a stale
-	// claim (see Record.Nonce).
+	// claim or claims a released record (see Record.Nonce).
 	Nonce string
 }
 
@@ -129,7 +136,9 @@ type ClaimResult struct {
 	// inserted, an expired record replaced, or a stale lease taken over.
 	Claimed bool
 	// Reclaimed is true when the claim took over an in-progress record
-	// whose lease had expired (its holder crashed or hung). Implies Claimed.
+	// whose lease had expired (its holder crashed or hung). Implies
+	// Claimed. Claiming a released record is not a takeover: its attempt
+	// was released because it stored nothing.
 	Reclaimed bool
 	// Record is the record as stored after the claim: the caller's own when
 	// Claimed, otherwise the existing record to dispatch on.
@@ -154,6 +163,8 @@ type Store interface {
 	// Claim atomically claims (principal, key). It inserts an in-progress
 	// record carrying req.Token and req.Nonce, or, when a record exists:
 	//   - past its ExpiresAt: replaces it, req.Nonce included (Claimed);
+	//   - released: replaces it with req's fingerprint, token, request id
+	//     and retention, keeping its nonce (Claimed);
 	//   - in progress, lease older than req.Lease, same fingerprint: takes it
 	//     over with req.Token, keeping its nonce (Claimed and Reclaimed);
 	//   - otherwise: returns it unchanged and writes nothing.
@@ -169,9 +180,11 @@ type Store interface {
 	// cancelled ctx long enough to commit or roll back.
 	BeginTx(ctx context.Context, lease Lease) (context.Context, Tx, error)
 
-	// Release deletes the in-progress record held by lease, so the next
-	// attempt really retries. It returns ErrLeaseLost when the record is
-	// no longer held by lease.
+	// Release marks the in-progress record held by lease StateReleased,
+	// keeping its nonce and ExpiresAt: the key counts as absent, so the
+	// next attempt really retries, and it gets the same DownstreamKey. It returns ErrLeaseLost when the record is no longer
+	// in progress under lease (released already included). PurgeExpired
+	// deletes a released record like a settled one.
 	Release(ctx context.Context, lease Lease) error
 
 	// Get returns the record for (principal, key), or ErrNotFound. An
@@ -183,7 +196,8 @@ type Store interface {
 	PurgeExpired(ctx context.Context, limit int) (int, error)
 
 	// ListStale returns at most limit in-progress records whose lease
-	// (olderThan) has expired, oldest first.
+	// (olderThan) has expired, oldest first. Released records are never
+	// stale.
 	ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
 
 	// Stats counts the records by state, the in-progress ones whose lease

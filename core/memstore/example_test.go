@@ -42,8 +42,9 @@ func ExampleTx_FailCommit() {
 	tx, _ := memstore.TxFrom(att.Context())
 	tx.FailCommit(fmt.Errorf("constraint violated"))
 	resp := att.Finish(idem.Result{Status: http.StatusCreated})
-	fmt.Println(resp.Status, store.Len())
-	// Output: 500 0
+	rec, _ := store.Get(context.Background(), "acct_1", "o-2")
+	fmt.Println(resp.Status, rec.State, rec.Response == nil)
+	// Output: 500 released true
 }
 
 // fingerprintKey stands for the service's Config.FingerprintKey: in

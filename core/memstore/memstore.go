@@ -131,6 +131,9 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 		}
 	case t >= e.expires:
 		// Expired: absent as far as correctness goes.
+	case e.state == idem.StateReleased:
+		// Absent too, but its nonce is kept (see idem.StateReleased).
+		nonce = e.nonce()
 	case e.state == idem.StateInProgress && t-e.locked >= int64(req.Lease) &&
 		e.fingerprint() == string(req.Fingerprint):
 		// A takeover keeps the record's nonce (see idem.Record.Nonce).
@@ -176,7 +179,10 @@ func (s *Store) Release(_ context.Context, l idem.Lease) error {
 	if !ok {
 		return idem.ErrLeaseLost
 	}
-	s.remove(k, e)
+	// Its size stays the same: the record keeps every field until it
+	// expires (see idem.StateReleased).
+	e.state = idem.StateReleased
+	s.records[k] = e
 	return nil
 }
 

@@ -29,6 +29,8 @@ func (s *Store) Stats(_ context.Context, staleAfter time.Duration) (idem.Stats, 
 			st.Completed++
 		case idem.StateFailed:
 			st.Failed++
+		case idem.StateReleased:
+			st.Released++
 		}
 		if now >= e.expires {
 			st.Expired++

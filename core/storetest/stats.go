@@ -31,7 +31,7 @@ func testStats(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	for name, c := range map[string]idem.Count{"InProgress": empty.InProgress, "Completed": empty.Completed,
-		"Failed": empty.Failed, "Stale": empty.Stale, "Expired": empty.Expired} {
+		"Failed": empty.Failed, "Released": empty.Released, "Stale": empty.Stale, "Expired": empty.Expired} {
 		if c != 0 && c != idem.NotCounted {
 			t.Errorf("empty store: %s = %v, want 0 (or not counted)", name, c)
 		}
@@ -52,6 +52,9 @@ func testStats(t *testing.T, b Backend) {
 	oldest := claim("stale-a", time.Hour)
 	claim("stale-b", time.Hour)
 	claim("expired-in-progress", Lease)
+	if err := b.Store.Release(ctx, leaseOf(claim("released", time.Hour))); err != nil {
+		t.Fatalf("release: %v", err)
+	}
 	for _, c := range []struct {
 		state     idem.State
 		status    int
@@ -77,10 +80,10 @@ func testStats(t *testing.T, b Backend) {
 	// On a loaded machine the fresh claim may have aged past the lease
 	// before Stats ran; only then may it count as stale.
 	freshMayBeStale := time.Since(claimedFresh) >= Lease/2
-	want := idem.Stats{InProgress: 4, Completed: 2, Failed: 1, Stale: 3, Expired: 2}
+	want := idem.Stats{InProgress: 4, Completed: 2, Failed: 1, Released: 1, Stale: 3, Expired: 2}
 	if b.SelfExpiring {
 		// Both expired records are gone by themselves.
-		want = idem.Stats{InProgress: 3, Completed: 1, Failed: 1, Stale: 2, Expired: 0}
+		want = idem.Stats{InProgress: 3, Completed: 1, Failed: 1, Released: 1, Stale: 2, Expired: 0}
 	}
 	check := func(name string, got, want idem.Count, alsoOK ...idem.Count) {
 		t.Helper()
@@ -101,6 +104,7 @@ func testStats(t *testing.T, b Backend) {
 	check("InProgress", st.InProgress, want.InProgress)
 	check("Completed", st.Completed, want.Completed, settledMay...)
 	check("Failed", st.Failed, want.Failed, settledMay...)
+	check("Released", st.Released, want.Released, settledMay...)
 	check("Expired", st.Expired, want.Expired, settledMay...)
 	if freshMayBeStale {
 		check("Stale", st.Stale, want.Stale, want.Stale+1)

@@ -38,7 +38,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"NonceKeptByTakeoverOnly", testNonce},
 		{"ConcurrentTakeoverExactlyOnce", testConcurrentTakeover},
 		{"StaleHolderSettleIsFenced", testStaleHolderFenced},
-		{"ReleaseIsFenced", testReleaseFenced},
+		{"ReleaseKeepsNonceAndIsFenced", testReleaseFenced},
 		{"ExpiredRecordIsAbsent", testExpiredRecordAbsent},
 		{"FailedCommitStoresNothing", testFailedCommit},
 		{"RollbackLeavesClaimInProgress", testRollback},
@@ -451,13 +451,47 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	if err := b.Store.Release(ctx, leaseOf(req)); err != nil {
 		t.Fatalf("holder's release: %v", err)
 	}
-	if _, err := b.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("Get after release = %v, want ErrNotFound", err)
+	// Released is a state, not a deletion: the record keeps its nonce.
+	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateReleased || rec.Nonce != req.Nonce || rec.Response != nil {
+		t.Fatalf("after release the record is %s with nonce %q and response %v, want released with nonce %q and none",
+			rec.State, rec.Nonce, rec.Response, req.Nonce)
 	}
-	// Released means absent: the retry claims it afresh, with any body.
-	res := mustClaim(t, b.Store, claimReq("alice", req.Key, "another body"))
+	if err := b.Store.Release(ctx, leaseOf(req)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("second release with the released token = %v, want ErrLeaseLost", err)
+	}
+	if err := settle(ctx, b, leaseOf(req), idem.StateCompleted, okResponse("late")); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("settle with the released token = %v, want ErrLeaseLost", err)
+	}
+	// Released means absent: the retry claims it afresh, with any body and
+	// without waiting for a lease, and keeps the nonce.
+	retry := claimReq("alice", req.Key, "another body")
+	retry.Lease = time.Hour
+	res := mustClaim(t, b.Store, retry)
 	if !res.Claimed || res.Reclaimed {
-		t.Fatalf("claim after release: %+v, want a fresh claim", res)
+		t.Fatalf("claim after release: Claimed=%v Reclaimed=%v, want a fresh claim", res.Claimed, res.Reclaimed)
+	}
+	for _, rec := range []idem.Record{res.Record, get(t, b, "alice", req.Key)} {
+		if rec.State != idem.StateInProgress || rec.LeaseToken != retry.Token || !bytes.Equal(rec.Fingerprint, retry.Fingerprint) ||
+			rec.RequestID != retry.RequestID || rec.Nonce != req.Nonce || rec.Response != nil {
+			t.Fatalf("record claimed after release = %+v, want in progress for the retry with the released nonce %q", rec, req.Nonce)
+		}
+	}
+	if !res.Record.ExpiresAt.After(res.Now.Add(59 * time.Minute)) {
+		t.Fatalf("record claimed after release expires at %v, want about an hour after %v", res.Record.ExpiresAt, res.Now)
+	}
+	// A released record past its expiry is gone: the next claim gets a new
+	// nonce, so a new record never reuses an old one's downstream keys.
+	short := claimReq("alice", uniq("k"), "body")
+	short.Retention = Lease
+	mustClaim(t, b.Store, short)
+	if err := b.Store.Release(ctx, leaseOf(short)); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	time.Sleep(Lease + 150*time.Millisecond)
+	later := claimReq("alice", short.Key, "body")
+	if res := mustClaim(t, b.Store, later); !res.Claimed || res.Reclaimed || res.Record.Nonce != later.Nonce {
+		t.Fatalf("claim of an expired released record: Claimed=%v Reclaimed=%v nonce %q, want a fresh claim with nonce %q",
+			res.Claimed, res.Reclaimed, res.Record.Nonce, later.Nonce)
 	}
 	// A settled record cannot be released.
 	settled := claimReq("alice", uniq("k"), "body")
@@ -625,20 +659,24 @@ func testGetMissing(t *testing.T, b Backend) {
 func testPurgeExpired(t *testing.T, b Backend) {
 	ctx := ctxT(t)
 	var expired, live []string
-	// Expired records in every state: abandoned claims, completed and
-	// failed ones (a store may find them through different indexes).
+	// Expired records in every state: abandoned claims, completed, failed
+	// and released ones (a store may find them through different indexes).
 	for i := range 7 {
 		req := claimReq("alice", uniq(fmt.Sprintf("exp%d", i)), "body")
 		req.Retention = Lease
 		mustClaim(t, b.Store, req)
 		expired = append(expired, req.Key)
-		switch i % 3 {
+		switch i % 4 {
 		case 1:
 			if err := settleWithEffect(ctx, b, leaseOf(req), req.Key, okResponse("old")); err != nil {
 				t.Fatal(err)
 			}
 		case 2:
 			if err := settleFailed(ctx, b, leaseOf(req)); err != nil {
+				t.Fatal(err)
+			}
+		case 3:
+			if err := b.Store.Release(ctx, leaseOf(req)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -736,6 +774,11 @@ func testListStale(t *testing.T, b Backend) {
 	settled := claimReq(principal, uniq("c"), "body")
 	mustClaim(t, b.Store, settled)
 	if err := settleWithEffect(ctx, b, leaseOf(settled), settled.Key, okResponse("c")); err != nil {
+		t.Fatal(err)
+	}
+	released := claimReq(principal, uniq("e"), "body")
+	mustClaim(t, b.Store, released)
+	if err := b.Store.Release(ctx, leaseOf(released)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(Lease + 150*time.Millisecond)
@@ -936,4 +979,21 @@ func testSweepersUnderTraffic(t *testing.T, b Backend) {
 		return true
 	})
 	t.Logf("2 sweepers purged %d of %d expired rows (SelfExpiring %v) while %d live requests settled", purged.Load(), expired, b.SelfExpiring, n)
+}
+
+// Free reports whether the next claim of principal's key in s runs afresh:
+// s holds no record for it, or a released one (idem.StateReleased, which
+// keeps only the nonce). It returns the record it found, if any, for the
+// caller's message, and fails t when Get fails otherwise. Tests that check
+// that a key was given back use it instead of expecting idem.ErrNotFound.
+func Free(t testing.TB, s idem.Store, principal, key string) (idem.Record, bool) {
+	t.Helper()
+	rec, err := s.Get(ctxT(t), principal, key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return rec, true
+	case err != nil:
+		t.Fatalf("Get(%s/%s): %v", principal, key, err)
+	}
+	return rec, rec.State == idem.StateReleased
 }
