@@ -161,22 +161,22 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 			t.Fatalf("the cut on %q never fired", pattern)
 		}
 	}
-	// Release: not received → deleted on the second connection; executed
-	// with the answer lost → the second finds nothing: ErrLeaseLost, and
-	// the row is gone either way.
-	deleteSQL := "DELETE FROM " + s.Table() + "\nWHERE"
+	// Release: not received → released on the second connection; executed
+	// with the answer lost → the second finds it released already:
+	// ErrLeaseLost, and the row is released either way.
+	releaseSQL := "UPDATE " + s.Table() + " SET state = 'released'"
 	for _, when := range []faultproxy.When{faultproxy.Before, faultproxy.After} {
 		req := claimReq("alice", "rel-"+randHex(4), "body", time.Minute)
 		if _, err := s.Claim(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		var err error
-		cut(deleteSQL, when, func() { err = s.Release(ctx, leaseOf(req)) })
+		cut(releaseSQL, when, func() { err = s.Release(ctx, leaseOf(req)) })
 		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("release with the cut %v: %v", when, err)
 		}
-		if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
-			t.Fatalf("row after release with the cut %v: %v", when, err)
+		if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+			t.Fatalf("row after release with the cut %v: %s, %v", when, rec.State, err)
 		}
 	}
 	// BEGIN: a connection found broken when BEGIN goes out is replaced,
@@ -238,7 +238,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if got := e.mustCount(t, req.Key); got != 0 {
 		t.Fatalf("%d effects after the broken transaction, want 0", got)
 	}
-	if _, err := e.Store.Get(ctx, "alice", req.Key); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("row after release: %v", err)
+	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+		t.Fatalf("row after release: %s, %v", rec.State, err)
 	}
 }

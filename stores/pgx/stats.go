@@ -16,6 +16,7 @@ const statsSQL = `SELECT now(),
 	count(*) FILTER (WHERE state = 'in_progress'),
 	count(*) FILTER (WHERE state = 'completed'),
 	count(*) FILTER (WHERE state = 'failed'),
+	count(*) FILTER (WHERE state = 'released'),
 	count(*) FILTER (WHERE state = 'in_progress' AND locked_at <= now() - $1::bigint * interval '1 microsecond'),
 	min(locked_at) FILTER (WHERE state = 'in_progress'),
 	count(*) FILTER (WHERE expires_at <= now())
@@ -28,19 +29,20 @@ FROM %s`
 // tool or a gauge every minute or so, not per request.
 func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
 	var (
-		st                                        idem.Stats
-		inProgress, completed, failed, stale, exp int64
-		oldest                                    *time.Time
+		st                                                  idem.Stats
+		inProgress, completed, failed, released, stale, exp int64
+		oldest                                              *time.Time
 	)
 	err := s.onConn(ctx, func() error {
 		return s.query(ctx, func(rows pgx.Rows) error {
-			return rows.Scan(&st.Now, &inProgress, &completed, &failed, &stale, &oldest, &exp)
+			return rows.Scan(&st.Now, &inProgress, &completed, &failed, &released, &stale, &oldest, &exp)
 		}, fmt.Sprintf(statsSQL, s.table.ident()), micros(staleAfter))
 	})
 	if err != nil {
 		return idem.Stats{}, wrap("stats", err)
 	}
 	st.InProgress, st.Completed, st.Failed = idem.Count(inProgress), idem.Count(completed), idem.Count(failed)
+	st.Released = idem.Count(released)
 	st.Stale, st.Expired = idem.Count(stale), idem.Count(exp)
 	if oldest != nil {
 		st.OldestLockedAt = *oldest

@@ -255,7 +255,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // statements holds the SQL with the table name and timeouts filled in.
 type statements struct {
-	claim, takeover, replace, release, get, purge, listStale string
+	claim, takeover, replace, reuse, release, get, purge, listStale string
 	// prelude goes before every store statement on the pool, in the same
 	// pipelined batch and so in the same implicit transaction.
 	prelude string
@@ -396,7 +396,18 @@ RETURNING %[2]s, now()`, t, recordCols)
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
 RETURNING %[2]s, now()`, t, recordCols)
 
-	s.release = fmt.Sprintf(`DELETE FROM %s
+	// Claiming a released row: the key is free, so the new attempt's
+	// fingerprint, token and retention replace the old, fenced by the
+	// released token and re-checked on the row's latest version; the
+	// nonce stays, for the released attempt's downstream keys.
+	s.reuse = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
+	request_id = $5, created_at = now(), locked_at = now(),
+	expires_at = now() + $6::bigint * interval '1 microsecond'
+WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'released' AND expires_at > now()
+RETURNING %[2]s, now()`, t, recordCols)
+
+	// A release keeps the row, and with it the nonce, until it expires.
+	s.release = fmt.Sprintf(`UPDATE %s SET state = 'released'
 WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, t)
 
 	s.get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
@@ -575,6 +586,14 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			return idem.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
 			res, ok, err := s.takeOver(ctx, s.sql.replace, req, rec.LeaseToken, req.Nonce)
+			if err != nil && retryable(err) {
+				continue
+			}
+			if err != nil || ok {
+				return res, err
+			}
+		case rec.State == idem.StateReleased:
+			res, ok, err := s.takeOver(ctx, s.sql.reuse, req, rec.LeaseToken)
 			if err != nil && retryable(err) {
 				continue
 			}

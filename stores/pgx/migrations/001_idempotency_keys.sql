@@ -2,7 +2,9 @@
 --
 -- One row per (principal, key). A row is created in_progress by the claim,
 -- turned completed or failed by the settle (in the same transaction as the
--- handler's own writes), or deleted when the attempt is released. Times are
+-- handler's own writes), or released when the attempt is released: the key
+-- is free again, and the row keeps its nonce for the next attempt's
+-- downstream keys until it expires. Times are
 -- PostgreSQL's clock (now()), never the application's.
 --
 -- This file creates the table under its default name, schema-qualified so
@@ -18,13 +20,14 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     -- principal and body under the service's key; never the body.
     fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) <= 255),
     state       text        NOT NULL
-                CHECK (state IN ('in_progress', 'completed', 'failed')),
+                CHECK (state IN ('in_progress', 'completed', 'failed', 'released')),
     -- Fences settle and release: they only act while it still matches.
     lease_token text        NOT NULL,
     -- The first attempt's request id; idem bounds it to 255 bytes.
     request_id  text        NOT NULL DEFAULT ''
                 CHECK (octet_length(request_id) <= 255),
-    -- Random per record, kept by a takeover: enters idem.DownstreamKey.
+    -- Random per record, kept by a takeover and by a release: enters
+    -- idem.DownstreamKey.
     nonce       text        NOT NULL CHECK (octet_length(nonce) <= 64),
     created_at  timestamptz NOT NULL DEFAULT now(),
     locked_at   timestamptz NOT NULL DEFAULT now(),
@@ -36,7 +39,7 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     headers     bytea,
     body        bytea,
     PRIMARY KEY (principal, key),
-    CHECK ((state = 'in_progress') = (status IS NULL))
+    CHECK ((state IN ('in_progress', 'released')) = (status IS NULL))
 );
 
 -- Stale in_progress rows (crashed or hung holders), oldest lease first.
