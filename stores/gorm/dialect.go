@@ -188,6 +188,7 @@ type queries struct {
 	selectNow   string // the row plus the database clock
 	takeExpired string // fenced takeover of an expired record
 	takeStale   string // fenced takeover of a stale in-progress lease
+	takeFreed   string // fenced claim of a released record, keeping its nonce
 	settle      string
 	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
 	release     string
@@ -329,6 +330,12 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 		", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND state = 'in_progress' AND fingerprint = ?" +
 		" AND locked_at <= " + d.nowMinus() + " AND expires_at > " + now + returning
+	// A released row is free: the new attempt's fingerprint, token and
+	// retention replace the old, and the nonce stays, so the released
+	// attempt's downstream keys are reused.
+	q.takeFreed = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?," +
+		" created_at = " + now + ", locked_at = " + now + ", expires_at = " + d.nowPlus() + pgFrom +
+		where + " AND lease_token = ? AND state = 'released' AND expires_at > " + now + returning
 
 	if d == dialectPostgres {
 		// The handler's transaction: cfg's settings last to its end, so
@@ -346,11 +353,11 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 			" u AS (UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
 			where + " AND lease_token = ? AND state = 'in_progress' RETURNING 1)" +
 			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
-		q.release = pgLock + "DELETE FROM " + T + " USING cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
+		q.release = pgLock + "UPDATE " + T + " SET state = 'released' FROM cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
 	} else {
 		q.settle = my + "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
 			where + " AND lease_token = ? AND state = 'in_progress'"
-		q.release = my + "DELETE FROM " + T + where + " AND lease_token = ? AND state = 'in_progress'"
+		q.release = my + "UPDATE " + T + " SET state = 'released'" + where + " AND lease_token = ? AND state = 'in_progress'"
 	}
 
 	switch d {
@@ -385,7 +392,7 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND locked_at <= " + d.nowMinus() +
 		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
 
-	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.selectNow, &q.takeExpired, &q.takeStale,
+	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.selectNow, &q.takeExpired, &q.takeStale, &q.takeFreed,
 		&q.settle, &q.settlePipe, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}

@@ -17,6 +17,7 @@ func (s *Store) statsQuery() string {
 		" COUNT(CASE WHEN state = 'in_progress' THEN 1 END)," +
 		" COUNT(CASE WHEN state = 'completed' THEN 1 END)," +
 		" COUNT(CASE WHEN state = 'failed' THEN 1 END)," +
+		" COUNT(CASE WHEN state = 'released' THEN 1 END)," +
 		" COUNT(CASE WHEN state = 'in_progress' AND locked_at <= " + d.nowMinus() + " THEN 1 END)," +
 		" " + d.timeOut("MIN(CASE WHEN state = 'in_progress' THEN locked_at END)") + "," +
 		" COUNT(CASE WHEN expires_at <= " + now + " THEN 1 END)" +
@@ -33,19 +34,19 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats
 		return idem.Stats{}, s.wrap("stats", err)
 	}
 	var (
-		st                                        idem.Stats
-		now                                       timeValue
-		oldest                                    nullTime
-		inProgress, completed, failed, stale, exp int64
+		st                                                  idem.Stats
+		now                                                 timeValue
+		oldest                                              nullTime
+		inProgress, completed, failed, released, stale, exp int64
 	)
 	err = pool.QueryRowContext(ctx, s.statsQuery(), staleAfter.Microseconds()).
-		Scan(&now, &inProgress, &completed, &failed, &stale, &oldest, &exp)
+		Scan(&now, &inProgress, &completed, &failed, &released, &stale, &oldest, &exp)
 	if err != nil {
 		return idem.Stats{}, s.wrap("stats", err)
 	}
 	st.Now, st.OldestLockedAt = now.t, oldest.t
 	st.InProgress, st.Completed, st.Failed = idem.Count(inProgress), idem.Count(completed), idem.Count(failed)
-	st.Stale, st.Expired = idem.Count(stale), idem.Count(exp)
+	st.Released, st.Stale, st.Expired = idem.Count(released), idem.Count(stale), idem.Count(exp)
 	return st, nil
 }
 

@@ -388,6 +388,16 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		}
 		return idem.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
 
+	case rec.State == idem.StateReleased:
+		taken, ok, terr := s.takeover(ctx, s.q.takeFreed, s.lockArgs(
+			req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
+			req.Principal, req.Key, rec.LeaseToken,
+		), req)
+		if terr != nil || !ok {
+			return res, false, terr
+		}
+		return idem.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
+
 	case rec.State == idem.StateInProgress && now.Sub(rec.LockedAt) >= req.Lease &&
 		bytes.Equal(rec.Fingerprint, req.Fingerprint):
 		taken, ok, terr := s.takeover(ctx, s.q.takeStale, s.lockArgs(
@@ -626,8 +636,9 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 	return rowWithNow{rec, r.now.t}, true, nil
 }
 
-// Release implements idem.Store: a DELETE fenced by the lease token and the
-// in-progress state. It returns idem.ErrLeaseLost when it deleted nothing.
+// Release implements idem.Store: an UPDATE to the released state, fenced by
+// the lease token and the in-progress state; the row keeps its nonce until
+// it expires. It returns idem.ErrLeaseLost when it matched nothing.
 func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
 	var n int64
 	if err := s.writeTurn(ctx, func() (err error) {

@@ -29,6 +29,6 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     PRIMARY KEY (principal, `key`),
     KEY idempotency_keys_stale_idx (state, locked_at),
     KEY idempotency_keys_expires_idx (expires_at),
-    CONSTRAINT idempotency_keys_state_chk CHECK (state IN ('in_progress', 'completed', 'failed')),
-    CONSTRAINT idempotency_keys_status_chk CHECK ((state = 'in_progress') = (status IS NULL))
+    CONSTRAINT idempotency_keys_state_chk CHECK (state IN ('in_progress', 'completed', 'failed', 'released')),
+    CONSTRAINT idempotency_keys_status_chk CHECK ((state IN ('in_progress', 'released')) = (status IS NULL))
 ) ENGINE=InnoDB;

@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     principal   text        NOT NULL CHECK (octet_length(principal) <= 255),
     "key"       text        NOT NULL CHECK (octet_length("key") <= 255),
     fingerprint bytea       NOT NULL,
-    state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
+    state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed', 'released')),
     lease_token text        NOT NULL,
     request_id  text        NOT NULL DEFAULT '' CHECK (octet_length(request_id) <= 255),
     nonce       text        NOT NULL CHECK (octet_length(nonce) <= 64),
@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     locked_at   timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
     PRIMARY KEY (principal, "key"),
-    CHECK ((state = 'in_progress') = (status IS NULL))
+    CHECK ((state IN ('in_progress', 'released')) = (status IS NULL))
 );
 
 -- Stale leases (ListStale, takeover diagnostics): only in-progress rows.

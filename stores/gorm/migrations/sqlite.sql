@@ -12,7 +12,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     principal   TEXT    NOT NULL CHECK (length(CAST(principal AS BLOB)) <= 255),
     "key"       TEXT    NOT NULL CHECK (length(CAST("key" AS BLOB)) <= 255),
     fingerprint BLOB    NOT NULL,
-    state       TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
+    state       TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed', 'released')),
     lease_token TEXT    NOT NULL,
     request_id  TEXT    NOT NULL DEFAULT '' CHECK (length(CAST(request_id AS BLOB)) <= 255),
     nonce       TEXT    NOT NULL CHECK (length(CAST(nonce AS BLOB)) <= 64),
@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     locked_at   INTEGER NOT NULL,
     expires_at  INTEGER NOT NULL,
     PRIMARY KEY (principal, "key"),
-    CHECK ((state = 'in_progress') = (status IS NULL))
+    CHECK ((state IN ('in_progress', 'released')) = (status IS NULL))
 ) STRICT;
 
 -- Stale leases (ListStale): only in-progress rows.
