@@ -45,6 +45,13 @@ type Backend struct {
 	// records are gone, the live ones kept and nothing reported purged,
 	// instead of counting deletions.
 	SelfExpiring bool
+	// NoNonce is set for stores that keep no per-record nonce because they
+	// can lose records (Redis without persistence, a failover to a replica
+	// that missed a write): a downstream key derived from a lost nonce
+	// would change under the retry that the lost record lets run again, so
+	// such a store keeps Record.Nonce empty and DownstreamKey is per key.
+	// The nonce checks then expect an empty nonce everywhere.
+	NoNonce bool
 
 	// The hostile-handler section (RunHostile, part of Run) plays a handler
 	// that misbehaves with the handle the store gave it. The fields below

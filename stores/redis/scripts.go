@@ -8,13 +8,14 @@ import "github.com/redis/go-redis/v9"
 // from the application. Times are microseconds since the Unix epoch, which a
 // Lua number (a double) holds exactly.
 //
-// A record is one hash:
+// A record keeps no nonce (idem.Record.Nonce is always empty): Redis can
+// lose records, and a downstream key must not change under the retry that a
+// lost record lets run again (see Store). A record is one hash:
 //
 //	f     fingerprint (bytes)
-//	s     state: in_progress, completed or failed
+//	s     state: in_progress, completed, failed or released
 //	t     lease token of the current holder
 //	q     request id of the attempt that created the record
-//	n     nonce of the attempt that created the record, kept by a takeover
 //	c     created at (µs)
 //	l     locked at: when the current lease was taken (µs)
 //	x     expires at (µs); the hash's PEXPIREAT is x rounded up to the ms
@@ -34,16 +35,15 @@ local function int(n) return string.format('%d', n) end
 `
 
 // claimScript: KEYS record, index; ARGV member, fingerprint, token, request
-// id, lease (µs), retention (µs), nonce. It returns {claimed, reclaimed, now,
+// id, lease (µs), retention (µs). It returns {claimed, reclaimed, now,
 // field, value, …} with the record as stored after the script.
 //
-//   - absent (or past x, which Redis is about to delete): a fresh record,
-//     with the request's nonce.
+//   - absent (or past x, which Redis is about to delete): a fresh record.
 //   - in progress with this very token: the same script ran already and its
 //     answer was lost (the client retried it); answer as the first run did.
+//   - released: a fresh record for this request.
 //   - in progress, lease older than ARGV lease, same fingerprint: taken over
-//     with the new token, a new lease and a new expiry, keeping its nonce
-//     (a record from before nonces keeps none: ”). The check and the
+//     with the new token, a new lease and a new expiry. The check and the
 //     write are one atomic script, so the token it replaces cannot change
 //     in between: the takeover is fenced by atomicity.
 //   - anything else: returned as it is, and nothing is written. A replay
@@ -57,23 +57,26 @@ local function answer(claimed, reclaimed, fields)
 	for i = 1, #fields do out[#out + 1] = fields[i] end
 	return out
 end
-local function grant(reclaimed, created, nonce)
+local function grant(reclaimed, created)
 	local x = now + tonumber(ARGV[6])
 	redis.call('DEL', KEYS[1])
-	redis.call('HSET', KEYS[1], 'f', ARGV[2], 's', 'in_progress', 't', ARGV[3], 'q', ARGV[4], 'n', nonce,
+	redis.call('HSET', KEYS[1], 'f', ARGV[2], 's', 'in_progress', 't', ARGV[3], 'q', ARGV[4],
 		'c', int(created), 'l', int(now), 'x', int(x), 'r', tostring(reclaimed))
 	redis.call('PEXPIREAT', KEYS[1], int(math.ceil(x / 1000)))
 	redis.call('ZADD', KEYS[2], int(now), ARGV[1])
 	return answer(1, reclaimed, redis.call('HGETALL', KEYS[1]))
 end
 if f['s'] == nil or now >= tonumber(f['x']) then
-	return grant(0, now, ARGV[7])
+	return grant(0, now)
 end
 if f['s'] == 'in_progress' and f['t'] == ARGV[3] then
 	return answer(1, tonumber(f['r']) or 0, rec)
 end
+if f['s'] == 'released' then
+	return grant(0, now)
+end
 if f['s'] == 'in_progress' and now - tonumber(f['l']) >= tonumber(ARGV[5]) and f['f'] == ARGV[2] then
-	return grant(1, tonumber(f['c']), f['n'] or '')
+	return grant(1, tonumber(f['c']))
 end
 return answer(0, 0, rec)
 `)
@@ -95,13 +98,14 @@ if v[1] == ARGV[3] then return 2 end
 return 0
 `)
 
-// releaseScript: KEYS record, index; ARGV member, token. Deletes the record
-// and its index entry when it is in progress under token; returns 1, or 0
-// when the fence missed.
+// releaseScript: KEYS record, index; ARGV member, token. Marks the record
+// released and removes its index entry when it is in progress under token;
+// returns 1, or 0 when the fence missed. The record keeps its expiry (x and
+// the key's PEXPIREAT), after which Redis deletes it.
 var releaseScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 's', 't')
 if v[1] == 'in_progress' and v[2] == ARGV[2] then
-	redis.call('DEL', KEYS[1])
+	redis.call('HSET', KEYS[1], 's', 'released')
 	redis.call('ZREM', KEYS[2], ARGV[1])
 	return 1
 end

@@ -37,8 +37,8 @@ return {int(now), n, stale, int(oldest)}
 // Cluster primary), each walking its shard's in-progress records, so it
 // costs time in proportion to the records in progress, not to the store.
 //
-// Completed and Failed are NotCounted: Redis keeps no index of settled
-// records, and counting them would mean scanning every key. Expired is 0,
+// Completed, Failed and Released are NotCounted: Redis keeps no index of
+// settled or released records, and counting them would mean scanning every key. Expired is 0,
 // counted: Redis deletes every record at its ExpiresAt itself, so none
 // awaits a purge. Now is the clock of the primary that answered last;
 // Stale and OldestLockedAt use each shard's primary's clock, as ListStale
@@ -54,7 +54,7 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats
 	if err != nil {
 		return idem.Stats{}, wrap("stats", err)
 	}
-	st := idem.Stats{Completed: idem.NotCounted, Failed: idem.NotCounted}
+	st := idem.Stats{Completed: idem.NotCounted, Failed: idem.NotCounted, Released: idem.NotCounted}
 	oldest := int64(-1)
 	for _, cmd := range cmds {
 		vals, err := cmd.Int64Slice()

@@ -18,6 +18,17 @@ import (
 // Store is an idem.Store on Redis or Valkey. It is safe for concurrent use
 // by many goroutines and many processes sharing the server. It hands the
 // handler no database transaction (see Tx and NoTx). Create it with New.
+//
+// It keeps no per-record nonce (idem.Record.Nonce is empty), so
+// idem.DownstreamKey is derived from the principal, the key and the step
+// only. Redis can lose records (a restart without persistence, a failover
+// to a replica that missed the claim), and the retry that a lost record
+// lets run must send the provider, and write into the unique column, the
+// same downstream key as the attempt before it. The price is the one the
+// per-record nonce removes on the SQL stores: a key claimed again after its
+// record expired gets the same downstream key, so Retention must cover the
+// provider's key window, and a unique column answers such a request with
+// the earlier effect.
 type Store struct {
 	client       redis.UniversalClient
 	cluster      *redis.ClusterClient // client, when it is a Cluster client
@@ -209,15 +220,15 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // the script recognises its own token and answers as the first run did, so
 // the caller holds the key instead of being locked out by its own claim.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
-	if req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "" {
-		return idem.ClaimResult{}, errors.New("idemredis: claim: principal, key, token and nonce must not be empty")
+	if req.Principal == "" || req.Key == "" || req.Token == "" {
+		return idem.ClaimResult{}, errors.New("idemredis: claim: principal, key and token must not be empty")
 	}
 	if req.Retention <= 0 {
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
 	}
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
-	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention), req.Nonce}
+	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention)}
 	var (
 		vals []any
 		err  error
@@ -334,7 +345,7 @@ func flatFields(vals []any) (map[string]string, error) {
 func decodeRecord(principal, key string, f map[string]string) (idem.Record, error) {
 	rec := idem.Record{
 		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idem.State(f["s"]),
-		LeaseToken: f["t"], RequestID: f["q"], Nonce: f["n"],
+		LeaseToken: f["t"], RequestID: f["q"],
 	}
 	if !rec.State.Valid() {
 		return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorruptRecord, f["s"])
@@ -349,8 +360,8 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 		}
 		*tf.dst = time.UnixMicro(us)
 	}
-	if rec.State == idem.StateInProgress {
-		return rec, nil
+	if rec.State == idem.StateInProgress || rec.State == idem.StateReleased {
+		return rec, nil // no response stored
 	}
 	status, err := strconv.Atoi(f["code"])
 	if err != nil {

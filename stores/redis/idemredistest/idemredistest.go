@@ -211,6 +211,7 @@ func (e *Env) Backend() storetest.Backend {
 		CountEffects: e.CountEffects,
 		NoSharedTx:   true,
 		SelfExpiring: true,
+		NoNonce:      true,
 	}
 }
 
