@@ -49,7 +49,7 @@ func (f *fixture) start(t *testing.T) string {
 	return srv.URL
 }
 
-func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
+func (f *fixture) records(t testing.TB) int { return storetest.Held(t, f.b.Store) }
 
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
@@ -80,7 +80,7 @@ func TestWroteThenFailed(t *testing.T) {
 	if strings.Contains(string(r.Body), "half") || !strings.Contains(string(r.Body), "provider down") {
 		t.Fatalf("body %q, want only the error's rendering", r.Body)
 	}
-	if f.records() != 0 {
+	if f.records(t) != 0 {
 		t.Fatal("a failed outcome was stored")
 	}
 }

@@ -22,7 +22,6 @@ import (
 	idemfiber "github.com/idemgo/idem/adapters/fiber"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
-	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
@@ -56,7 +55,7 @@ func newFixture(t *testing.T, appCfg fiber.Config, mutate ...func(*idemfiber.Con
 
 func (f *fixture) start(t *testing.T) string { t.Helper(); return serve(t, f.app) }
 
-func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
+func (f *fixture) records(t testing.TB) int { return storetest.Held(t, f.b.Store) }
 
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201 with the key and principal
@@ -91,8 +90,8 @@ func TestWroteThenFailed(t *testing.T) {
 	if string(r.Body) != "provider down" {
 		t.Fatalf("body %q, want the ErrorHandler's rendering only", r.Body)
 	}
-	if n := adaptertest.Effects(t, f.b, "k-err"); n != 0 || f.records() != 0 {
-		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records())
+	if n := adaptertest.Effects(t, f.b, "k-err"); n != 0 || f.records(t) != 0 {
+		t.Fatalf("a failed attempt left %d effects and %d records", n, f.records(t))
 	}
 }
 
@@ -143,7 +142,7 @@ func TestMountedSubAppErrorHandler(t *testing.T) {
 	if string(r.Body) != `{"sub":"sub failed"}` {
 		t.Fatalf("body %q", r.Body)
 	}
-	if f.records() != 0 {
+	if f.records(t) != 0 {
 		t.Fatal("stored")
 	}
 }

@@ -50,7 +50,7 @@ func (f *fixture) start(t *testing.T) string {
 	return srv.URL
 }
 
-func (f *fixture) records() int { return f.b.Store.(*memstore.Store).Len() }
+func (f *fixture) records(t testing.TB) int { return storetest.Held(t, f.b.Store) }
 
 // pay writes one business effect for the request in the transaction the
 // handler's context carries, then answers 201.
@@ -79,7 +79,7 @@ func TestErrorWithSuccessStatusIsNotStored(t *testing.T) {
 	if r.Status < 500 || r.ProblemType() != string(idem.ProblemCommitFailed) {
 		t.Fatalf("2xx with c.Errors answered %d %q", r.Status, r.Body)
 	}
-	if adaptertest.Effects(t, f.b, "k") != 0 || f.records() != 0 {
+	if adaptertest.Effects(t, f.b, "k") != 0 || f.records(t) != 0 {
 		t.Fatal("an outcome with c.Errors was committed")
 	}
 }
@@ -186,7 +186,7 @@ func TestFlushThenFail(t *testing.T) {
 	if r.Status < 500 || strings.Contains(string(r.Body), "partial") {
 		t.Fatalf("got %d %q", r.Status, r.Body)
 	}
-	if f.records() != 0 {
+	if f.records(t) != 0 {
 		t.Fatal("stored")
 	}
 }
@@ -237,10 +237,10 @@ func TestCloseNotifyWhenClientLeaves(t *testing.T) {
 		t.Fatal("CloseNotify did not fire when the client went away")
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for f.records() != 0 && time.Now().Before(deadline) {
+	for f.records(t) != 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if f.records() != 0 {
+	if f.records(t) != 0 {
 		t.Fatal("an attempt whose client went away was stored")
 	}
 }

@@ -1004,3 +1004,18 @@ func Free(t testing.TB, s idem.Store, principal, key string) (idem.Record, bool)
 	}
 	return rec, rec.State == idem.StateReleased
 }
+
+// Held counts the records in s that hold their key: in progress, completed
+// or failed, not released (see Free). It reads Store.Stats and fails t when
+// that fails or a figure is not counted.
+func Held(t testing.TB, s idem.Store) int {
+	t.Helper()
+	st, err := s.Stats(ctxT(t), time.Hour)
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	if !st.InProgress.Counted() || !st.Completed.Counted() || !st.Failed.Counted() {
+		t.Fatalf("Stats counts %v in progress, %v completed, %v failed: Held needs every figure", st.InProgress, st.Completed, st.Failed)
+	}
+	return int(st.InProgress + st.Completed + st.Failed)
+}

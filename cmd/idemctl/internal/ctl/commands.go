@@ -20,6 +20,7 @@ type statsJSON struct {
 	InProgress     idem.Count `json:"in_progress"`
 	Completed      idem.Count `json:"completed"`
 	Failed         idem.Count `json:"failed"`
+	Released       idem.Count `json:"released"`
 	Stale          idem.Count `json:"stale"`
 	StaleAfter     float64    `json:"stale_after_seconds"`
 	OldestLockedAt jsonTime   `json:"oldest_locked_at"`
@@ -39,7 +40,7 @@ func Stats(ctx context.Context, w io.Writer, o Options) error {
 	}
 	if o.JSON {
 		j := statsJSON{Store: o.Name, Now: jsonTime(st.Now), InProgress: st.InProgress, Completed: st.Completed,
-			Failed: st.Failed, Stale: st.Stale, StaleAfter: seconds(o.Lease), OldestLockedAt: jsonTime(st.OldestLockedAt),
+			Failed: st.Failed, Released: st.Released, Stale: st.Stale, StaleAfter: seconds(o.Lease), OldestLockedAt: jsonTime(st.OldestLockedAt),
 			Expired: st.Expired}
 		if !st.OldestLockedAt.IsZero() {
 			a := seconds(st.Now.Sub(st.OldestLockedAt))
@@ -55,6 +56,7 @@ func Stats(ctx context.Context, w io.Writer, o Options) error {
 		{"  oldest lock", stamp(st.OldestLockedAt, st.Now)},
 		{"completed", st.Completed.String()},
 		{"failed", st.Failed.String()},
+		{"released", st.Released.String() + " (free again; kept for their nonce)"},
 		{"expired", st.Expired.String() + " (awaiting purge)"},
 	})
 }
@@ -187,6 +189,9 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 			return fmt.Errorf("no record for principal %q key %q: %w", principal, key, idem.ErrNotFound)
 		}
 		return err
+	}
+	if r.State == idem.StateReleased {
+		return fmt.Errorf("%w: %s/%s is released already: its key is free", ErrRefused, principal, key)
 	}
 	if r.State != idem.StateInProgress {
 		return fmt.Errorf("%w: %s/%s is %s: only an in-progress claim is released (a stored outcome is replayed until it expires)",

@@ -234,11 +234,11 @@ func testCommands(t *testing.T, e *env) {
 	live := begin(t, e.engine, "dave", "live-1")
 	t.Cleanup(live.Abort) // a no-op once finished; else its open transaction would block the cleanup
 
-	settled := [3]string{"2", "1", "1"} // completed, failed, expired
-	settledJSON := [3]string{"2", "1", "1"}
+	settled := [4]string{"2", "1", "0", "1"} // completed, failed, released, expired
+	settledJSON := settled
 	if e.tg.selfExpire {
-		settled = [3]string{"not counted", "not counted", "0"}
-		settledJSON = [3]string{"null", "null", "0"}
+		settled = [4]string{"not counted", "not counted", "not counted", "0"}
+		settledJSON = [4]string{"null", "null", "null", "0"}
 	}
 
 	t.Run("stats", func(t *testing.T) {
@@ -253,7 +253,8 @@ in progress    6
   oldest lock  <TIME> (<AGE>)
 completed      `+settled[0]+`
 failed         `+settled[1]+`
-expired        `+settled[2]+` (awaiting purge)
+released       `+settled[2]+` (free again; kept for their nonce)
+expired        `+settled[3]+` (awaiting purge)
 `)
 		o := e.opts()
 		o.JSON = true
@@ -267,11 +268,12 @@ expired        `+settled[2]+` (awaiting purge)
   "in_progress": 6,
   "completed": `+settledJSON[0]+`,
   "failed": `+settledJSON[1]+`,
+  "released": `+settledJSON[2]+`,
   "stale": 5,
   "stale_after_seconds": <N>,
   "oldest_locked_at": "<TIME>",
   "oldest_age_seconds": <N>,
-  "expired": `+settledJSON[2]+`
+  "expired": `+settledJSON[3]+`
 }
 `)
 	})
@@ -453,13 +455,16 @@ body         11 bytes (--body prints it)
 		if err != nil || out != "released bob/stuck-2 (in progress, locked <AGE> ago, request id req-stuck-2, lease token <TOKEN>)\n" {
 			t.Fatalf("release --yes: %v\n%s", err, out)
 		}
-		if s := e.state("bob", "stuck-2"); s != "absent" {
+		if s := e.state("bob", "stuck-2"); s != idem.StateReleased {
 			t.Fatalf("stuck-2 is %s after its release", s)
 		}
 		if _, err := release(o, "alice", "pay-1"); !errors.Is(err, ctl.ErrRefused) || e.state("alice", "pay-1") != idem.StateCompleted {
 			t.Fatalf("release of a completed record: %v", err)
 		}
-		if _, err := release(o, "bob", "stuck-2"); ctl.ExitCode(err) != ctl.ExitNotFound {
+		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "released already") {
+			t.Fatalf("second release: %v", err)
+		}
+		if _, err := release(o, "bob", "never"); ctl.ExitCode(err) != ctl.ExitNotFound {
 			t.Fatalf("release of a missing record: %v", err)
 		}
 	})
@@ -468,7 +473,7 @@ body         11 bytes (--body prints it)
 		o := e.opts()
 		o.DryRun = true
 		out, err := e.run(ctl.Purge, o)
-		if err != nil || out != "would purge "+settled[2]+" expired records\n" {
+		if err != nil || out != "would purge "+settled[3]+" expired records\n" {
 			t.Fatalf("purge --dry-run: %v\n%s", err, out)
 		}
 		o.DryRun = false
@@ -543,7 +548,7 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 		if len(asked) != 6 || asked[3].Key != "stuck-3" || asked[3].RequestID != "req-stuck-3" || asked[3].Principal != "bob" {
 			t.Fatalf("the reconciler was asked %+v", asked)
 		}
-		if s := e.state("bob", "stuck-3"); s != "absent" {
+		if s := e.state("bob", "stuck-3"); s != idem.StateReleased {
 			t.Errorf("stuck-3 (no effect) is %s, want released", s)
 		}
 		if s := e.state("bob", "stuck-5"); s != idem.StateInProgress {

@@ -3,6 +3,7 @@ package ctl_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -43,12 +44,13 @@ func Example() {
 	}
 	line, _, _ := strings.Cut(out.String(), ", lease token")
 	fmt.Println(line)
-	err := ctl.Show(ctx, os.Stdout, o, "alice", "order-1")
+	// The key is free again; a second release is refused.
+	err := ctl.Release(ctx, io.Discard, o, "alice", "order-1")
 	fmt.Println(err, "- exit", ctl.ExitCode(err))
 	// Output:
 	// PRINCIPAL  KEY      REQUEST ID  LOCKED AT (UTC)           AGE
 	// alice      order-1  req-1       2026-11-30T09:00:00.000Z  5m0s
 	// 1 stale claims, lease 40s
 	// released alice/order-1 (in progress, locked 5m0s ago, request id req-1
-	// no record for principal "alice" key "order-1": idem: record not found - exit 1
+	// refused: alice/order-1 is released already: its key is free - exit 4
 }
