@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 )
 
 type attemptKey struct{}
@@ -43,12 +44,20 @@ var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 // the two ends; a Retention longer than the provider's window buys nothing
 // for such a retry.
 //
+// When the store is a Syncer, the first call of an attempt first makes
+// the claim durable (one round trip), so the key never depends on a nonce
+// that a database crash could still take back; an error there is returned
+// and no key is given.
+//
 // The key is 64 lowercase hex characters and reveals neither the principal
 // nor the client's key.
 func DownstreamKey(ctx context.Context, step string) (string, error) {
 	a, ok := ctx.Value(attemptKey{}).(*Attempt)
 	if !ok {
 		return "", ErrNoAttempt
+	}
+	if err := a.syncNonce(ctx); err != nil {
+		return "", err
 	}
 	h := sha256.New()
 	h.Write([]byte("idem/downstream/v2"))
@@ -58,4 +67,23 @@ func DownstreamKey(ctx context.Context, step string) (string, error) {
 		h.Write([]byte(s))
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// syncNonce makes the attempt's claim durable, once, when the store is a
+// Syncer (see DownstreamKey).
+func (a *Attempt) syncNonce(ctx context.Context) error {
+	s, ok := a.e.cfg.Store.(Syncer)
+	if !ok {
+		return nil
+	}
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	if a.synced {
+		return nil
+	}
+	if err := s.Sync(ctx); err != nil {
+		return fmt.Errorf("idem: downstream key: make the claim durable: %w", err)
+	}
+	a.synced = true
+	return nil
 }

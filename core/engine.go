@@ -404,6 +404,8 @@ type Attempt struct {
 	e           *Engine
 	lease       Lease
 	nonce       string // the record's (Record.Nonce), for DownstreamKey
+	syncMu      sync.Mutex
+	synced      bool // the claim is durable (see syncNonce)
 	body        []byte
 	tx          Tx
 	ctx         context.Context // &hctx once the transaction has begun

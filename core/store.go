@@ -208,6 +208,16 @@ type Store interface {
 	Stats(ctx context.Context, staleAfter time.Duration) (Stats, error)
 }
 
+// A Syncer is a Store whose claims can commit before they are durable (the
+// PostgreSQL stores commit a claim asynchronously, to save a WAL flush per
+// first request). Sync returns once every claim committed before the call
+// is durable. DownstreamKey calls it once per attempt before it hands out a
+// key, so a key never reaches a provider while the record's nonce it is
+// derived from could still be lost in a crash.
+type Syncer interface {
+	Sync(ctx context.Context) error
+}
+
 // Tx is the transaction a store begins for one handler. The handler's own
 // writes go into it, and Settle commits them together with the outcome.
 type Tx interface {

@@ -74,6 +74,31 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 		t.Fatalf("synchronous_commit in the claim's transaction = %q, want off", inClaim)
 	}
 
+	// Sync, which idem.DownstreamKey calls before it hands out a key, makes
+	// the claims so far durable: right after it the flushed WAL covers them.
+	// Five claims, each checked within milliseconds, well inside the WAL
+	// writer's 200 ms delay.
+	for i := range 5 {
+		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		var claimed string // at or past the claim's commit record
+		if err := db.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sync(ctx); err != nil {
+			t.Fatalf("sync: %v", err)
+		}
+		var durable bool
+		if err := db.Raw("SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST(? AS pg_lsn)", claimed).Scan(&durable).Error; err != nil {
+			t.Fatal(err)
+		}
+		if !durable {
+			t.Fatalf("claim %d: Sync returned before its WAL (up to %s) was flushed", i, claimed)
+		}
+	}
+
 	r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
 	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)

@@ -768,6 +768,31 @@ func (s *Store) onConn(ctx context.Context, fn func() error) error {
 	}
 }
 
+// syncSQL commits a transaction that wrote WAL, with synchronous_commit
+// on: its commit waits for the WAL to be flushed up to its commit record,
+// which covers every claim committed before it. The WAL it writes is a
+// transactional logical-decoding message (prefix "idem/sync", empty, about
+// 50 bytes; executable by every role): a transaction that only took a
+// transaction id writes no WAL before its commit record, and PostgreSQL
+// then commits it without waiting for the flush.
+const syncSQL = `SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
+	pg_catalog.pg_logical_emit_message(true, 'idem/sync', '')`
+
+// Sync implements idem.Syncer in one round trip. A claim commits without
+// waiting for its WAL flush (see the claim statement): until the flush, a
+// database crash can take it back, nonce included. idem.DownstreamKey
+// calls Sync before it hands out the first key of an attempt.
+func (s *Store) Sync(ctx context.Context) error {
+	err := s.onConn(ctx, func() error {
+		_, err := s.exec(ctx, syncSQL)
+		return err
+	})
+	if err != nil {
+		return wrap("sync", err)
+	}
+	return nil
+}
+
 // PurgeExpired implements idem.Store: it deletes at most limit rows past
 // their expires_at, oldest first, in one statement. Rows another purger
 // (or a claim) has locked are skipped, so several instances can sweep at
