@@ -59,8 +59,15 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Config returns the engine's configuration with defaults applied.
-func (e *Engine) Config() Config { return e.cfg }
+// Config returns the engine's configuration with defaults applied, without
+// its secrets: FingerprintKey and PreviousFingerprintKeys are nil in the
+// copy, so that a Config read back for logging or display cannot leak the
+// key that keeps stored fingerprints unreadable.
+func (e *Engine) Config() Config {
+	c := e.cfg
+	c.FingerprintKey, c.PreviousFingerprintKeys = nil, nil
+	return c
+}
 
 // Request is the framework-neutral view of an incoming request.
 type Request struct {

@@ -278,3 +278,21 @@ func TestDownstreamKeyStableAcrossRelease(t *testing.T) {
 		t.Fatalf("the provider charged %d times across a released attempt and its retry, want 1", p.real)
 	}
 }
+
+// TestConfigHidesTheKey: Engine.Config, which services read back for their
+// start-up log, carries no fingerprint key, while the engine still uses it.
+func TestConfigHidesTheKey(t *testing.T) {
+	t.Parallel()
+	prev := []byte("an older key of at least thirty-two bytes")
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, PreviousFingerprintKeys: [][]byte{prev},
+		Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := e.Config(); c.FingerprintKey != nil || c.PreviousFingerprintKeys != nil {
+		t.Fatalf("Config() returned the keys: %q %q", c.FingerprintKey, c.PreviousFingerprintKeys)
+	}
+	if att, resp := e.Begin(context.Background(), request("alice", "k")); att == nil {
+		t.Fatalf("the engine lost its key: %d %s", resp.Status, resp.Body)
+	}
+}

@@ -198,6 +198,11 @@ var bodyReaders = sync.Pool{New: func() any { return new(bytes.Reader) }}
 func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	principal, perr := m.Principal(c)
 	key, id := c.Get(m.cfg.Header), c.Get(m.cfg.RequestIDHeader)
+	if key == "" && len(c.Request().Header.PeekAll(m.cfg.Header)) > 0 {
+		// Present but empty (c.Get cannot tell): key-invalid, never "no
+		// key", which KeyOptional would run without idempotency.
+		key = " "
+	}
 	var kept strings.Builder
 	kept.Grow(len(principal) + len(key) + len(id))
 	kept.WriteString(principal)

@@ -193,6 +193,11 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	key := ""
 	if len(keys) == 1 {
 		key = keys[0]
+		if strings.TrimSpace(key) == "" {
+			// Present but empty: key-invalid, never "no key", which
+			// KeyOptional would run without idempotency (idem.Request.Key).
+			key = " "
+		}
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {

@@ -626,6 +626,15 @@ func testOptionalKey(t *testing.T, s *suite) {
 	if runs.Load() != 2 {
 		t.Fatalf("handler ran %d times for two keyless requests", runs.Load())
 	}
+	// A key header sent empty or blank is not a missing key: it is
+	// refused, never run without idempotency.
+	for _, blank := range []string{"", "   "} {
+		r := send(t, base, "alice", "", paymentBody, idem.DefaultHeader, blank)
+		WantProblem(t, fmt.Sprintf("key header %q on an optional route", blank), r, http.StatusBadRequest, idem.ProblemKeyInvalid)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("handler ran for a request whose key header was empty or blank (%d runs)", runs.Load())
+	}
 }
 
 func testReplayReauthorized(t *testing.T, s *suite) {

@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -541,6 +542,16 @@ func testOptionalKeyAndFilter(t *testing.T, s *suite) {
 	}
 	// Without a key Act has no transaction to write its effect in.
 	want(t, "act without key", call(t, c, "alice", "", &testpb.ActRequest{EffectId: randHex(8)}), codes.Internal, false)
+	// A key sent empty or blank is not a missing key: it is refused, and
+	// the method does not run without idempotency.
+	for _, blank := range []string{"", "   "} {
+		before := srv.runs.Load()
+		a := call(t, c, "alice", "", &testpb.ActRequest{EffectId: randHex(8)}, "idempotency-key", blank)
+		want(t, fmt.Sprintf("key %q", blank), a, codes.InvalidArgument, false)
+		if srv.runs.Load() != before {
+			t.Fatalf("key %q: the method ran", blank)
+		}
+	}
 }
 
 // testPrincipalsIsolated: one key used by two principals names two records.
