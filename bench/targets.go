@@ -135,19 +135,18 @@ func (s sqlTables) exec(ctx context.Context, stmts ...string) error {
 	return nil
 }
 
-// each returns one statement per table of the target: verb, the table and
-// suffix.
-func (s sqlTables) each(verb, suffix string) []string {
+// each returns verb followed by each table of the target, idemgorm's last.
+func (s sqlTables) each(verb string) []string {
 	var out []string
 	for _, t := range []string{s.floorKeys, s.floorPayments, s.pay, s.keys} {
-		out = append(out, verb+t+suffix)
+		out = append(out, verb+t)
 	}
 	return out
 }
 
 // reset empties the tables; idemgorm's exists once its variant was opened.
 func (s sqlTables) reset(ctx context.Context) error {
-	stmts := s.each("DELETE FROM ", "")
+	stmts := s.each("DELETE FROM ")
 	err := s.admin.QueryRowContext(ctx, s.exists, s.keys).Scan(new(int))
 	if errors.Is(err, sql.ErrNoRows) {
 		stmts = stmts[:3]
@@ -227,7 +226,7 @@ func openMariaDB(ctx context.Context) (*Target, error) {
 			PRIMARY KEY (principal, idem_key))`,
 		`CREATE TABLE `+s.floorPayments+payment, `CREATE TABLE `+s.pay+payment)
 	closeFn := func() {
-		_ = s.exec(context.WithoutCancel(ctx), s.each("DROP TABLE IF EXISTS ", "")...)
+		_ = s.exec(context.WithoutCancel(ctx), s.each("DROP TABLE IF EXISTS ")...)
 		_ = admin.Close()
 	}
 	if err != nil {
