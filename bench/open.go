@@ -2,24 +2,34 @@ package bench
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/glebarez/sqlite"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/go-redis/v9"
+	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	idemgorm "github.com/idemgo/idem/stores/gorm"
 )
 
 // Counter counts what goes to PostgreSQL twice: statements and batches
 // through pgx's tracer (which sees the pgx pool and, under database/sql,
-// GORM's connections alike), and request/response turns on the socket (a
-// write that follows a read, or the first write), which is what a round
-// trip is.
+// GORM's connections alike), and request/response turns on the socket (the
+// first bytes read after a write), which is what a round trip is.
 type Counter struct {
 	Queries, Batches, Turns atomic.Int64
 }
@@ -57,27 +67,28 @@ func (c *Counter) Reset() {
 
 type countingConn struct {
 	net.Conn
-	c        *Counter
-	mu       sync.Mutex
-	lastRead bool
-	wrote    bool
+	c       *Counter
+	mu      sync.Mutex
+	waiting bool // written since the last read
 }
 
 func (cc *countingConn) Write(p []byte) (int, error) {
 	cc.mu.Lock()
-	if !cc.wrote || cc.lastRead {
-		cc.c.Turns.Add(1)
-	}
-	cc.wrote, cc.lastRead = true, false
+	cc.waiting = true
 	cc.mu.Unlock()
 	return cc.Conn.Write(p)
 }
 
+// Read counts a turn when the first bytes after a write arrive: a message
+// that gets no answer (MySQL's COM_STMT_CLOSE) rides in the next turn.
 func (cc *countingConn) Read(p []byte) (int, error) {
 	n, err := cc.Conn.Read(p)
 	if n > 0 {
 		cc.mu.Lock()
-		cc.lastRead = true
+		if cc.waiting {
+			cc.c.Turns.Add(1)
+		}
+		cc.waiting = false
 		cc.mu.Unlock()
 	}
 	return n, err
@@ -93,16 +104,19 @@ func connConfig(c *Counter) (*pgxpool.Config, error) {
 	if c != nil {
 		cfg.ConnConfig.Tracer = c
 		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		d := &net.Dialer{KeepAlive: 5 * time.Minute}
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countingConn{Conn: conn, c: c}, nil
-		}
+		cfg.ConnConfig.DialFunc = c.dial
 	}
 	return cfg, nil
+}
+
+// dial connects to addr with its turns counted by c.
+func (c *Counter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{KeepAlive: 5 * time.Minute}
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: conn, c: c}, nil
 }
 
 // OpenPool opens a pgx pool of at most maxConns connections, counted by c
@@ -141,4 +155,168 @@ func OpenGorm(maxConns int, c *Counter) (*gorm.DB, func() error, error) {
 		return nil, nil, err
 	}
 	return db, sqlDB.Close, nil
+}
+
+// DefaultMySQLDSN is the MariaDB the benchmarks use unless IDEM_MYSQL_DSN
+// says otherwise: the DSN idemgorm's tests use. Only 127.0.0.1.
+const DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
+
+// DefaultRedisAddr is the Redis the benchmarks use unless IDEM_REDIS_ADDR
+// says otherwise.
+const DefaultRedisAddr = "127.0.0.1:6379"
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+var mysqlNets atomic.Int64
+
+// OpenMySQL opens database/sql on MariaDB (IDEM_MYSQL_DSN) with at most
+// maxConns connections, their socket turns counted by c when c is not nil
+// (through a dialer registered with go-sql-driver/mysql under a network
+// name of its own).
+func OpenMySQL(ctx context.Context, maxConns int, c *Counter) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(envOr("IDEM_MYSQL_DSN", DefaultMySQLDSN))
+	if err != nil {
+		return nil, err
+	}
+	if c != nil {
+		cfg.Net = "idembench" + strconv.FormatInt(mysqlNets.Add(1), 10)
+		mysql.RegisterDialContext(cfg.Net, func(ctx context.Context, addr string) (net.Conn, error) {
+			return c.dial(ctx, "tcp", addr)
+		})
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return pingDB(ctx, sql.OpenDB(conn), maxConns)
+}
+
+// OpenSQLite opens database/sql on the SQLite file path with idemgorm's
+// DSN (WAL, a busy timeout, IMMEDIATE transactions) and at most maxConns
+// connections. With c, every statement, BEGIN, COMMIT and ROLLBACK the
+// driver runs is counted in c.Queries: SQLite runs in the process, so
+// statements are what a request costs it, not round trips.
+func OpenSQLite(ctx context.Context, path string, maxConns int, c *Counter) (*sql.DB, error) {
+	probe, err := sql.Open("sqlite", "")
+	if err != nil {
+		return nil, err
+	}
+	drv := probe.Driver()
+	_ = probe.Close()
+	return pingDB(ctx, sql.OpenDB(sqliteConnector{drv, idemgorm.SQLiteDSN(path, 10*time.Second), c}), maxConns)
+}
+
+func pingDB(ctx context.Context, db *sql.DB, maxConns int) (*sql.DB, error) {
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenRedis connects to IDEM_REDIS_ADDR with a pool of maxConns, its socket
+// turns counted by c when c is not nil.
+func OpenRedis(ctx context.Context, maxConns int, c *Counter) (*redis.Client, error) {
+	opts := &redis.Options{Addr: envOr("IDEM_REDIS_ADDR", DefaultRedisAddr), PoolSize: maxConns}
+	if c != nil {
+		opts.Dialer = c.dial
+	}
+	rdb := redis.NewClient(opts)
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	return rdb, nil
+}
+
+// OpenGormOn opens GORM on db, a MariaDB or SQLite database/sql pool
+// (dialect "mysql" or "sqlite"), with a silent logger.
+func OpenGormOn(db *sql.DB, dialect string) (*gorm.DB, error) {
+	var d gorm.Dialector = gormmysql.New(gormmysql.Config{Conn: db})
+	if dialect == "sqlite" {
+		d = &sqlite.Dialector{Conn: db}
+	}
+	return gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+}
+
+type sqliteConnector struct {
+	drv driver.Driver
+	dsn string
+	c   *Counter
+}
+
+func (k sqliteConnector) Driver() driver.Driver { return k.drv }
+
+func (k sqliteConnector) Connect(context.Context) (driver.Conn, error) {
+	conn, err := k.drv.Open(k.dsn)
+	if err != nil || k.c == nil {
+		return conn, err
+	}
+	cc, ok := conn.(countableConn)
+	if !ok {
+		_ = conn.Close()
+		return nil, errors.New("bench: the sqlite driver's connection lacks a context method")
+	}
+	return countedConn{cc, k.c}, nil
+}
+
+// countableConn is what the SQLite driver's connection implements.
+type countableConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.QueryerContext
+	driver.Pinger
+}
+
+type countedConn struct {
+	countableConn
+	c *Counter
+}
+
+func (cc countedConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	cc.c.Queries.Add(1)
+	return cc.countableConn.ExecContext(ctx, q, args)
+}
+
+func (cc countedConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	cc.c.Queries.Add(1)
+	return cc.countableConn.QueryContext(ctx, q, args)
+}
+
+func (cc countedConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	cc.c.Queries.Add(1)
+	return cc.countableConn.PrepareContext(ctx, q)
+}
+
+func (cc countedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	cc.c.Queries.Add(1)
+	tx, err := cc.countableConn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return countedTx{tx, cc.c}, nil
+}
+
+type countedTx struct {
+	driver.Tx
+	c *Counter
+}
+
+func (t countedTx) Commit() error {
+	t.c.Queries.Add(1)
+	return t.Tx.Commit()
+}
+
+func (t countedTx) Rollback() error {
+	t.c.Queries.Add(1)
+	return t.Tx.Rollback()
 }

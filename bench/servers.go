@@ -211,7 +211,13 @@ func NewPgxServer(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error)
 // NewGormServer is idemhttp + idemgorm (PostgreSQL) in front of the payment
 // handler.
 func NewGormServer(ctx context.Context, db *gorm.DB) (http.Handler, error) {
-	store, err := idemgorm.New(db, idemgorm.WithTable(GormKeys))
+	return newGormServer(ctx, db, GormKeys, GormPayments)
+}
+
+// newGormServer is idemhttp + idemgorm on any of its databases, with its
+// records in keys and the payments in payments.
+func newGormServer(ctx context.Context, db *gorm.DB, keys, payments string) (http.Handler, error) {
+	store, err := idemgorm.New(db, idemgorm.WithTable(keys))
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +226,7 @@ func NewGormServer(ctx context.Context, db *gorm.DB) (http.Handler, error) {
 		if !ok {
 			return errors.New("no idempotency transaction")
 		}
-		return tx.Exec(`INSERT INTO `+GormPayments+` (id, account, amount, currency, description)
+		return tx.Exec(`INSERT INTO `+payments+` (id, account, amount, currency, description)
 			VALUES (?, ?, ?, ?, ?)`, id, account, p.Amount, p.Currency, p.Description).Error
 	})
 }
@@ -248,16 +254,18 @@ func newServer(ctx context.Context, store migratingStore, insert Insert) (http.H
 	return mw(payHandler(insert)), nil
 }
 
-// Floor is the hand-written minimal correct version: the claim is
-// INSERT … ON CONFLICT DO NOTHING RETURNING on the pool; the winner runs
-// the payment insert, a settle UPDATE fenced by its lease token and COMMIT
-// in one transaction; a loser reads the row and replays it (or answers 409
-// or 422). A failed handler rolls back and deletes its claim. What it
-// leaves out compared with idem: expiry and stale-lease takeover (a crashed
-// holder blocks its key until someone deletes the row), canonical JSON,
-// a request deadline, stored-header allow-list, problem details,
+// Floor is the hand-written minimal correct version on PostgreSQL: the
+// claim is INSERT … ON CONFLICT DO NOTHING RETURNING on the pool; the winner
+// runs the payment insert, a settle UPDATE fenced by its lease token and
+// COMMIT in one transaction; a loser reads the row and replays it (or
+// answers 409 or 422). A failed handler rolls back and deletes its claim.
+// What it leaves out compared with idem: expiry and stale-lease takeover (a
+// crashed holder blocks its key until someone deletes the row), canonical
+// JSON, a request deadline, stored-header allow-list, problem details,
 // observability, the snapshot race's retry (a claim that loses to a row
-// released meanwhile answers 409).
+// released meanwhile answers 409). The floors on the other databases
+// (floors.go) share its request path (serveFloor) and differ only in their
+// statements.
 type Floor struct {
 	Pool *pgxpool.Pool
 }
@@ -272,7 +280,112 @@ WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	floorRelease = `DELETE FROM ` + FloorKeys + ` WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`
 )
 
-func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) { serveFloor(w, r, f) }
+
+func (f *Floor) claim(ctx context.Context, c floorClaimArgs) (bool, floorRow, error) {
+	var got string
+	err := f.Pool.QueryRow(ctx, floorClaim, c.account, c.key, c.fp, c.token).Scan(&got)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return err == nil, floorRow{}, err
+	}
+	var (
+		row    = floorRow{found: true}
+		status *int
+		loc    *string
+	)
+	err = f.Pool.QueryRow(ctx, floorRead, c.account, c.key).Scan(&row.state, &row.fp, &status, &loc, &row.body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, floorRow{}, nil
+	}
+	row.setResponse(status, loc)
+	return false, row, err
+}
+
+func (f *Floor) begin(ctx context.Context, c floorClaimArgs) (floorTx, error) {
+	tx, err := f.Pool.Begin(ctx)
+	return pgxFloorTx{tx, c}, err
+}
+
+func (f *Floor) release(ctx context.Context, c floorClaimArgs) {
+	_, _ = f.Pool.Exec(ctx, floorRelease, c.account, c.key, c.token)
+}
+
+type pgxFloorTx struct {
+	tx pgx.Tx
+	c  floorClaimArgs
+}
+
+func (t pgxFloorTx) insert(ctx context.Context, id, account string, p PaymentRequest) error {
+	_, err := t.tx.Exec(ctx, `INSERT INTO `+FloorPayment+` (id, account, amount, currency, description)
+			VALUES ($1, $2, $3, $4, $5)`, id, account, p.Amount, p.Currency, p.Description)
+	return err
+}
+
+func (t pgxFloorTx) settle(ctx context.Context, s floorOutcome) (bool, error) {
+	tag, err := t.tx.Exec(ctx, floorSettle, t.c.account, t.c.key, t.c.token, s.state, s.status, s.loc, s.body)
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+func (t pgxFloorTx) commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+func (t pgxFloorTx) rollback(ctx context.Context)     { _ = t.tx.Rollback(ctx) }
+
+// floorStore is what serveFloor needs of a floor's database.
+type floorStore interface {
+	// claim inserts the key's in-progress row carrying c.token and
+	// reports true, or, when the key has a row already, reports false and
+	// that row (found false: it was released in between).
+	claim(ctx context.Context, c floorClaimArgs) (bool, floorRow, error)
+	// begin starts what the payment and the settle share.
+	begin(ctx context.Context, c floorClaimArgs) (floorTx, error)
+	// release deletes c's claim if it is still in progress.
+	release(ctx context.Context, c floorClaimArgs)
+}
+
+// floorTx is the claim holder's unit of work: the payment, the settle
+// fenced by the lease token, the commit.
+type floorTx interface {
+	insert(ctx context.Context, id, account string, p PaymentRequest) error
+	// settle stores the outcome; false when the fence matched no row.
+	settle(ctx context.Context, s floorOutcome) (bool, error)
+	commit(ctx context.Context) error
+	rollback(ctx context.Context)
+}
+
+type floorClaimArgs struct {
+	account, key, token string
+	fp                  []byte
+}
+
+type floorOutcome struct {
+	state  string
+	status int
+	loc    string
+	body   []byte
+}
+
+// floorRow is a key's stored row as a losing claim reads it.
+type floorRow struct {
+	found, settled bool
+	state          string
+	fp             []byte
+	status         int
+	loc            string
+	body           []byte
+}
+
+// setResponse fills the row's response from nullable columns.
+func (r *floorRow) setResponse(status *int, loc *string) {
+	if status != nil {
+		r.settled, r.status = true, *status
+	}
+	if loc != nil {
+		r.loc = *loc
+	}
+}
+
+// serveFloor is every floor's request path: authenticate, fingerprint,
+// claim; the winner runs Pay, settles and commits; a loser replays.
+func serveFloor(w http.ResponseWriter, r *http.Request, st floorStore) {
 	ctx := r.Context()
 	account, _ := Principal(r)
 	if account == "" {
@@ -295,34 +408,26 @@ func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.Write([]byte{0})
 	}
 	h.Write(body)
-	fp := h.Sum(nil)
-	token := randHex(16)
+	c := floorClaimArgs{account: account, key: key, token: randHex(16), fp: h.Sum(nil)}
 
-	var got string
-	err = f.Pool.QueryRow(ctx, floorClaim, account, key, fp, token).Scan(&got)
-	if errors.Is(err, pgx.ErrNoRows) {
-		f.replay(w, r, account, key, fp)
-		return
-	}
+	claimed, row, err := st.claim(ctx, c)
 	if err != nil {
 		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	release := func() {
-		_, _ = f.Pool.Exec(context.WithoutCancel(ctx), floorRelease, account, key, token)
+	if !claimed {
+		replayFloor(w, row, c.fp)
+		return
 	}
-	tx, err := f.Pool.Begin(ctx)
+	release := func() { st.release(context.WithoutCancel(ctx), c) }
+	tx, err := st.begin(ctx, c)
 	if err != nil {
 		release()
 		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	rollback := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
-	status, loc, out := Pay(ctx, r, body, account, func(ctx context.Context, id, account string, p PaymentRequest) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+FloorPayment+` (id, account, amount, currency, description)
-			VALUES ($1, $2, $3, $4, $5)`, id, account, p.Amount, p.Currency, p.Description)
-		return err
-	})
+	rollback := func() { tx.rollback(context.WithoutCancel(ctx)) }
+	status, loc, out := Pay(ctx, r, body, account, tx.insert)
 	if status >= 500 {
 		rollback()
 		release()
@@ -333,8 +438,8 @@ func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if status >= 400 {
 		state = "failed"
 	}
-	tag, err := tx.Exec(ctx, floorSettle, account, key, token, state, status, loc, out)
-	if err != nil || tag.RowsAffected() != 1 {
+	ok, err := tx.settle(ctx, floorOutcome{state: state, status: status, loc: loc, body: out})
+	if err != nil || !ok {
 		rollback()
 		if err != nil {
 			release()
@@ -342,7 +447,7 @@ func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "settle failed", http.StatusConflict)
 		return
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		release()
 		http.Error(w, "commit failed", http.StatusServiceUnavailable)
 		return
@@ -350,34 +455,20 @@ func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, loc, out, false)
 }
 
-func (f *Floor) replay(w http.ResponseWriter, r *http.Request, account, key string, fp []byte) {
-	var (
-		state     string
-		storedFP  []byte
-		status    *int
-		loc       *string
-		body      []byte
-		readError error
-	)
-	readError = f.Pool.QueryRow(r.Context(), floorRead, account, key).Scan(&state, &storedFP, &status, &loc, &body)
+// replayFloor answers a losing claim from the row it found.
+func replayFloor(w http.ResponseWriter, row floorRow, fp []byte) {
 	switch {
-	case errors.Is(readError, pgx.ErrNoRows):
+	case !row.found:
 		// Released between the claim and the read: the client retries.
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "retry", http.StatusConflict)
-	case readError != nil:
-		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
-	case string(storedFP) != string(fp):
+	case string(row.fp) != string(fp):
 		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
-	case state == "in_progress" || status == nil:
+	case row.state == "in_progress" || !row.settled:
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "in progress", http.StatusConflict)
 	default:
-		l := ""
-		if loc != nil {
-			l = *loc
-		}
-		writeJSON(w, *status, l, body, true)
+		writeJSON(w, row.status, row.loc, row.body, true)
 	}
 }
 

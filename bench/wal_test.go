@@ -34,10 +34,10 @@ func TestWALPerRequest(t *testing.T) {
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "| variant | WAL bytes per first request | own records | WAL bytes per replay | own records |\n|---|---:|---:|---:|---:|\n")
-	for _, v := range testVariants(ctx) {
-		h, closeFn, err := v.open(&Counter{})
+	for _, v := range postgresVariants() {
+		h, closeFn, err := v.Open(ctx, 2, &Counter{})
 		if err != nil {
-			t.Fatalf("%s: %v", v.name, err)
+			t.Fatalf("%s: %v", v.Label, err)
 		}
 		// Every variant starts from empty tables right after a checkpoint,
 		// so none pays more full-page images than another for a bigger
@@ -59,11 +59,11 @@ func TestWALPerRequest(t *testing.T) {
 			req.Header.Set("Idempotency-Key", prefix+"-"+key)
 			resp, err := srv.Client().Do(req)
 			if err != nil {
-				t.Fatalf("%s: %v", v.name, err)
+				t.Fatalf("%s: %v", v.Label, err)
 			}
 			_ = resp.Body.Close()
 			if resp.StatusCode != want {
-				t.Fatalf("%s: status %d, want %d", v.name, resp.StatusCode, want)
+				t.Fatalf("%s: status %d, want %d", v.Label, resp.StatusCode, want)
 			}
 		}
 		for i := range 20 { // warm the pool and the statement caches
@@ -92,12 +92,12 @@ func TestWALPerRequest(t *testing.T) {
 		// triggers are allowed; they carry none.
 		if tx := walTransactional(replayStats); tx > 0 {
 			t.Errorf("%s: %d replays wrote %d WAL records in transactions of their own, want none:\n%s",
-				v.name, n, tx, formatBreakdown(replayStats, n))
+				v.Label, n, tx, formatBreakdown(replayStats, n))
 		}
 		own, ownReplay := float64(walTotal(firstStats))/n, float64(walTotal(replayStats))/n
 		t.Logf("%s: %.0f WAL bytes per first request (own records %.1f), %.1f per replay (own %.1f); first requests:\n%s",
-			v.name, first, own, replay, ownReplay, formatBreakdown(firstStats, n))
-		fmt.Fprintf(&table, "| %s | %.0f | %.1f | %.1f | %.1f |\n", v.name, first, own, replay, ownReplay)
+			v.Label, first, own, replay, ownReplay, formatBreakdown(firstStats, n))
+		fmt.Fprintf(&table, "| %s | %.0f | %.1f | %.1f | %.1f |\n", v.Label, first, own, replay, ownReplay)
 		srv.Close()
 		closeFn()
 	}

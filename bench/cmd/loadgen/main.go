@@ -1,13 +1,17 @@
 // Command loadgen measures throughput and latency of idempotent POSTs
-// against a real PostgreSQL: idemhttp + idempgx, idemhttp + idemgorm and
-// the hand-written floor (bench.Floor), each behind a real HTTP server on
-// 127.0.0.1, with 1, 8, 32 and 64 concurrent clients. Clients post unique
-// keys and, with probability -retry, retry one of their recent keys (a
-// replay). Every cell is bounded by -duration and every client by
-// -max-requests.
+// against a real database: on PostgreSQL (the default) idemhttp + idempgx,
+// idemhttp + idemgorm and the hand-written floor (bench.Floor); with -db
+// mariadb or -db sqlite idemhttp + idemgorm beside a hand-written floor on
+// that database; with -db redis idemhttp + idemredis beside a hand-written
+// floor on Redis, both writing the payment to PostgreSQL (bench.OpenTarget).
+// Each runs behind a real HTTP server on 127.0.0.1, with 1, 8, 32 and 64
+// concurrent clients. Clients post unique keys and, with probability
+// -retry, retry one of their recent keys (a replay). Every cell is bounded
+// by -duration and every client by -max-requests.
 //
-//	go run ./cmd/loadgen -duration 5s     # the short form (make bench)
-//	go run ./cmd/loadgen -duration 20s    # the long form
+//	go run ./cmd/loadgen -duration 5s              # the short form (make bench)
+//	go run ./cmd/loadgen -duration 20s             # the long form
+//	go run ./cmd/loadgen -db sqlite -duration 5s   # idemgorm on SQLite
 //
 // With -target it drives servers that are already running instead, such
 // as the example service (examples/payments) on different stores; it then
@@ -44,7 +48,8 @@ func main() {
 		duration    = flag.Duration("duration", 5*time.Second, "length of each cell")
 		warmup      = flag.Duration("warmup", time.Second, "warm-up per variant, at 8 clients, not reported")
 		clientsFlag = flag.String("clients", "1,8,32,64", "concurrent clients per cell")
-		variants    = flag.String("variants", "floor,pgx,gorm", "variants, in the order run within each client count")
+		db          = flag.String("db", "postgres", "database: "+strings.Join(bench.Databases, ", "))
+		variants    = flag.String("variants", "", "variants to run, of the database's (postgres: floor,pgx,gorm; mariadb, sqlite: floor,gorm; redis: floor,redis); empty: all, floor first")
 		retry       = flag.Float64("retry", 0.2, "share of requests that retry a recent key")
 		conns       = flag.Int("conns", 12, "database connections per variant")
 		maxRequests = flag.Int("max-requests", 1_000_000, "bound on requests per client per cell")
@@ -95,87 +100,70 @@ func main() {
 		runTargets(ctx, *targets, *clientsFlag, clients, *duration, *warmup, *retry, *maxRequests, *rounds, bout)
 		return
 	}
-	admin, err := bench.OpenPool(ctx, 2, nil)
+	target, err := bench.OpenTarget(ctx, *db)
 	if err != nil {
-		log.Fatalf("loadgen needs PostgreSQL (IDEM_PG_DSN, default %s): %v", bench.DefaultDSN, err)
+		log.Fatalf("loadgen -db %s: %v", *db, err)
 	}
-	defer admin.Close()
-	if err := bench.Setup(ctx, admin); err != nil {
-		log.Fatal(err)
-	}
+	defer target.Close()
 
+	var names []string
 	servers := map[string]*server{}
-	for _, name := range strings.Split(*variants, ",") {
-		var (
-			h       http.Handler
-			closeDB func()
-			err     error
-		)
-		switch name {
-		case "floor":
-			pool, perr := bench.OpenPool(ctx, int32(*conns), nil)
-			if perr != nil {
-				log.Fatal(perr)
-			}
-			h, closeDB = &bench.Floor{Pool: pool}, pool.Close
-		case "pgx":
-			pool, perr := bench.OpenPool(ctx, int32(*conns), nil)
-			if perr != nil {
-				log.Fatal(perr)
-			}
-			h, err = bench.NewPgxServer(ctx, pool)
-			closeDB = pool.Close
-		case "gorm":
-			db, c, gerr := bench.OpenGorm(*conns, nil)
-			if gerr != nil {
-				log.Fatal(gerr)
-			}
-			h, err = bench.NewGormServer(ctx, db)
-			closeDB = func() { _ = c() }
-		default:
-			log.Fatalf("unknown variant %q", name)
+	for _, v := range target.Variants {
+		if *variants != "" && !slices.Contains(strings.Split(*variants, ","), v.Name) {
+			continue
 		}
+		h, closeDB, err := v.Open(ctx, *conns, nil)
 		if err != nil {
-			log.Fatal(err)
+			log.Fatalf("%s: %v", v.Label, err)
 		}
-		s, err := listen(name, h, closeDB)
+		s, err := listen(v.Name, h, closeDB)
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer s.close()
-		servers[name] = s
+		s.label = v.Label
+		servers[v.Name] = s
+		names = append(names, v.Name)
 	}
-	names := strings.Split(*variants, ",")
+	if len(names) == 0 {
+		log.Fatalf("no variant of -db %s in -variants %q", *db, *variants)
+	}
+	// The benchmark name carries the database unless it is PostgreSQL,
+	// whose names predate the others.
+	bname := "BenchmarkLoad"
+	if *db != "postgres" {
+		bname += "/db=" + *db
+	}
 
 	transport := &http.Transport{MaxIdleConns: 2048, MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute, DisableCompression: true}
 	client := &http.Client{Transport: transport, Timeout: 30 * time.Second}
 
-	if err := bench.Truncate(ctx, admin); err != nil {
+	if err := target.Reset(ctx); err != nil {
 		log.Fatal(err)
 	}
 	for _, name := range names {
 		run(ctx, client, servers[name].url, 8, *warmup, *retry, *maxRequests)
 	}
 
-	fmt.Printf("# loadgen -duration %v -clients %s -retry %.2f -conns %d; %s\n", *duration, *clientsFlag, *retry, *conns, loadavg())
+	fmt.Printf("# loadgen -db %s -duration %v -clients %s -retry %.2f -conns %d; %s\n", *db, *duration, *clientsFlag, *retry, *conns, loadavg())
 	fmt.Println("| variant | clients | req/s | p50 | p99 | 201 first | 201 replayed | 409 | other | errors | load avg (1m) |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for range *rounds {
 		for _, n := range clients {
 			for _, name := range names {
-				if err := bench.Truncate(ctx, admin); err != nil {
+				if err := target.Reset(ctx); err != nil {
 					log.Fatal(err)
 				}
 				r := run(ctx, client, servers[name].url, n, *duration, *retry, *maxRequests)
-				fmt.Printf("| %s | %d | %.0f | %s | %s | %d | %d | %d | %d | %d | %s |\n", label(name), n,
+				fmt.Printf("| %s | %d | %.0f | %s | %s | %d | %d | %d | %d | %d | %s |\n", servers[name].label, n,
 					float64(r.requests)/r.elapsed.Seconds(), ms(r.p50), ms(r.p99), r.first, r.replayed, r.conflict, r.other, r.errors,
 					strings.Fields(loadavg())[2])
 				if r.firstErr != nil {
 					fmt.Fprintf(os.Stderr, "%s/%d: first error: %v\n", name, n, r.firstErr)
 				}
 				if r.requests > 0 {
-					fmt.Fprintf(bout, "BenchmarkLoad/variant=%s/clients=%d-%d\t%d\t%d ns/op\t%.1f req/s\t%.3f p50-ms\t%.3f p99-ms\n",
-						name, n, runtime.GOMAXPROCS(0), r.requests, r.elapsed.Nanoseconds()/int64(r.requests),
+					fmt.Fprintf(bout, "%s/variant=%s/clients=%d-%d\t%d\t%d ns/op\t%.1f req/s\t%.3f p50-ms\t%.3f p99-ms\n",
+						bname, name, n, runtime.GOMAXPROCS(0), r.requests, r.elapsed.Nanoseconds()/int64(r.requests),
 						float64(r.requests)/r.elapsed.Seconds(), float64(r.p50.Microseconds())/1000, float64(r.p99.Microseconds())/1000)
 				}
 			}
@@ -223,18 +211,6 @@ func runTargets(ctx context.Context, spec, clientsSpec string, clients []int, du
 	}
 }
 
-func label(name string) string {
-	switch name {
-	case "floor":
-		return "hand-written floor (pgx)"
-	case "pgx":
-		return "idem + idempgx"
-	case "gorm":
-		return "idem + idemgorm"
-	}
-	return name
-}
-
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 
 func loadavg() string {
@@ -247,6 +223,7 @@ func loadavg() string {
 }
 
 type server struct {
+	label   string
 	url     string
 	srv     *http.Server
 	closeDB func()
