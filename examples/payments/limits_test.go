@@ -6,6 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +82,56 @@ func TestSlowBodyIsCut(t *testing.T) {
 		t.Fatalf("connection not closed by the server: %v", err)
 	}
 	t.Logf("slow body cut after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// TestSlowBodyFlood: 400 connections that each declare a 1 MiB body and
+// send one byte hold at most 128 MB of the example's memory, on every
+// framework, until the read timeout cuts them (a race-detector build needs
+// several times a plain one's memory per connection). It reads the
+// process's resident set from /proc. Fiber without StreamRequestBody grew
+// by 407 MB here; with it 28 MB, and net/http (Gin) 60 MB, under -race.
+func TestSlowBodyFlood(t *testing.T) {
+	const conns, limitMB = 400, 128
+	for _, fw := range []string{"fiber", "gin"} {
+		t.Run(fw, func(t *testing.T) {
+			p := startService(t, "-framework", fw, "-store", "memory")
+			addr := strings.TrimPrefix(p.base, "http://")
+			before := rssMB(t, p.cmd.Process.Pid)
+			for i := range conns {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				fmt.Fprintf(c, "POST /payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acct-flood\r\n"+
+					"Idempotency-Key: flood-%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", i, 1<<20)
+			}
+			time.Sleep(time.Second) // every connection's headers read, its body awaited
+			grew := rssMB(t, p.cmd.Process.Pid) - before
+			t.Logf("%s: %d slow bodies of a declared 1 MiB: resident set grew by %d MB", fw, conns, grew)
+			if grew > limitMB {
+				t.Fatalf("%d slow bodies grew the process by %d MB, want at most %d: the declared length was allocated", conns, grew, limitMB)
+			}
+		})
+	}
+}
+
+// rssMB reads a process's resident set size, in MiB, from /proc.
+func rssMB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if kb, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")))
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", line, err)
+			}
+			return n / 1024
+		}
+	}
+	t.Fatal("no VmRSS in /proc/<pid>/status")
+	return 0
 }
