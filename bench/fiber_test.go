@@ -50,7 +50,11 @@ func fiberApp(b *testing.B, variant string) *fiber.App {
 		app.Use(idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key"}))
 	case "idemfiber-memstore":
 		mw, err := idemfiber.New(idemfiber.Config{
-			Config: idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000)), FingerprintKey: FingerprintKey},
+			// One principal makes every request: memstore's default bounds
+			// (256 MiB, a tenth of it per principal) would answer 503
+			// after some 64,000 first requests, within one -benchtime 1s.
+			Config: idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000), memstore.WithMaxBytes(16<<30),
+				memstore.WithPrincipalShare(1)), FingerprintKey: FingerprintKey},
 			Principal: func(c *fiber.Ctx) (string, error) {
 				p, _ := c.Locals("account").(string)
 				return p, nil

@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// TestFingerprintIsHMAC: the fingerprint's hand-prepared pads compute
-// exactly crypto/hmac's HMAC-SHA-256 of the fingerprint input, for keys
+// TestFingerprintIsHMAC: the fingerprint is exactly crypto/hmac's
+// HMAC-SHA-256 of the fingerprint input, built here field by field, for keys
 // shorter than, as long as and longer than a SHA-256 block.
 func TestFingerprintIsHMAC(t *testing.T) {
 	t.Parallel()
@@ -30,6 +30,31 @@ func TestFingerprintIsHMAC(t *testing.T) {
 		got := Fingerprint(key, "POST", "/payments", "alice", "application/x-www-form-urlencoded", body, nil)
 		if !bytes.Equal(got, want) {
 			t.Errorf("key of %d bytes: fingerprint %x, want HMAC-SHA-256 %x", n, got, want)
+		}
+	}
+}
+
+// TestFingerprintKeyReuse: a prepared key's pooled MACs and buffers carry
+// nothing from one fingerprint to the next. One key fingerprints a run of
+// different requests, a large body among them, twice over; each must
+// equal the fingerprint under a key prepared for it alone.
+func TestFingerprintKeyReuse(t *testing.T) {
+	key := bytes.Repeat([]byte{0x5a}, 32)
+	k := newFingerprintKey(key)
+	bodies := []struct{ ct, body string }{
+		{"application/json", `{"amount":1000,"currency":"EUR"}`},
+		{"application/octet-stream", string(bytes.Repeat([]byte("x"), 5000))},
+		{"application/json", `{"amount":`},
+		{"", ""},
+		{"application/json", `{"b":2,"a":1}`},
+	}
+	for round := range 2 {
+		for i, b := range bodies {
+			got := k.fingerprint("POST", "/payments", "alice", b.ct, []byte(b.body), nil)
+			want := Fingerprint(key, "POST", "/payments", "alice", b.ct, []byte(b.body), nil)
+			if !bytes.Equal(got[:], want) {
+				t.Errorf("round %d, body %d: reused key gives %x, a fresh one %x", round, i, got, want)
+			}
 		}
 	}
 }
