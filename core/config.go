@@ -51,7 +51,7 @@ const (
 	// Fail stores the response as StateFailed and commits: a deterministic
 	// client error that a retry would only repeat.
 	Fail
-	// Release rolls back and deletes the claim: the retry really retries.
+	// Release rolls back and releases the claim: the retry really retries.
 	Release
 )
 

@@ -630,7 +630,7 @@ func storeProblem(err error) (ProblemType, int) {
 	return ProblemStoreUnavailable, 1
 }
 
-// release rolls back and deletes the claim, fenced by the lease.
+// release rolls back and releases the claim, fenced by the lease.
 //
 // When the rollback reports that the transaction had already ended outside
 // the store's control (ErrTxEnded), part of the handler's work may have

@@ -20,7 +20,7 @@ const (
 	OutcomeInProgressConflict  OutcomeLabel = "in_progress_conflict" // 409: another attempt holds the key
 	OutcomeFingerprintMismatch OutcomeLabel = "fingerprint_mismatch" // 422: key reused with another request
 	OutcomeStaleReclaimed      OutcomeLabel = "stale_reclaimed"      // took over an expired lease, ran and settled
-	OutcomeReleased            OutcomeLabel = "released"             // transient outcome: rolled back, claim deleted
+	OutcomeReleased            OutcomeLabel = "released"             // transient outcome: rolled back, claim released
 	OutcomeKeyMissing          OutcomeLabel = "key_missing"
 	OutcomeKeyInvalid          OutcomeLabel = "key_invalid"
 	OutcomeLeaseLost           OutcomeLabel = "lease_lost" // settle fenced out by a takeover

@@ -226,7 +226,7 @@ type Tx interface {
 	// ErrLeaseLost. Any other error means the outcome is unknown to the
 	// caller: usually nothing was stored, but a COMMIT whose answer was
 	// lost may have committed. The engine therefore follows a failed
-	// Settle with a fenced Release, which deletes the claim only if it is
+	// Settle with a fenced Release, which releases the claim only if it is
 	// still in progress, so a retry either replays what committed or runs
 	// afresh. The exception is an error wrapping ErrTxEnded: the handler's
 	// transaction ended outside the store's control, so part of its work

@@ -241,7 +241,7 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	// row that was there". The outer SELECT reads the statement's
 	// snapshot, which does not contain the CTE's own insert; NOT EXISTS
 	// keeps it from returning a row as well when the INSERT did insert
-	// (a concurrent release deleted the row the snapshot still shows, and
+	// (a concurrent purge deleted the row the snapshot still shows, and
 	// the INSERT waited for it). It returns no row when the conflicting row
 	// committed after the snapshot was taken: Claim loops on that.
 	//

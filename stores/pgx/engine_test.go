@@ -202,7 +202,7 @@ func TestDownstreamKeyMakesTheClaimDurable(t *testing.T) {
 			t.Fatalf("attempt %d: %d %s", i, resp.Status, resp.Body)
 		}
 		t.Cleanup(att.Abort) // a no-op once finished; an open transaction would block the pool's Close
-		var claimed string // at or past the claim's commit record
+		var claimed string   // at or past the claim's commit record
 		if err := e.Pool.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
 			t.Fatal(err)
 		}

@@ -699,15 +699,16 @@ func scanRecord(rows pgx.Rows, inserted *bool, now *time.Time) (idem.Record, err
 	return rec, nil
 }
 
-// Release implements idem.Store: a DELETE fenced by the lease token and the
-// in_progress state. It returns idem.ErrLeaseLost when the row is gone,
-// settled or held by another token. A DELETE whose connection broke is sent
-// again on another connection; if the lost one did delete the row, the
-// second finds nothing and reports ErrLeaseLost, which is true: the lease
-// holds nothing any more. A row another transaction holds is waited for at
+// Release implements idem.Store: an UPDATE to 'released' fenced by the
+// lease token and the in_progress state; the row keeps its nonce until it
+// expires. It returns idem.ErrLeaseLost when the row is gone, settled,
+// released or held by another token. An UPDATE whose connection broke is
+// sent again on another connection; if the lost one did release the row,
+// the second matches nothing and reports ErrLeaseLost, which is true: the
+// lease holds nothing any more. A row another transaction holds is waited for at
 // most the lock timeout.
 //
-// Release deletes nothing, and returns an error wrapping idem.ErrTxEnded,
+// Release changes nothing, and returns an error wrapping idem.ErrTxEnded,
 // for a lease whose transaction this store saw end behind its back (the
 // handler committed on the raw connection, then answered with an error):
 // part of that work may have committed, so the claim stays in progress for

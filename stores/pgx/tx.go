@@ -285,7 +285,7 @@ func hasMarker(err error, marker string) bool {
 // detached from ctx's cancellation; if the ROLLBACK fails the connection is
 // closed, which makes the server abort the transaction. When the
 // transaction had ended behind the handle, it returns an error wrapping
-// idem.ErrTxEnded and a later Release of the lease deletes nothing.
+// idem.ErrTxEnded and a later Release of the lease changes nothing.
 func (t *storeTx) Rollback(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
