@@ -1,6 +1,8 @@
 // Package memstore is an in-memory idem.Store for tests and single-process
 // demos. Records live in one process: it gives no protection across
-// instances and loses everything on restart. It is bounded in records and
+// instances and loses everything on restart, the records' nonces included:
+// after a restart a retry gets a new idem.DownstreamKey, so a provider the
+// attempt before the restart reached charges again. It is bounded in records and
 // in bytes, in all and per principal: past a bound it evicts expired
 // records, and when none has expired it refuses the claim (or the settle of
 // a response that does not fit) with an error wrapping idem.ErrTransient
