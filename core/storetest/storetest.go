@@ -240,6 +240,15 @@ func testConcurrentClaims(t *testing.T, b Backend) {
 	var lost atomic.Int64
 	for round := range n {
 		key := uniq(fmt.Sprintf("race%d", round))
+		if round%2 == 1 {
+			// Every other round races for a released record instead of
+			// an absent key: the claims that find it must still let one win.
+			first := claimReq("alice", key, "same body")
+			mustClaim(t, b.Store, first)
+			if err := b.Store.Release(ctx, leaseOf(first)); err != nil {
+				t.Fatalf("round %d: release: %v", round, err)
+			}
+		}
 		var (
 			wg      sync.WaitGroup
 			winners atomic.Int64
@@ -290,7 +299,7 @@ func testConcurrentClaims(t *testing.T, b Backend) {
 			}
 		}
 	}
-	t.Logf("%d rounds × %d goroutines: exactly one winner each; %d transient claim errors", n, goroutines, lost.Load())
+	t.Logf("%d rounds × %d goroutines (every other one on a released record): exactly one winner each; %d transient claim errors", n, goroutines, lost.Load())
 }
 
 func testTakeoverOnlyAfterLease(t *testing.T, b Backend) {
