@@ -59,14 +59,25 @@ func DownstreamKey(ctx context.Context, step string) (string, error) {
 	if err := a.syncNonce(ctx); err != nil {
 		return "", err
 	}
+	return DownstreamKeyOf(a.lease.Principal, a.lease.Key, a.nonce, step), nil
+}
+
+// DownstreamKeyOf returns the key DownstreamKey gives an attempt at the
+// record of principal and key whose nonce (Record.Nonce) is nonce, for
+// step: for a reconciler outside the attempt, such as one that idemctl
+// reconcile asks, which has the record and must look the effect up at the
+// provider. It is the lowercase hex SHA-256 of "idem/downstream/v2"
+// followed by principal, key, nonce and step, each preceded by its length
+// in bytes as an unsigned varint (encoding/binary.PutUvarint).
+func DownstreamKeyOf(principal, key, nonce, step string) string {
 	h := sha256.New()
 	h.Write([]byte("idem/downstream/v2"))
 	var n [binary.MaxVarintLen64]byte
-	for _, s := range []string{a.lease.Principal, a.lease.Key, a.nonce, step} {
+	for _, s := range []string{principal, key, nonce, step} {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
 		h.Write([]byte(s))
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // syncNonce makes the attempt's claim durable, once, when the store is a

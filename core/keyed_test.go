@@ -226,6 +226,9 @@ func TestRecordNoncePerRecord(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if of := idem.DownstreamKeyOf("alice", "pay-1", rec.Nonce, "charge"); of != k {
+			t.Fatalf("DownstreamKeyOf the stored record = %s, DownstreamKey = %s", of, k)
+		}
 		p.charge(k)
 		return att, rec.Nonce, k
 	}

@@ -84,6 +84,9 @@ type Options struct {
 	// Retention is how long reconcile keeps an outcome it stores. Default
 	// idem.DefaultRetention.
 	Retention time.Duration
+	// Steps are the step names whose downstream keys reconcile sends the
+	// reconciler with each claim (ReconcileRequest.DownstreamKeys).
+	Steps []string
 	// Now is this machine's clock, which show, stale and release measure
 	// lease ages with (Get returns no store clock). Default time.Now.
 	Now func() time.Time

@@ -225,8 +225,16 @@ func testCommands(t *testing.T, e *env) {
 	// whose retention ends at once, then (after the lease) a live claim.
 	finish(t, begin(t, e.engine, "alice", "pay-1"), http.StatusCreated, `{"id":"p1"}`)
 	finish(t, begin(t, e.engine, "alice", "pay-2"), http.StatusUnprocessableEntity, `{"error":"card declined"}`)
+	charged := map[string]string{} // the crashed attempts' downstream keys
 	for i := 1; i <= 5; i++ {
-		begin(t, e.crash, "bob", fmt.Sprintf("stuck-%d", i)).Abort()
+		key := fmt.Sprintf("stuck-%d", i)
+		a := begin(t, e.crash, "bob", key)
+		dk, err := idem.DownstreamKey(a.Context(), "charge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged[key] = dk
+		a.Abort()
 	}
 	short := newEngine(t, e.opened.Store, lease)
 	finish(t, begin(t, short, "carol", "old-1"), http.StatusCreated, `{"id":"p0"}`)
@@ -520,7 +528,7 @@ body         11 bytes (--body prints it)
 		}))
 		defer srv.Close()
 		o := e.opts()
-		o.URL, o.DryRun = srv.URL, true
+		o.URL, o.DryRun, o.Steps = srv.URL, true, []string{"charge"}
 		out, err := e.run(ctl.Reconcile, o)
 		if err != nil {
 			t.Fatal(err)
@@ -547,6 +555,13 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 		}
 		if len(asked) != 6 || asked[3].Key != "stuck-3" || asked[3].RequestID != "req-stuck-3" || asked[3].Principal != "bob" {
 			t.Fatalf("the reconciler was asked %+v", asked)
+		}
+		// The reconciler gets the keys the crashed attempts sent their
+		// provider, to look the charges up by.
+		for _, q := range asked {
+			if got := q.DownstreamKeys["charge"]; got != charged[q.Key] || idem.DownstreamKeyOf(q.Principal, q.Key, q.Nonce, "charge") != got {
+				t.Fatalf("%s: the reconciler was sent downstream key %q and nonce %q, the attempt used %q", q.Key, got, q.Nonce, charged[q.Key])
+			}
 		}
 		if s := e.state("bob", "stuck-3"); s != idem.StateReleased {
 			t.Errorf("stuck-3 (no effect) is %s, want released", s)

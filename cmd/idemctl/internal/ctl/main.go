@@ -37,6 +37,8 @@ Flags (before or after the arguments):
   --dry-run        release, purge, reconcile: say what would be done, change nothing
   --url URL        reconcile: the reconciler to POST each stale claim to
   --retention D    reconcile: how long a stored outcome is kept (default 24h)
+  --steps a,b      reconcile: send the downstream keys of these steps
+                   (idem.DownstreamKey's step names) with each claim
   --timeout D      bound the whole command (default 1m)
 
 Exit codes: 0 found or done, 1 not found, 2 usage, 3 store error,
@@ -73,6 +75,14 @@ func parse(argv []string) (args, error) {
 	fs.BoolVar(&a.o.DryRun, "dry-run", false, "")
 	fs.StringVar(&a.o.URL, "url", "", "")
 	fs.DurationVar(&a.o.Retention, "retention", 0, "")
+	fs.Func("steps", "", func(v string) error {
+		for s := range strings.SplitSeq(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				a.o.Steps = append(a.o.Steps, s)
+			}
+		}
+		return nil
+	})
 	fs.DurationVar(&a.timeout, "timeout", time.Minute, "")
 	rest := argv[1:]
 	for {

@@ -27,6 +27,13 @@ type ReconcileRequest struct {
 	Key       string    `json:"key"`
 	RequestID string    `json:"request_id"`
 	LockedAt  time.Time `json:"locked_at"`
+	// Nonce is the record's nonce (empty on Redis): with the principal and
+	// the key it gives the crashed attempt's downstream keys
+	// (idem.DownstreamKeyOf), which the reconciler looks the effect up by.
+	Nonce string `json:"nonce"`
+	// DownstreamKeys holds, for each step of Options.Steps (--steps), the
+	// key idem.DownstreamKey gave the crashed attempt for it.
+	DownstreamKeys map[string]string `json:"downstream_keys,omitempty"`
 }
 
 // ReconcileAnswer is the reconciler's 200 answer: the response the stale
@@ -41,7 +48,7 @@ type ReconcileAnswer struct {
 // What Reconcile did with one stale claim.
 const (
 	ActionStored   = "stored"   // the answer was stored as the outcome: retries replay it
-	ActionReleased = "released" // no effect: the claim was deleted, a retry runs afresh
+	ActionReleased = "released" // no effect: the claim was released, a retry runs afresh
 	ActionChanged  = "changed"  // the record changed meanwhile (settled, taken over): left alone
 	ActionManual   = "manual"   // the reconciler could not tell: needs manual resolution
 )
@@ -209,7 +216,14 @@ func releaseErr(rep *reconciled, err error) error {
 
 // ask POSTs r to the reconciler. found is false for a 404.
 func ask(ctx context.Context, o Options, r idem.Record) (ans ReconcileAnswer, found bool, err error) {
-	body, _ := json.Marshal(ReconcileRequest{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, LockedAt: r.LockedAt.UTC()})
+	q := ReconcileRequest{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, LockedAt: r.LockedAt.UTC(), Nonce: r.Nonce}
+	for _, step := range o.Steps {
+		if q.DownstreamKeys == nil {
+			q.DownstreamKeys = make(map[string]string, len(o.Steps))
+		}
+		q.DownstreamKeys[step] = idem.DownstreamKeyOf(r.Principal, r.Key, r.Nonce, step)
+	}
+	body, _ := json.Marshal(q)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL, bytes.NewReader(body))
 	if err != nil {
 		return ans, false, fmt.Errorf("reconciler: %v", err)
