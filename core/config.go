@@ -163,8 +163,9 @@ type Config struct {
 	// after the handler the settle, commit and release, which run even
 	// when the client has gone away. Default 5s.
 	StoreTimeout time.Duration
-	// Retention is how long settled records are kept and replayed.
-	// Default 24h.
+	// Retention is how long settled records are kept and replayed, and
+	// released ones kept for their nonce (see DownstreamKey), counted from
+	// the claim. Default 24h.
 	Retention time.Duration
 	// StoredHeaders is the allow-list of response headers stored and
 	// replayed. Default DefaultStoredHeaders. New refuses Set-Cookie,
