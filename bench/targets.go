@@ -200,7 +200,7 @@ func (s sqlTables) target(dialect, label, upsert string, writeMu *sync.Mutex, cl
 // on SQLite (statements).
 const (
 	mysqlFirst, mysqlReplay   = 12, 4
-	sqliteFirst, sqliteReplay = 8, 1
+	sqliteFirst, sqliteReplay = 7, 1
 )
 
 func openMariaDB(ctx context.Context) (*Target, error) {

@@ -206,11 +206,20 @@ const (
 	sqliteMarkerGet   = "SELECT token FROM temp.idemgorm_tx WHERE id = 1"
 )
 
+// markSQLite sets the marker, creating its table first only when the
+// connection has none yet (its first transaction, or one after a
+// transaction that created it rolled back): one statement per transaction
+// instead of two. A statement that fails to prepare leaves the transaction
+// as it was.
 func (t *storeTx) markSQLite(ctx context.Context) error {
-	if _, err := t.conn.ExecContext(ctx, sqliteMarkerTable); err != nil {
-		return fmt.Errorf("marker table: %w", err)
+	_, err := t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token)
+	if err != nil && strings.Contains(err.Error(), "no such table: temp.idemgorm_tx") {
+		if _, err := t.conn.ExecContext(ctx, sqliteMarkerTable); err != nil {
+			return fmt.Errorf("marker table: %w", err)
+		}
+		_, err = t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token)
 	}
-	if _, err := t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token); err != nil {
+	if err != nil {
 		return fmt.Errorf("marker: %w", err)
 	}
 	t.marked = true
