@@ -196,10 +196,10 @@ func (s sqlTables) target(dialect, label, upsert string, writeMu *sync.Mutex, cl
 
 // The bounds of TestRoundTrips for idemgorm on MariaDB (round trips with
 // the default DSN, where go-sql-driver/mysql prepares, executes and closes
-// each statement with arguments: 7 and 2 with interpolateParams=true) and
+// each statement with arguments: 6 and 1 with interpolateParams=true) and
 // on SQLite (statements).
 const (
-	mysqlFirst, mysqlReplay   = 12, 4
+	mysqlFirst, mysqlReplay   = 10, 2
 	sqliteFirst, sqliteReplay = 7, 1
 )
 

@@ -185,6 +185,7 @@ type queries struct {
 	claimPG     string // PostgreSQL: insert or return the existing row, one statement
 	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
 	upsertMy    string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
+	upsertMyRet string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
 	selectNow   string // the row plus the database clock
 	takeExpired string // fenced takeover of an expired record
 	takeStale   string // fenced takeover of a stale in-progress lease
@@ -219,7 +220,10 @@ func mysqlLockSeconds(d time.Duration) int64 {
 	return max(s, 1)
 }
 
-func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) queries {
+// buildQueries builds the store's statements. maria selects MariaDB's
+// per-statement timeouts; mariaRt (MariaDB 10.5+) adds the claim
+// upsert that returns its row.
+func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duration) queries {
 	T := d.qualified(t)
 	K := d.quote("key")
 	now := d.nowExpr()
@@ -301,6 +305,12 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 		set("locked_at", now),
 		set("expires_at", d.nowPlus()), // last: every assignment before it reads the old value
 	}, ", ")
+	// MariaDB 10.5+: the same upsert returns the row it leaves — inserted,
+	// replaced, or the existing one untouched — as of its own write, with
+	// its clock: one statement where MySQL needs the upsert and a SELECT.
+	if d == dialectMySQL && mariaRt {
+		q.upsertMyRet = q.upsertMy + " RETURNING " + q.cols + ", " + nowCol
+	}
 
 	where := " WHERE principal = ? AND " + K + " = ?"
 	// LIMIT 1: MySQL's sql_select_limit, which a handler can leave on a
@@ -392,7 +402,7 @@ func buildQueries(d dialect, t tableName, maria bool, lock time.Duration) querie
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND locked_at <= " + d.nowMinus() +
 		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
 
-	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.selectNow, &q.takeExpired, &q.takeStale, &q.takeFreed,
+	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow, &q.takeExpired, &q.takeStale, &q.takeFreed,
 		&q.settle, &q.settlePipe, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}

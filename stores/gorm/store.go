@@ -43,6 +43,7 @@ type Store struct {
 	q       queries
 	lock    time.Duration
 	maria   bool // MySQL flavour: MariaDB (SET STATEMENT) or MySQL
+	mariaRt bool // MariaDB 10.5+: INSERT … RETURNING
 
 	unguarded atomic.Bool // MySQL refused the temporary marker table
 	gate      *writeGate  // SQLite: this process's writers, in order
@@ -147,7 +148,7 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	s.q = buildQueries(d, s.qtable, s.maria, s.lock)
+	s.q = buildQueries(d, s.qtable, s.maria, s.mariaRt, s.lock)
 	return s, nil
 }
 
@@ -188,6 +189,7 @@ func (s *Store) probeMySQL() error {
 		return s.wrap("new", err)
 	}
 	s.maria = strings.Contains(strings.ToLower(version), "mariadb")
+	s.mariaRt = s.maria && mariaReturning(version)
 	if s.qtable.schema == "" {
 		if !database.Valid || database.String == "" {
 			return s.wrap("new", fmt.Errorf("%w: the MySQL connection selects no database: name one in the DSN or use WithTable(\"database.table\")", idem.ErrMisconfigured))
@@ -484,6 +486,16 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 	return r, false, ok, err
 }
 
+// mariaReturning reports whether a MariaDB VERSION() ("10.11.6-MariaDB-…")
+// is 10.5 or later, which has INSERT … RETURNING.
+func mariaReturning(version string) bool {
+	major, rest, _ := strings.Cut(version, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	return err1 == nil && err2 == nil && (ma > 10 || ma == 10 && mi >= 5)
+}
+
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
 // insert, then the values that replace an expired row.
 func upsertMyArgs(req idem.ClaimRequest) []any {
@@ -495,7 +507,19 @@ func upsertMyArgs(req idem.ClaimRequest) []any {
 // claimMySQL runs the conditional upsert (see buildQueries) and reads the
 // row it left, both on the primary. The row carries the caller's token iff
 // the upsert inserted it or replaced an expired one.
+//
+// On MariaDB 10.5+ the upsert returns that row itself: one statement.
 func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+	if s.q.upsertMyRet != "" {
+		r, ok, err := s.queryRow(ctx, true, s.q.upsertMyRet, upsertMyArgs(req)...)
+		if err != nil {
+			return r, false, false, err
+		}
+		if !ok {
+			return r, false, false, errors.New("the upsert returned no row")
+		}
+		return r, r.rec.LeaseToken == req.Token, true, nil
+	}
 	affected, err := s.exec(ctx, s.q.upsertMy, upsertMyArgs(req)...)
 	if err != nil {
 		return r, false, false, err
