@@ -199,7 +199,7 @@ func (s sqlTables) target(dialect, label, upsert string, writeMu *sync.Mutex, cl
 // each statement with arguments: 6 and 1 with interpolateParams=true) and
 // on SQLite (statements).
 const (
-	mysqlFirst, mysqlReplay   = 10, 2
+	mysqlFirst, mysqlReplay   = 9, 2
 	sqliteFirst, sqliteReplay = 7, 1
 )
 

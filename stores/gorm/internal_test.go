@@ -585,3 +585,34 @@ func TestMariaDBClaimReturning(t *testing.T) {
 		check("expired", req(short, "b", "u2", time.Hour, time.Hour), true, "u2")
 	}
 }
+
+// TestMySQLMarkerToken settles under lease tokens that a quoted literal
+// would have to escape, with and without NO_BACKSLASH_ESCAPES: the marker,
+// written as a hex literal, must hold the token byte for byte, or the
+// settle's marker check matches nothing.
+func TestMySQLMarkerToken(t *testing.T) {
+	for _, mode := range []string{"", oddMySQLMode} {
+		s := mysqlStore(t, func(cfg *mysqldriver.Config) {
+			if mode != "" {
+				cfg.Params = map[string]string{"sql_mode": "'" + mode + "'"}
+			}
+		})
+		if !s.Guarded() {
+			t.Skip("no marker: the server refused the temporary table")
+		}
+		ctx := context.Background()
+		for _, token := range []string{"plain", `it's`, `back\slash`, `x'; DROP TABLE t; --`, "ünï\x00"} {
+			key := "mk-" + suffix()
+			if res, err := s.Claim(ctx, req(key, "a", token, time.Hour, time.Hour)); err != nil || !res.Claimed {
+				t.Fatalf("sql_mode %q, token %q: claim %+v %v", mode, token, res, err)
+			}
+			_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: token})
+			if err != nil {
+				t.Fatalf("sql_mode %q, token %q: %v", mode, token, err)
+			}
+			if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+				t.Fatalf("sql_mode %q, token %q: settle: %v", mode, token, err)
+			}
+		}
+	}
+}
