@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
 	"gorm.io/driver/mysql"
@@ -613,6 +614,50 @@ func TestMySQLMarkerToken(t *testing.T) {
 			if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 				t.Fatalf("sql_mode %q, token %q: settle: %v", mode, token, err)
 			}
+		}
+	}
+}
+
+// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
+// INSERT's answer (the clock and the token) against the row the table
+// holds, column by column, for several retentions.
+func TestSQLiteClaimRecord(t *testing.T) {
+	db, err := gorm.Open(sqlite.Open(SQLiteDSN(t.TempDir()+"/idem.db", 0)), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	s, err := New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, retention := range []time.Duration{time.Millisecond, 1234567 * time.Microsecond, 24 * time.Hour, 400 * 24 * time.Hour} {
+		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), time.Minute, retention)
+		res, err := s.Claim(ctx, r)
+		if err != nil || !res.Claimed {
+			t.Fatalf("retention %v: %+v %v", retention, res, err)
+		}
+		got, err := s.Get(ctx, r.Principal, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := res.Record
+		if got.Principal != want.Principal || got.Key != want.Key || string(got.Fingerprint) != string(want.Fingerprint) ||
+			got.State != want.State || got.LeaseToken != want.LeaseToken || got.RequestID != want.RequestID ||
+			got.Nonce != want.Nonce || !got.CreatedAt.Equal(want.CreatedAt) || !got.LockedAt.Equal(want.LockedAt) ||
+			!got.ExpiresAt.Equal(want.ExpiresAt) || got.Response != nil || want.Response != nil {
+			t.Fatalf("retention %v: the claim answered\n%+v\nthe table holds\n%+v", retention, want, got)
+		}
+		if !res.Now.Equal(got.CreatedAt) {
+			t.Fatalf("retention %v: now %v, created_at %v", retention, res.Now, got.CreatedAt)
 		}
 	}
 }

@@ -472,8 +472,7 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 		return r, false, ok, err
 	}
 	err = s.writeTurn(ctx, func() error {
-		r, ok, err = s.queryRow(ctx, true, s.q.insertLite,
-			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds())
+		r, ok, err = s.insertSQLite(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -494,6 +493,49 @@ func mariaReturning(version string) bool {
 	ma, err1 := strconv.Atoi(major)
 	mi, err2 := strconv.Atoi(minor)
 	return err1 == nil && err2 == nil && (ma > 10 || ma == 10 && mi >= 5)
+}
+
+// insertSQLite runs the claim's INSERT … ON CONFLICT DO NOTHING. ok is
+// true when it inserted the row; the row is then req's own values, with
+// the database clock it returned as created_at, locked_at and now, and
+// expires_at that clock plus the retention, as the INSERT computed them
+// (SQLite's 'now' is one value throughout a statement).
+func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	ret := req.Retention.Microseconds()
+	rows, err := pool.QueryContext(ctx, s.q.insertLite,
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, ret)
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return rowWithNow{}, false, rows.Err()
+	}
+	var (
+		created timeValue
+		token   string
+	)
+	if err := rows.Scan(&created, &token); err != nil {
+		return rowWithNow{}, false, err
+	}
+	for rows.Next() {
+	}
+	if err := rows.Close(); err != nil {
+		return rowWithNow{}, false, err
+	}
+	if token != req.Token {
+		return rowWithNow{}, false, fmt.Errorf("the claim INSERT returned token %q, not this claim's", token)
+	}
+	t := created.t
+	return rowWithNow{idem.Record{
+		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idem.StateInProgress,
+		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
+		CreatedAt: t, LockedAt: t, ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
+	}, t}, true, nil
 }
 
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
