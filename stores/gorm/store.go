@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,10 @@ type Store struct {
 
 	unguarded atomic.Bool // MySQL refused the temporary marker table
 	gate      *writeGate  // SQLite: this process's writers, in order
+
+	claimMu   sync.Mutex
+	claimStmt *sql.Stmt // MariaDB 10.5+: upsertMyRet, prepared on claimPool
+	claimPool *sql.DB
 }
 
 // Option configures a Store.
@@ -485,6 +490,36 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 	return r, false, ok, err
 }
 
+// claimReturning runs MariaDB's one-statement claim as a prepared
+// statement, prepared once per pool connection and kept: go-sql-driver/mysql
+// otherwise prepares, executes and closes a statement with arguments on
+// every run (two round trips) unless the DSN says interpolateParams=true.
+func (s *Store) claimReturning(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	s.claimMu.Lock()
+	stmt := s.claimStmt
+	if stmt == nil || s.claimPool != pool {
+		stmt, err = pool.PrepareContext(ctx, s.q.upsertMyRet)
+		if err != nil {
+			s.claimMu.Unlock()
+			return rowWithNow{}, false, err
+		}
+		if s.claimStmt != nil {
+			_ = s.claimStmt.Close()
+		}
+		s.claimStmt, s.claimPool = stmt, pool
+	}
+	s.claimMu.Unlock()
+	rows, err := stmt.QueryContext(ctx, upsertMyArgs(req)...)
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	return scanRow(rows, true)
+}
+
 // mariaReturning reports whether a MariaDB VERSION() ("10.11.6-MariaDB-…")
 // is 10.5 or later, which has INSERT … RETURNING.
 func mariaReturning(version string) bool {
@@ -553,7 +588,7 @@ func upsertMyArgs(req idem.ClaimRequest) []any {
 // On MariaDB 10.5+ the upsert returns that row itself: one statement.
 func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	if s.q.upsertMyRet != "" {
-		r, ok, err := s.queryRow(ctx, true, s.q.upsertMyRet, upsertMyArgs(req)...)
+		r, ok, err := s.claimReturning(ctx, req)
 		if err != nil {
 			return r, false, false, err
 		}
@@ -680,6 +715,12 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
+	return scanRow(rows, withNow)
+}
+
+// scanRow reads at most one record row (plus the database clock when
+// withNow) from rows completely, and closes them.
+func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
 	defer rows.Close()
 	if !rows.Next() {
 		return rowWithNow{}, false, rows.Err()
