@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
 	"gorm.io/driver/mysql"
@@ -340,7 +341,7 @@ func TestMySQLSessionTimeoutPath(t *testing.T) {
 	s := mysqlStore(t, func(*mysqldriver.Config) {})
 	s.maria = false
 	s.lock = time.Second
-	s.q = buildQueries(s.dialect, s.qtable, false, s.lock)
+	s.q = buildQueries(s.dialect, s.qtable, false, false, s.lock)
 	if strings.Contains(s.q.upsertMy, "SET STATEMENT") {
 		t.Fatal("the MySQL path still uses SET STATEMENT")
 	}
@@ -516,5 +517,147 @@ func TestMySQLMarkerRefusedSaysSoOnce(t *testing.T) {
 	}
 	if len(warns) != 1 || !strings.HasPrefix(warns[0], "WARN ") {
 		t.Fatalf("the store said %d times that the marker is off (want once, as a warning):\n%s", len(warns), strings.Join(capture.all(), "\n"))
+	}
+}
+
+func TestMariaReturning(t *testing.T) {
+	for _, c := range []struct {
+		version string
+		want    bool
+	}{
+		{"10.11.6-MariaDB-0+deb12u1", true},
+		{"10.5.0-MariaDB", true},
+		{"11.4.2-MariaDB", true},
+		{"10.4.32-MariaDB", false},
+		{"5.5.5-10.11.6-MariaDB", false}, // the old handshake prefix: not trusted
+		{"garbage", false},
+	} {
+		if got := mariaReturning(c.version); got != c.want {
+			t.Errorf("mariaReturning(%q) = %v, want %v", c.version, got, c.want)
+		}
+	}
+}
+
+// TestMariaDBClaimReturning runs the one-statement claim of MariaDB 10.5+
+// (the upsert returning its row) beside the two-statement one (the upsert,
+// then a SELECT) on the same rows: a fresh key, a live one, a settled one
+// and an expired one. Both must return the same claim and the same record.
+func TestMariaDBClaimReturning(t *testing.T) {
+	s := mysqlStore(t, func(*mysqldriver.Config) {})
+	if !s.maria || s.q.upsertMyRet == "" {
+		t.Skip("not MariaDB 10.5+")
+	}
+	oneStmt := s.q.upsertMyRet
+	ctx := context.Background()
+	check := func(name string, r idem.ClaimRequest, claimed bool, token string) idem.ClaimResult {
+		t.Helper()
+		res, err := s.Claim(ctx, r)
+		if err != nil || res.Claimed != claimed || res.Record.LeaseToken != token {
+			t.Fatalf("%s: %+v %v, want claimed %v with token %s", name, res, err, claimed, token)
+		}
+		got, err := s.Get(ctx, r.Principal, r.Key)
+		if err != nil || got.LeaseToken != res.Record.LeaseToken || !got.ExpiresAt.Equal(res.Record.ExpiresAt) ||
+			!got.CreatedAt.Equal(res.Record.CreatedAt) || got.State != res.Record.State || got.Nonce != res.Record.Nonce {
+			t.Fatalf("%s: the claim answered %+v, the table holds %+v (%v)", name, res.Record, got, err)
+		}
+		if res.Now.Before(res.Record.CreatedAt) {
+			t.Fatalf("%s: now %v before created_at %v", name, res.Now, res.Record.CreatedAt)
+		}
+		return res
+	}
+	for _, q := range []string{oneStmt, ""} {
+		s.q.upsertMyRet = q
+		key := "rt-" + suffix()
+		check("fresh", req(key, "a", "t1", time.Hour, time.Hour), true, "t1")
+		check("live", req(key, "a", "t2", time.Hour, time.Hour), false, "t1")
+		_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+			t.Fatal(err)
+		}
+		if res := check("settled", req(key, "a", "t3", time.Hour, time.Hour), false, "t1"); res.Record.State != idem.StateCompleted {
+			t.Fatalf("settled: state %s", res.Record.State)
+		}
+		short := "rt-" + suffix()
+		check("short", req(short, "a", "u1", time.Hour, 20*time.Millisecond), true, "u1")
+		time.Sleep(40 * time.Millisecond)
+		check("expired", req(short, "b", "u2", time.Hour, time.Hour), true, "u2")
+	}
+}
+
+// TestMySQLMarkerToken settles under lease tokens that a quoted literal
+// would have to escape, with and without NO_BACKSLASH_ESCAPES: the marker,
+// written as a hex literal, must hold the token byte for byte, or the
+// settle's marker check matches nothing.
+func TestMySQLMarkerToken(t *testing.T) {
+	for _, mode := range []string{"", oddMySQLMode} {
+		s := mysqlStore(t, func(cfg *mysqldriver.Config) {
+			if mode != "" {
+				cfg.Params = map[string]string{"sql_mode": "'" + mode + "'"}
+			}
+		})
+		if !s.Guarded() {
+			t.Skip("no marker: the server refused the temporary table")
+		}
+		ctx := context.Background()
+		for _, token := range []string{"plain", `it's`, `back\slash`, `x'; DROP TABLE t; --`, "ünï\x00"} {
+			key := "mk-" + suffix()
+			if res, err := s.Claim(ctx, req(key, "a", token, time.Hour, time.Hour)); err != nil || !res.Claimed {
+				t.Fatalf("sql_mode %q, token %q: claim %+v %v", mode, token, res, err)
+			}
+			_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: token})
+			if err != nil {
+				t.Fatalf("sql_mode %q, token %q: %v", mode, token, err)
+			}
+			if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+				t.Fatalf("sql_mode %q, token %q: settle: %v", mode, token, err)
+			}
+		}
+	}
+}
+
+// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
+// INSERT's answer (the clock and the token) against the row the table
+// holds, column by column, for several retentions.
+func TestSQLiteClaimRecord(t *testing.T) {
+	db, err := gorm.Open(sqlite.Open(SQLiteDSN(t.TempDir()+"/idem.db", 0)), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	s, err := New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, retention := range []time.Duration{time.Millisecond, 1234567 * time.Microsecond, 24 * time.Hour, 400 * 24 * time.Hour} {
+		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), time.Minute, retention)
+		res, err := s.Claim(ctx, r)
+		if err != nil || !res.Claimed {
+			t.Fatalf("retention %v: %+v %v", retention, res, err)
+		}
+		got, err := s.Get(ctx, r.Principal, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := res.Record
+		if got.Principal != want.Principal || got.Key != want.Key || string(got.Fingerprint) != string(want.Fingerprint) ||
+			got.State != want.State || got.LeaseToken != want.LeaseToken || got.RequestID != want.RequestID ||
+			got.Nonce != want.Nonce || !got.CreatedAt.Equal(want.CreatedAt) || !got.LockedAt.Equal(want.LockedAt) ||
+			!got.ExpiresAt.Equal(want.ExpiresAt) || got.Response != nil || want.Response != nil {
+			t.Fatalf("retention %v: the claim answered\n%+v\nthe table holds\n%+v", retention, want, got)
+		}
+		if !res.Now.Equal(got.CreatedAt) {
+			t.Fatalf("retention %v: now %v, created_at %v", retention, res.Now, got.CreatedAt)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,9 +44,14 @@ type Store struct {
 	q       queries
 	lock    time.Duration
 	maria   bool // MySQL flavour: MariaDB (SET STATEMENT) or MySQL
+	mariaRt bool // MariaDB 10.5+: INSERT … RETURNING
 
 	unguarded atomic.Bool // MySQL refused the temporary marker table
 	gate      *writeGate  // SQLite: this process's writers, in order
+
+	claimMu   sync.Mutex
+	claimStmt *sql.Stmt // MariaDB 10.5+: upsertMyRet, prepared on claimPool
+	claimPool *sql.DB
 }
 
 // Option configures a Store.
@@ -147,7 +153,7 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	s.q = buildQueries(d, s.qtable, s.maria, s.lock)
+	s.q = buildQueries(d, s.qtable, s.maria, s.mariaRt, s.lock)
 	return s, nil
 }
 
@@ -188,6 +194,7 @@ func (s *Store) probeMySQL() error {
 		return s.wrap("new", err)
 	}
 	s.maria = strings.Contains(strings.ToLower(version), "mariadb")
+	s.mariaRt = s.maria && mariaReturning(version)
 	if s.qtable.schema == "" {
 		if !database.Valid || database.String == "" {
 			return s.wrap("new", fmt.Errorf("%w: the MySQL connection selects no database: name one in the DSN or use WithTable(\"database.table\")", idem.ErrMisconfigured))
@@ -470,8 +477,7 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 		return r, false, ok, err
 	}
 	err = s.writeTurn(ctx, func() error {
-		r, ok, err = s.queryRow(ctx, true, s.q.insertLite,
-			req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds())
+		r, ok, err = s.insertSQLite(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -482,6 +488,89 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 	}
 	r, ok, err = s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
 	return r, false, ok, err
+}
+
+// claimReturning runs MariaDB's one-statement claim as a prepared
+// statement, prepared once per pool connection and kept: go-sql-driver/mysql
+// otherwise prepares, executes and closes a statement with arguments on
+// every run (two round trips) unless the DSN says interpolateParams=true.
+func (s *Store) claimReturning(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	s.claimMu.Lock()
+	stmt := s.claimStmt
+	if stmt == nil || s.claimPool != pool {
+		stmt, err = pool.PrepareContext(ctx, s.q.upsertMyRet)
+		if err != nil {
+			s.claimMu.Unlock()
+			return rowWithNow{}, false, err
+		}
+		if s.claimStmt != nil {
+			_ = s.claimStmt.Close()
+		}
+		s.claimStmt, s.claimPool = stmt, pool
+	}
+	s.claimMu.Unlock()
+	rows, err := stmt.QueryContext(ctx, upsertMyArgs(req)...)
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	return scanRow(rows, true)
+}
+
+// mariaReturning reports whether a MariaDB VERSION() ("10.11.6-MariaDB-…")
+// is 10.5 or later, which has INSERT … RETURNING.
+func mariaReturning(version string) bool {
+	major, rest, _ := strings.Cut(version, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	return err1 == nil && err2 == nil && (ma > 10 || ma == 10 && mi >= 5)
+}
+
+// insertSQLite runs the claim's INSERT … ON CONFLICT DO NOTHING. ok is
+// true when it inserted the row; the row is then req's own values, with
+// the database clock it returned as created_at, locked_at and now, and
+// expires_at that clock plus the retention, as the INSERT computed them
+// (SQLite's 'now' is one value throughout a statement).
+func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	ret := req.Retention.Microseconds()
+	rows, err := pool.QueryContext(ctx, s.q.insertLite,
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, ret)
+	if err != nil {
+		return rowWithNow{}, false, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return rowWithNow{}, false, rows.Err()
+	}
+	var (
+		created timeValue
+		token   string
+	)
+	if err := rows.Scan(&created, &token); err != nil {
+		return rowWithNow{}, false, err
+	}
+	for rows.Next() {
+	}
+	if err := rows.Close(); err != nil {
+		return rowWithNow{}, false, err
+	}
+	if token != req.Token {
+		return rowWithNow{}, false, fmt.Errorf("the claim INSERT returned token %q, not this claim's", token)
+	}
+	t := created.t
+	return rowWithNow{idem.Record{
+		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idem.StateInProgress,
+		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
+		CreatedAt: t, LockedAt: t, ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
+	}, t}, true, nil
 }
 
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
@@ -495,7 +584,19 @@ func upsertMyArgs(req idem.ClaimRequest) []any {
 // claimMySQL runs the conditional upsert (see buildQueries) and reads the
 // row it left, both on the primary. The row carries the caller's token iff
 // the upsert inserted it or replaced an expired one.
+//
+// On MariaDB 10.5+ the upsert returns that row itself: one statement.
 func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+	if s.q.upsertMyRet != "" {
+		r, ok, err := s.claimReturning(ctx, req)
+		if err != nil {
+			return r, false, false, err
+		}
+		if !ok {
+			return r, false, false, errors.New("the upsert returned no row")
+		}
+		return r, r.rec.LeaseToken == req.Token, true, nil
+	}
 	affected, err := s.exec(ctx, s.q.upsertMy, upsertMyArgs(req)...)
 	if err != nil {
 		return r, false, false, err
@@ -614,6 +715,12 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
+	return scanRow(rows, withNow)
+}
+
+// scanRow reads at most one record row (plus the database clock when
+// withNow) from rows completely, and closes them.
+func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
 	defer rows.Close()
 	if !rows.Next() {
 		return rowWithNow{}, false, rows.Err()

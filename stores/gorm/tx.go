@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -153,10 +154,19 @@ func (s *Store) begin(ctx context.Context, lease idem.Lease) (*storeTx, error) {
 const (
 	mysqlMarkerTable = "CREATE TEMPORARY TABLE IF NOT EXISTS idemgorm_tx_marker" +
 		" (id TINYINT NOT NULL PRIMARY KEY, token VARBINARY(255) NOT NULL) ENGINE=InnoDB"
-	mysqlMarkerSet   = "INSERT INTO idemgorm_tx_marker (id, token) VALUES (1, ?) ON DUPLICATE KEY UPDATE token = ?"
 	mysqlMarkerHolds = " AND EXISTS (SELECT 1 FROM idemgorm_tx_marker WHERE id = 1 AND token = ?)"
 	mysqlMarkerGet   = "SELECT token FROM idemgorm_tx_marker WHERE id = 1 LIMIT 1"
 )
+
+// mysqlMarkerSet sets the marker to token. The token rides in the text as a
+// hex literal, which no sql_mode or character set reads differently and
+// which needs no escaping: a statement without arguments is one round trip
+// where go-sql-driver/mysql would otherwise prepare, execute and close it
+// (unless the DSN says interpolateParams=true).
+func mysqlMarkerSet(token string) string {
+	x := "X'" + hex.EncodeToString([]byte(token)) + "'"
+	return "INSERT INTO idemgorm_tx_marker (id, token) VALUES (1, " + x + ") ON DUPLICATE KEY UPDATE token = " + x
+}
 
 // mysqlMarkerRefusals are the errors that mean the marker table cannot be
 // created for this database user or server configuration: access denied
@@ -169,7 +179,7 @@ func (t *storeTx) markMySQL(ctx context.Context) error {
 	if t.store.unguarded.Load() {
 		return nil
 	}
-	_, err := t.conn.ExecContext(ctx, mysqlMarkerSet, t.lease.Token, t.lease.Token)
+	_, err := t.conn.ExecContext(ctx, mysqlMarkerSet(t.lease.Token))
 	var my *mysql.MySQLError
 	if err == nil || !errors.As(err, &my) || my.Number != 1146 { // 1146: no such table (on this connection yet)
 		t.marked = err == nil
@@ -186,7 +196,7 @@ func (t *storeTx) markMySQL(ctx context.Context) error {
 		}
 		return nil
 	}
-	if _, err := t.conn.ExecContext(ctx, mysqlMarkerSet, t.lease.Token, t.lease.Token); err != nil {
+	if _, err := t.conn.ExecContext(ctx, mysqlMarkerSet(t.lease.Token)); err != nil {
 		return fmt.Errorf("marker: %w", err)
 	}
 	t.marked = true
@@ -206,11 +216,20 @@ const (
 	sqliteMarkerGet   = "SELECT token FROM temp.idemgorm_tx WHERE id = 1"
 )
 
+// markSQLite sets the marker, creating its table first only when the
+// connection has none yet (its first transaction, or one after a
+// transaction that created it rolled back): one statement per transaction
+// instead of two. A statement that fails to prepare leaves the transaction
+// as it was.
 func (t *storeTx) markSQLite(ctx context.Context) error {
-	if _, err := t.conn.ExecContext(ctx, sqliteMarkerTable); err != nil {
-		return fmt.Errorf("marker table: %w", err)
+	_, err := t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token)
+	if err != nil && strings.Contains(err.Error(), "no such table: temp.idemgorm_tx") {
+		if _, err := t.conn.ExecContext(ctx, sqliteMarkerTable); err != nil {
+			return fmt.Errorf("marker table: %w", err)
+		}
+		_, err = t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token)
 	}
-	if _, err := t.conn.ExecContext(ctx, sqliteMarkerSet, t.lease.Token); err != nil {
+	if err != nil {
 		return fmt.Errorf("marker: %w", err)
 	}
 	t.marked = true
