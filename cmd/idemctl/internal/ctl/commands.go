@@ -97,17 +97,24 @@ func Stale(ctx context.Context, w io.Writer, o Options) error {
 	return err
 }
 
+// get reads the record for (principal, key); a missing one is an error
+// wrapping idem.ErrNotFound that names them.
+func get(ctx context.Context, o Options, principal, key string) (idem.Record, error) {
+	r, err := o.Store.Get(ctx, principal, key)
+	if errors.Is(err, idem.ErrNotFound) {
+		return r, fmt.Errorf("no record for principal %q key %q: %w", principal, key, idem.ErrNotFound)
+	}
+	return r, err
+}
+
 // Show writes the record for (principal, key): state, fingerprint, request
 // id, lease token, times, and the stored status and headers; the body only
 // with o.Body. It returns an error wrapping idem.ErrNotFound when there is
 // no record.
 func Show(ctx context.Context, w io.Writer, o Options, principal, key string) error {
 	o.defaults()
-	r, err := o.Store.Get(ctx, principal, key)
+	r, err := get(ctx, o, principal, key)
 	if err != nil {
-		if errors.Is(err, idem.ErrNotFound) {
-			return fmt.Errorf("no record for principal %q key %q: %w", principal, key, idem.ErrNotFound)
-		}
 		return err
 	}
 	now := o.Now()
@@ -183,11 +190,8 @@ const ForceRisk = "its holder may still be running: a retry can then run the han
 // would do and does nothing.
 func Release(ctx context.Context, w io.Writer, o Options, principal, key string) error {
 	o.defaults()
-	r, err := o.Store.Get(ctx, principal, key)
+	r, err := get(ctx, o, principal, key)
 	if err != nil {
-		if errors.Is(err, idem.ErrNotFound) {
-			return fmt.Errorf("no record for principal %q key %q: %w", principal, key, idem.ErrNotFound)
-		}
 		return err
 	}
 	if r.State == idem.StateReleased {
