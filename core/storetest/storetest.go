@@ -461,10 +461,7 @@ func testReleaseFenced(t *testing.T, b Backend) {
 		t.Fatalf("holder's release: %v", err)
 	}
 	// Released is a state, not a deletion: the record keeps its nonce.
-	nonce := req.Nonce
-	if b.NoNonce {
-		nonce = ""
-	}
+	nonce := storedNonce(b, req.Nonce)
 	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateReleased || rec.Nonce != nonce || rec.Response != nil {
 		t.Fatalf("after release the record is %s with nonce %q and response %v, want released with nonce %q and none",
 			rec.State, rec.Nonce, rec.Response, nonce)
@@ -502,9 +499,7 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	}
 	time.Sleep(Lease + 150*time.Millisecond)
 	later := claimReq("alice", short.Key, "body")
-	if !b.NoNonce {
-		nonce = later.Nonce
-	}
+	nonce = storedNonce(b, later.Nonce)
 	if res := mustClaim(t, b.Store, later); !res.Claimed || res.Reclaimed || res.Record.Nonce != nonce {
 		t.Fatalf("claim of an expired released record: Claimed=%v Reclaimed=%v nonce %q, want a fresh claim with nonce %q",
 			res.Claimed, res.Reclaimed, res.Record.Nonce, nonce)
