@@ -262,7 +262,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	lease := Lease{Principal: c.Principal, Key: key, Token: token}
 	creq := ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
-		RequestID: boundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		RequestID: BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 	}
 	claimStart := e.cfg.Clock()
 	res, err := e.claim(ctx, a, creq, lease)

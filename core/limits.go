@@ -37,9 +37,11 @@ func checkPrincipal(p string) error {
 	return nil
 }
 
-// boundRequestID returns id as every store can keep it: valid UTF-8 without
-// NUL bytes, at most MaxRequestIDLength bytes.
-func boundRequestID(id string) string {
+// BoundRequestID returns id as every store can keep it: valid UTF-8 without
+// NUL bytes (each replaced by U+FFFD), cut at a character boundary to at
+// most MaxRequestIDLength bytes. The engine bounds every request id it
+// claims with; stores apply it too, for callers of Store.Claim.
+func BoundRequestID(id string) string {
 	if !utf8.ValidString(id) {
 		id = strings.ToValidUTF8(id, "\uFFFD")
 	}

@@ -276,19 +276,6 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 	return nil
 }
 
-// boundRequestID cuts id to idem.MaxRequestIDLength bytes at a character
-// boundary (the engine already does; the store holds no more).
-func boundRequestID(id string) string {
-	if len(id) <= idem.MaxRequestIDLength {
-		return id
-	}
-	cut := idem.MaxRequestIDLength
-	for cut > 0 && id[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return id[:cut]
-}
-
 // Claim implements idem.Store. The first statement inserts the caller's
 // in-progress record or finds the existing one, atomically (on SQLite a
 // read comes first, so that replays do not queue for the single writer;
@@ -305,7 +292,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	if err := s.checkClaim(req); err != nil {
 		return idem.ClaimResult{}, err
 	}
-	req.RequestID = boundRequestID(req.RequestID)
+	req.RequestID = idem.BoundRequestID(req.RequestID)
 	var lastErr error
 	for round := range maxClaimRounds {
 		res, decided, err := s.claimOnce(ctx, req)
