@@ -280,6 +280,47 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 	}
 }
 
+// TestClaimBounds: the store refuses what its table cannot hold before it
+// writes anything, and cuts the request id at a character boundary. On
+// PostgreSQL, whose table has no CHECK constraints (each would be parsed on
+// every write), these are the only bounds.
+func TestClaimBounds(t *testing.T) {
+	atLimit := strings.Repeat("r", idem.MaxRequestIDLength)
+	long := strings.Repeat("x", 256)
+	cases := map[string]struct {
+		edit   func(*idem.ClaimRequest)
+		stored string // the request id stored; "" when the claim is refused
+	}{
+		"request id at the limit": {func(r *idem.ClaimRequest) { r.RequestID = atLimit }, atLimit},
+		"request id over it":      {func(r *idem.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
+		"principal over 255":      {func(r *idem.ClaimRequest) { r.Principal = long }, ""},
+		"key over 255":            {func(r *idem.ClaimRequest) { r.Key = long }, ""},
+		"fingerprint over 255":    {func(r *idem.ClaimRequest) { r.Fingerprint = []byte(long) }, ""},
+		"token over 255":          {func(r *idem.ClaimRequest) { r.Token = long }, ""},
+		"nonce over 64":           {func(r *idem.ClaimRequest) { r.Nonce = long[:65] }, ""},
+	}
+	for _, d := range dialects {
+		t.Run(d, func(t *testing.T) {
+			f := newFixture(t, d)
+			ctx := testCtx(t)
+			for name, tc := range cases {
+				req := claimReq("alice", "bounds-"+randSuffix(), "body", time.Minute)
+				tc.edit(&req)
+				_, err := f.Store.Claim(ctx, req)
+				rec, gerr := f.Store.Get(ctx, req.Principal, req.Key)
+				switch {
+				case gerr != nil && !errors.Is(gerr, idem.ErrNotFound):
+					t.Fatalf("%s: get: %v", name, gerr)
+				case tc.stored == "" && (err == nil || gerr == nil):
+					t.Errorf("%s: claim answered %v, get %v: want a refusal that writes nothing", name, err, gerr)
+				case tc.stored != "" && (err != nil || gerr != nil || rec.RequestID != tc.stored):
+					t.Errorf("%s: claim %v, request id stored as %d bytes, want %d", name, err, len(rec.RequestID), len(tc.stored))
+				}
+			}
+		})
+	}
+}
+
 // TestReplayWritesNothingPostgres: the row's system columns prove that no
 // replay locked or rewrote it (ON CONFLICT … DO UPDATE … WHERE false would
 // set xmax to its own transaction id on every replay).

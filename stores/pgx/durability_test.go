@@ -7,7 +7,7 @@ import (
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
-// TestOnlyTheClaimCommitsWithoutFlush: the claim statement turns
+// TestOnlyTheClaimCommitsWithoutFlush: the claim (its prelude) turns
 // synchronous_commit off for its own transaction and nothing else. The
 // session keeps its setting (so a pool, or PgBouncer, hands the connection
 // on unchanged), and the handler's transaction, whose settle commit is what
@@ -28,9 +28,12 @@ func TestOnlyTheClaimCommitsWithoutFlush(t *testing.T) {
 		t.Fatalf("the test server runs with synchronous_commit=off; this test needs it on")
 	}
 
-	// Inside a transaction, the claim statement's setting is visible.
+	// Inside a transaction, the setting of the claim's prelude is visible.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, idempgx.ClaimPrelude(e.Store)); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := tx.Query(ctx, idempgx.ClaimSQL(e.Store), "alice", "dur-"+randHex(6), fp("body"), randHex(16), "req", int64(3600e6), randHex(16))

@@ -9,3 +9,7 @@ func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
 
 // TxControlStatement exposes the lexer's verdict to the external tests.
 func TxControlStatement(sql string) (string, bool) { return txControlStatement(sql) }
+
+// ClaimPrelude exposes the statement that goes before the claim, in the
+// same implicit transaction.
+func ClaimPrelude(s *Store) string { return s.sql.claimPrelude }

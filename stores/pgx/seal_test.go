@@ -399,20 +399,37 @@ func TestHeadersByteExact(t *testing.T) {
 	}
 }
 
-// TestRequestIDBounded: the table holds idem's bound on the request id.
-func TestRequestIDBounded(t *testing.T) {
+// TestClaimBounds: the store holds the bounds the table's CHECK constraints
+// used to: a request id over idem.MaxRequestIDLength is stored cut at a
+// character boundary, an over-long fingerprint or nonce is refused before
+// anything is written.
+func TestClaimBounds(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 2, nil))
-	ok := claimReq("alice", "rid-"+randHex(4), "body", time.Minute)
-	ok.RequestID = strings.Repeat("r", idem.MaxRequestIDLength)
-	if _, err := e.Store.Claim(ctx, ok); err != nil {
-		t.Fatalf("request id of %d bytes: %v", len(ok.RequestID), err)
-	}
-	long := claimReq("alice", "rid-"+randHex(4), "body", time.Minute)
-	long.RequestID = strings.Repeat("r", idem.MaxRequestIDLength+1)
-	if _, err := e.Store.Claim(ctx, long); sqlStateOf(err) != "23514" {
-		t.Fatalf("request id of %d bytes: %v, want a check violation (23514)", len(long.RequestID), err)
+	atLimit := strings.Repeat("r", idem.MaxRequestIDLength)
+	for name, tc := range map[string]struct {
+		edit   func(*idem.ClaimRequest)
+		stored string // the request id stored; "" when the claim is refused
+	}{
+		"request id at the limit": {func(r *idem.ClaimRequest) { r.RequestID = atLimit }, atLimit},
+		"request id over it":      {func(r *idem.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
+		"fingerprint over 255":    {func(r *idem.ClaimRequest) { r.Fingerprint = make([]byte, 256) }, ""},
+		"nonce over 64":           {func(r *idem.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) }, ""},
+	} {
+		req := claimReq("alice", "bounds-"+randHex(4), "body", time.Minute)
+		tc.edit(&req)
+		_, err := e.Store.Claim(ctx, req)
+		rec, gerr := e.Store.Get(ctx, req.Principal, req.Key)
+		found := gerr == nil
+		switch {
+		case gerr != nil && !errors.Is(gerr, idem.ErrNotFound):
+			t.Fatalf("%s: get: %v", name, gerr)
+		case tc.stored == "" && (err == nil || found):
+			t.Errorf("%s: claim answered %v and the row exists: %v, want a refusal that writes nothing", name, err, found)
+		case tc.stored != "" && (err != nil || !found || rec.RequestID != tc.stored):
+			t.Errorf("%s: claim %v, request id stored as %q (%d bytes), want %d bytes", name, err, rec.RequestID, len(rec.RequestID), len(tc.stored))
+		}
 	}
 }
 

@@ -188,7 +188,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
-		timeouts: c.timeouts, sql: newStatements(t.ident(), c.timeouts)}, nil
+		timeouts: c.timeouts,
+		sql:      newStatements(t.ident(), c.timeouts, textFormats(pool.Config().ConnConfig.DefaultQueryExecMode))}, nil
 }
 
 // currentSchema returns the schema the pool's search_path selects.
@@ -257,8 +258,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 type statements struct {
 	claim, takeover, replace, reuse, release, get, purge, listStale string
 	// prelude goes before every store statement on the pool, in the same
-	// pipelined batch and so in the same implicit transaction.
-	prelude string
+	// pipelined batch and so in the same implicit transaction;
+	// claimPrelude before the claim.
+	prelude, claimPrelude string
 	// settleCheck, settle and COMMIT are the settle's batch.
 	settleCheck, settle string
 	// beginPrefix starts the handler's transaction; the lease marker
@@ -269,18 +271,34 @@ type statements struct {
 // pinnedSettings are the session settings the store's statements depend
 // on, pinned with set_config(…, true) for the statement's transaction only:
 // name resolution (the table is schema-qualified, and pg_catalog comes
-// first so no schema of the handler's can shadow an operator or function),
-// the timeouts, and the text formats of timestamps, intervals and bytea
-// for the simple protocol. A handler may change any of them, for its
+// first so no schema of the handler's can shadow an operator or function)
+// and the timeouts; with textFormats, also the text formats of timestamps,
+// intervals and bytea. A handler may change any of them, for its
 // transaction or for the pooled session.
-func pinnedSettings(t timeouts) string {
-	return fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+//
+// The formats matter only where values travel as text: the query exec
+// modes Exec and SimpleProtocol (textFormats). The other modes send and
+// receive every value the store uses (text, bytea, integers, booleans,
+// timestamptz) in binary, which no session setting changes, so pinning them
+// there would only cost the server four set_config calls per statement.
+func pinnedSettings(t timeouts, textFormats bool) string {
+	pins := fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '%dms', true),
-	pg_catalog.set_config('statement_timeout', '%dms', true),
+	pg_catalog.set_config('statement_timeout', '%dms', true)`, millis(t.lock), millis(t.statement))
+	if textFormats {
+		pins += `,
 	pg_catalog.set_config('TimeZone', 'UTC', true),
 	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
 	pg_catalog.set_config('IntervalStyle', 'postgres', true),
-	pg_catalog.set_config('bytea_output', 'hex', true)`, millis(t.lock), millis(t.statement))
+	pg_catalog.set_config('bytea_output', 'hex', true)`
+	}
+	return pins
+}
+
+// textFormats reports whether the pool's statements exchange values as
+// text (pinnedSettings).
+func textFormats(mode pgx.QueryExecMode) bool {
+	return mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol
 }
 
 // millis rounds d up to whole milliseconds.
@@ -320,9 +338,15 @@ const txEndedMarker = "idempgx transaction ended"
 const recordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
 	created_at, locked_at, expires_at, status, headers, body`
 
-func newStatements(t string, to timeouts) statements {
+func newStatements(t string, to timeouts, textFormats bool) statements {
 	var s statements
-	s.prelude = "SELECT " + pinnedSettings(to)
+	pins := pinnedSettings(to, textFormats)
+	s.prelude = "SELECT " + pins
+	// The claim's commit does not wait for its WAL to reach disk (see the
+	// claim below): synchronous_commit off for its implicit transaction
+	// only, so it is safe behind PgBouncer and leaves the pool's sessions
+	// as they were.
+	s.claimPrelude = s.prelude + ",\n\tpg_catalog.set_config('synchronous_commit', 'off', true)"
 	p := to.deadPeer()
 	// READ COMMITTED is explicit, as the claim's concurrency argument needs
 	// it whatever the server's default; READ WRITE too, whatever a handler
@@ -343,7 +367,7 @@ func newStatements(t string, to timeouts) statements {
 	s.settleCheck = fmt.Sprintf(`SELECT %s,
 	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
 	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
-		pinnedSettings(to), leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
+		pins, leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
 	// The claim. The INSERT either inserts the caller's row (returned by
 	// ins) or finds the conflicting row and does nothing: no row lock, no
 	// transaction id, no WAL, which is what makes a replay free. The second
@@ -352,29 +376,26 @@ func newStatements(t string, to timeouts) statements {
 	// snapshot predates it and the statement returns no row at all: the
 	// caller runs it again with a fresh snapshot.
 	//
-	// The claim's own commit does not wait for its WAL to reach disk
-	// (synchronous_commit off for this statement's transaction only, so
-	// it is safe behind PgBouncer and leaves the pool's sessions as they
-	// were). Nothing depends on the claim alone surviving a database
-	// crash: the row is visible to every other claim the moment it
-	// commits, and the only thing that makes it matter, the settle, commits
-	// synchronously later, which flushes the WAL up to and including the
-	// claim. A claim lost in a crash took the holder's transaction with
-	// it, so a retry runs afresh, as after any failed request. A first
-	// request thus waits for one disk flush instead of two. A replay
-	// assigns no transaction id, so it has nothing to flush either way.
-	s.claim = fmt.Sprintf(`WITH durability AS (
-	SELECT set_config('synchronous_commit', 'off', true)
-), ins AS (
+	// The claim's own commit does not wait for its WAL to reach disk (it
+	// runs behind claimPrelude). Nothing depends on the claim alone
+	// surviving a database crash: the row is visible to every other claim
+	// the moment it commits, and the only thing that makes it matter, the
+	// settle, commits synchronously later, which flushes the WAL up to and
+	// including the claim. A claim lost in a crash took the holder's
+	// transaction with it, so a retry runs afresh, as after any failed
+	// request. A first request thus waits for one disk flush instead of
+	// two. A replay assigns no transaction id, so it has nothing to flush
+	// either way.
+	s.claim = fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %[1]s AS t (principal, key, fingerprint, state, lease_token, request_id, nonce,
 		created_at, locked_at, expires_at)
 	VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $6::bigint * interval '1 microsecond')
 	ON CONFLICT (principal, key) DO NOTHING
 	RETURNING %[2]s
 )
-SELECT true, %[2]s, now() FROM ins, durability
+SELECT true, %[2]s, now() FROM ins
 UNION ALL
-SELECT false, %[2]s, now() FROM %[1]s, durability
+SELECT false, %[2]s, now() FROM %[1]s
 WHERE principal = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`, t, recordCols)
 
 	// Taking over a stale in_progress row: fenced by the token the caller
@@ -470,8 +491,13 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // batch (one round trip, one implicit transaction), and calls each for
 // every row it returns.
 func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt string, args ...any) error {
+	return s.queryAfter(ctx, s.sql.prelude, each, stmt, args...)
+}
+
+// queryAfter is query with another prelude.
+func (s *Store) queryAfter(ctx context.Context, prelude string, each func(pgx.Rows) error, stmt string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(s.sql.prelude)
+	b.Queue(prelude)
 	b.Queue(stmt, args...)
 	br := s.pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -515,6 +541,14 @@ func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.Comm
 	return tag, err
 }
 
+// The bounds Claim holds on what it stores, in bytes. The table has no
+// CHECK constraints (PostgreSQL would parse them on every write); these take
+// their place.
+const (
+	maxFingerprint = 255
+	maxNonce       = 64
+)
+
 // Claim implements idem.Store. The common case is one statement (one round
 // trip, pipelined behind the settings it pins); a replay writes nothing. A
 // row past its ExpiresAt is replaced, and an in-progress row with the same
@@ -531,10 +565,19 @@ func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.Comm
 // safe whether or not the server executed the lost statement: a row that
 // carries req.Token can only have been written by this call, so finding it
 // means the lost statement did claim the key.
+//
+// Claim refuses a fingerprint over 255 bytes and a nonce over 64, and cuts
+// the request id with idem.BoundRequestID, as the table's CHECKs once did.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
-	if req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "" {
+	switch {
+	case req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "":
 		return idem.ClaimResult{}, errors.New("idempgx: claim: principal, key, token and nonce must not be empty")
+	case len(req.Fingerprint) > maxFingerprint:
+		return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: fingerprint is %d bytes, the store holds %d", len(req.Fingerprint), maxFingerprint)
+	case len(req.Nonce) > maxNonce:
+		return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
 	}
+	req.RequestID = idem.BoundRequestID(req.RequestID)
 	lease := req.Lease.Truncate(time.Microsecond)
 	connRetries := 0
 	lostTakeover := false // a stale takeover's answer was lost
@@ -558,7 +601,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			now      time.Time
 			found    bool
 		)
-		err := s.query(ctx, func(rows pgx.Rows) error {
+		err := s.queryAfter(ctx, s.sql.claimPrelude, func(rows pgx.Rows) error {
 			// The statement returns one row or none; PK (principal, key).
 			if found {
 				return nil
