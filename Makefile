@@ -13,15 +13,16 @@ SOAKTIME ?= 10m
 .PHONY: test services lint fuzz bench soak tidy
 
 ## test: start the services the tests need, then test every module with -race,
-## and the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
-## 5 s; its own tables and keys, so it is safe beside the load generator).
+## the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
+## 5 s; its own tables and keys) and its pgbench scripts against the stores'
+## schema (it replaces the idem_bench tables: not beside the load generator).
 test: services
 	@set -e; for m in $(MODULES); do \
 		echo "== $$m"; \
 		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
 	done
-	@echo "== bench (TestRoundTripsOtherStores)"
-	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^TestRoundTripsOtherStores$$' .
+	@echo "== bench (TestRoundTripsOtherStores, TestPgbenchScripts)"
+	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^(TestRoundTripsOtherStores|TestPgbenchScripts)$$' .
 
 ## services: make sure PostgreSQL, MariaDB, Redis and a three-node Redis Cluster are up (installs them if missing).
 services:

@@ -10,22 +10,17 @@
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
-	pg_catalog.set_config('TimeZone', 'UTC', true),
-	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
-	pg_catalog.set_config('IntervalStyle', 'postgres', true),
-	pg_catalog.set_config('bytea_output', 'hex', true);
-WITH durability AS (
-	SELECT set_config('synchronous_commit', 'off', true)
-), ins AS (
-	INSERT INTO "idem_bench"."pgx_keys" AS t (principal, key, fingerprint, state, lease_token, request_id,
+	pg_catalog.set_config('synchronous_commit', 'off', true);
+WITH ins AS (
+	INSERT INTO "idem_bench"."pgx_keys" AS t (principal, key, fingerprint, state, lease_token, request_id, nonce,
 		created_at, locked_at, expires_at)
-	VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
+	VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
 	ON CONFLICT (principal, key) DO NOTHING
-	RETURNING principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body
+	RETURNING principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body
 )
-SELECT true, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM ins, durability
+SELECT true, principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM ins
 UNION ALL
-SELECT false, principal, key, fingerprint, state, lease_token, request_id, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys", durability
+SELECT false, principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys"
 WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND NOT EXISTS (SELECT 1 FROM ins);
 \endpipeline
 \startpipeline
@@ -43,10 +38,6 @@ VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
-	pg_catalog.set_config('TimeZone', 'UTC', true),
-	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
-	pg_catalog.set_config('IntervalStyle', 'postgres', true),
-	pg_catalog.set_config('bytea_output', 'hex', true),
 	CASE WHEN pg_catalog.current_setting('idem.lease', true) IS NOT DISTINCT FROM '0123456789abcdef0123456789abcdef' THEN 1
 	ELSE ('idempgx transaction ended: idem.lease is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::int END;
 WITH u AS (
