@@ -19,10 +19,11 @@
 //
 // The claim and the other store calls run as single autocommit statements
 // on the pool, each pipelined behind a statement that pins the session
-// settings they depend on (search_path, lock and statement timeouts,
-// TimeZone, DateStyle, IntervalStyle, bytea_output) for that implicit
-// transaction only, so nothing a handler left on a pooled connection
-// changes what they do. All times are the database's clock.
+// settings they depend on (search_path, lock and statement timeouts, and
+// with the text exec modes TimeZone, DateStyle, IntervalStyle and
+// bytea_output) for that implicit transaction only, so nothing a handler
+// left on a pooled connection changes what they do. All times are the
+// database's clock.
 package idempgx
 
 import (
