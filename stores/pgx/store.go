@@ -273,20 +273,20 @@ type statements struct {
 // on, pinned with set_config(…, true) for the statement's transaction only:
 // name resolution (the table is schema-qualified, and pg_catalog comes
 // first so no schema of the handler's can shadow an operator or function)
-// and the timeouts; with textFormats, also the text formats of timestamps,
+// and the timeouts; with text, also the text formats of timestamps,
 // intervals and bytea. A handler may change any of them, for its
 // transaction or for the pooled session.
 //
 // The formats matter only where values travel as text: the query exec
-// modes Exec and SimpleProtocol (textFormats). The other modes send and
+// modes Exec and SimpleProtocol (see textFormats). The other modes send and
 // receive every value the store uses (text, bytea, integers, booleans,
 // timestamptz) in binary, which no session setting changes, so pinning them
 // there would only cost the server four set_config calls per statement.
-func pinnedSettings(t timeouts, textFormats bool) string {
+func pinnedSettings(t timeouts, text bool) string {
 	pins := fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '%dms', true),
 	pg_catalog.set_config('statement_timeout', '%dms', true)`, millis(t.lock), millis(t.statement))
-	if textFormats {
+	if text {
 		pins += `,
 	pg_catalog.set_config('TimeZone', 'UTC', true),
 	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
@@ -339,9 +339,9 @@ const txEndedMarker = "idempgx transaction ended"
 const recordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
 	created_at, locked_at, expires_at, status, headers, body`
 
-func newStatements(t string, to timeouts, textFormats bool) statements {
+func newStatements(t string, to timeouts, text bool) statements {
 	var s statements
-	pins := pinnedSettings(to, textFormats)
+	pins := pinnedSettings(to, text)
 	s.prelude = "SELECT " + pins
 	// The claim's commit does not wait for its WAL to reach disk (see the
 	// claim below): synchronous_commit off for its implicit transaction
