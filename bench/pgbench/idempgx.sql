@@ -1,27 +1,21 @@
 -- idempgx's first request as PostgreSQL sees it (the statements of
 -- stores/pgx/store.go newStatements and tx.go, with the default lock and
--- statement timeouts; keep them in step): the claim pipelined behind the
--- statement that pins the session settings it depends on; BEGIN with the
--- keepalive settings and the lease marker; the payment INSERT; the marker
--- check with the pinned settings, the fenced settle and COMMIT pipelined:
--- four round trips. Table from the pgx store's Migrate (idem_bench.pgx_keys).
+-- statement timeouts; keep them in step): the claim's INSERT and SELECT
+-- pipelined behind the statement that pins the session settings they
+-- depend on; BEGIN with the keepalive settings and the lease marker; the
+-- payment INSERT; the marker check with the pinned settings, the fenced
+-- settle and COMMIT pipelined: four round trips. Table from the pgx store's Migrate (idem_bench.pgx_keys).
 \set k random(1, 2000000000)
 \startpipeline
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
 	pg_catalog.set_config('synchronous_commit', 'off', true);
-WITH ins AS (
-	INSERT INTO "idem_bench"."pgx_keys" AS t (principal, key, fingerprint, state, lease_token, request_id, nonce,
-		created_at, locked_at, expires_at)
-	VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
-	ON CONFLICT (principal, key) DO NOTHING
-	RETURNING principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body
-)
-SELECT true, principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM ins
-UNION ALL
-SELECT false, principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys"
-WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND NOT EXISTS (SELECT 1 FROM ins);
+INSERT INTO "idem_bench"."pgx_keys" (principal, key, fingerprint, state, lease_token, request_id, nonce,
+	created_at, locked_at, expires_at)
+VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
+ON CONFLICT (principal, key) DO NOTHING;
+SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys" WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id;
 \endpipeline
 \startpipeline
 begin isolation level read committed read write;
