@@ -77,7 +77,7 @@ func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, ide
 	defer cancel()
 	marker := newMarker()
 	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
-		BeginQuery: s.sql.beginPrefix + "'" + marker + "', true)"}
+		BeginQuery: s.sql.beginPrefix + "'" + marker + "'"}
 	var (
 		conn *pgxpool.Conn
 		real pgx.Tx
