@@ -1,33 +1,52 @@
 #!/usr/bin/env bash
 # callgrind.sh: instructions the PostgreSQL backend executes per transaction
-# of each pgbench script, counted by valgrind's callgrind. Timings of
-# PostgreSQL on a shared two-core machine move by ±10 % from run to run;
-# these counts repeat within 0.1 %, so a change to a statement or to the
-# schema can be judged without a quiet machine.
+# of each pgbench script, or per request of each load generator variant,
+# counted by valgrind's callgrind. Timings of PostgreSQL on a shared
+# two-core machine move by ±10 % from run to run; these counts repeat
+# within 0.1 % (scripts) or 3 % (variants), so a change to a statement or
+# to the schema can be judged without a quiet machine.
 #
 #   bench/pgbench/callgrind.sh                      # the four scripts, ~2 min
 #   bench/pgbench/callgrind.sh pgbench/idempgx.sql  # paths relative to bench/
+#   bench/pgbench/callgrind.sh -variants            # floor, pgx, gorm, ~3 min
+#   bench/pgbench/callgrind.sh -variants pgx,gorm
 #
 # It starts a throwaway PostgreSQL cluster (initdb in a temporary folder,
-# port PORT, default 5499, autovacuum off) under callgrind, creates the
+# port PORT, default 5499, autovacuum off) under callgrind and creates the
 # benchmark tables in it with TestPgbenchScripts (bench.Setup and both
-# stores' Migrate), and for each script runs pgbench with one client for
-# LO and then HI transactions (defaults 20 and 220) after a warm-up of 50,
-# each run on a new connection, so a new backend process with its own
-# callgrind output. It prints
+# stores' Migrate).
 #
-#   Ir/tx = (Ir of the backend at HI - Ir at LO) / (HI - LO)
+# A script runs under pgbench with one client, -M prepared. -variants runs
+# the stores themselves, through bench/cmd/loadgen over HTTP with one
+# client and one database connection: what the stores send, in their own
+# protocol (pgx's BEGIN is one simple-protocol query, which a pgbench
+# script cannot send). Each variant is counted twice: first requests
+# (-retry 0, a new key each time) and replays (-retry 1: after its first
+# request the client repeats that key).
 #
-# The difference cancels the backend's start and the statements' first
-# planning. Only the backend is counted: the WAL writer, the checkpointer
+# Each workload runs for LO and then HI transactions or requests (defaults
+# 20 and 220) after a warm-up of 20, each run on new connections, so new
+# backend processes with their own callgrind output. It prints
+#
+#   Ir per tx or request = (Ir of the new backends at HI - at LO) / (HI - LO)
+#
+# The difference cancels the backends' start, the statements' first
+# planning and the load generator's own setup (its TRUNCATE, the stores'
+# Migrate). Only backends are counted: the WAL writer, the checkpointer
 # and the kernel (network, fsync) are not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${PORT:-5499}
 lo=${LO:-20}
 hi=${HI:-220}
-scripts=("$@")
-[ "${#scripts[@]}" -gt 0 ] || scripts=(pgbench/floor.sql pgbench/idempgx.sql pgbench/floor-replay.sql pgbench/idempgx-replay.sql)
+variants=""
+if [ "${1:-}" = -variants ]; then
+	variants=${2:-floor,pgx,gorm}
+	scripts=()
+else
+	scripts=("$@")
+	[ "${#scripts[@]}" -gt 0 ] || scripts=(pgbench/floor.sql pgbench/idempgx.sql pgbench/floor-replay.sql pgbench/idempgx-replay.sql)
+fi
 
 command -v valgrind >/dev/null || { echo "valgrind not found (apt-get install valgrind)" >&2; exit 1; }
 command -v pgbench >/dev/null || { echo "pgbench not found (it comes with the PostgreSQL server package)" >&2; exit 1; }
@@ -59,20 +78,20 @@ psql -q -h 127.0.0.1 -p "$port" -U postgres -c "CREATE DATABASE test"
 dsn="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 IDEM_PG_DSN=$dsn go test -count=1 -run '^TestPgbenchScripts$' . >"$dir/setup.log" 2>&1 || { cat "$dir/setup.log" >&2; exit 1; }
 
-# ir runs script $1 for $2 transactions on one connection and prints the
-# instructions of the backend that served it (the output files that
-# appeared meanwhile: callgrind writes a process's file when it exits).
+[ -z "$variants" ] || go build -o "$dir/loadgen" ./cmd/loadgen
+
+# ir runs "$@" and prints the instructions of the backends that appeared
+# meanwhile (callgrind writes a process's file when it exits).
 ir() {
 	local before after f total=0 n
 	before=$(ls "$dir/out" | sort)
-	pgbench -h 127.0.0.1 -p "$port" -U postgres -n -M prepared -c 1 -t "$2" -f "$1" test >"$dir/pgbench.log" 2>&1 ||
-		{ cat "$dir/pgbench.log" >&2; return 1; }
+	"$@" >"$dir/run.log" 2>&1 || { cat "$dir/run.log" >&2; return 1; }
 	for _ in $(seq 30); do
 		after=$(ls "$dir/out" | sort)
 		[ "$after" != "$before" ] && break
 		sleep 1
 	done
-	sleep 2 # let the file be written out completely
+	sleep 2 # let the files be written out completely
 	after=$(ls "$dir/out" | sort)
 	for f in $(comm -13 <(echo "$before") <(echo "$after")); do
 		n=$(awk '/^totals:/ {print $2}' "$dir/out/$f")
@@ -80,11 +99,48 @@ ir() {
 	done
 	echo "$total"
 }
-for s in "${scripts[@]}"; do
+
+# script runs $1 transactions of pgbench script $2 on one connection.
+script() {
+	local out
+	out=$(pgbench -h 127.0.0.1 -p "$port" -U postgres -n -M prepared -c 1 -t "$1" -f "$2" test 2>&1) || { echo "$out"; return 1; }
+	echo "$out"
+	! grep -q error <<<"$out"
+}
+
+# variant sends $1 requests to load generator variant $2 with -retry $3,
+# and fails unless every one was answered 201.
+variant() {
+	local out
+	out=$(IDEM_PG_DSN=$dsn "$dir/loadgen" -variants "$2" -clients 1 -conns 1 -retry "$3" \
+		-warmup 0 -duration 10m -max-requests "$1" 2>&1) || { echo "$out"; return 1; }
+	echo "$out"
+	# | variant | clients | req/s | p50 | p99 | 201 first | 201 replayed | 409 | other | errors | load |
+	awk -F'|' -v n="$1" '$3 ~ /^ *1 *$/ { ok = ($7 + $8 == n && $9 + $10 + $11 == 0) } END { exit !ok }' <<<"$out"
+}
+
+# per runs workload $1 (script or variant) with the rest of the arguments
+# for 20, LO and HI and prints the instructions per transaction or request.
+per() {
+	local w=$1 a b
+	shift
+	ir "$w" 20 "$@" >/dev/null
+	a=$(ir "$w" "$lo" "$@")
+	b=$(ir "$w" "$hi" "$@")
+	echo $(((b - a) / (hi - lo)))
+}
+
+truncate() {
 	psql -q -h 127.0.0.1 -p "$port" -U postgres test -c "TRUNCATE idem_bench.floor_keys, idem_bench.pgx_keys, idem_bench.payments_floor, idem_bench.payments_pgx"
 	sleep 2 # the TRUNCATE's backend writes its own file as it exits
-	ir "$s" 50 >/dev/null
-	a=$(ir "$s" "$lo")
-	b=$(ir "$s" "$hi")
-	printf '%-28s %9d Ir/tx\n' "$s" $(((b - a) / (hi - lo)))
+}
+for s in "${scripts[@]}"; do
+	truncate
+	n=$(per script "$s")
+	printf '%-28s %9d Ir/tx\n' "$s" "$n"
+done
+for v in ${variants//,/ }; do
+	first=$(per variant "$v" 0)
+	replay=$(per variant "$v" 1)
+	printf '%-6s %9d Ir per first request %9d Ir per replay\n' "$v" "$first" "$replay"
 done
