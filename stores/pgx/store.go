@@ -555,8 +555,9 @@ const (
 	maxNonce       = 64
 )
 
-// Claim implements idem.Store. The common case is one statement (one round
-// trip, pipelined behind the settings it pins); a replay writes nothing. A
+// Claim implements idem.Store. The common case is one batch (one round
+// trip: the settings it pins, the INSERT and the SELECT of the row); a
+// replay writes nothing. A
 // row past its ExpiresAt is replaced, and an in-progress row with the same
 // fingerprint whose lease is older than req.Lease is taken over, each by
 // one fenced UPDATE that re-checks its condition against the row's latest
