@@ -497,13 +497,8 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // batch (one round trip, one implicit transaction), and calls each for
 // every row it returns.
 func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt string, args ...any) error {
-	return s.queryAfter(ctx, s.sql.prelude, each, stmt, args...)
-}
-
-// queryAfter is query with another prelude.
-func (s *Store) queryAfter(ctx context.Context, prelude string, each func(pgx.Rows) error, stmt string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(prelude)
+	b.Queue(s.sql.prelude)
 	b.Queue(stmt, args...)
 	br := s.pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
