@@ -209,6 +209,7 @@ func OpenResolverDB(t testing.TB, dialect string, prepare bool) *gorm.DB {
 		t.Fatal(err)
 	}
 	sqlDB.SetMaxOpenConns(40)
+	sqlDB.SetMaxIdleConns(40) // as OpenDB: database/sql's default of 2 would open a connection per claim under the suite's concurrency
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	return db
 }
