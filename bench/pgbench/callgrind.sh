@@ -3,7 +3,7 @@
 # of each pgbench script, or per request of each load generator variant,
 # counted by valgrind's callgrind. Timings of PostgreSQL on a shared
 # two-core machine move by ±10 % from run to run; these counts repeat
-# within 0.1 % (scripts) or 3 % (variants), so a change to a statement or
+# within 0.1 % (scripts) or 3.3 % (variants), so a change to a statement or
 # to the schema can be judged without a quiet machine.
 #
 #   bench/pgbench/callgrind.sh                      # the four scripts, ~2 min
