@@ -540,3 +540,45 @@ func TestImmuneToTheSession(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleOutlivesTheHandlersStatementTimeout: a handler that runs SET
+// LOCAL statement_timeout = '1ms' does not bound the settle. A trigger
+// makes the settle's UPDATE take 20 ms, so the test does not depend on
+// how fast the machine is: a settle that set its own statement_timeout
+// inside the UPDATE (where it applies only from the next statement on)
+// ran under the handler's 1 ms and was cancelled.
+func TestSettleOutlivesTheHandlersStatementTimeout(t *testing.T) {
+	f := newFixture(t, "postgres")
+	ctx := testCtx(t)
+	fn := "idem_slow_" + randSuffix()
+	for _, q := range []string{
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$",
+		"CREATE TRIGGER " + fn + " BEFORE UPDATE ON " + f.Store.Table() + " FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
+	} {
+		if err := f.DB.Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = f.DB.Exec("DROP TRIGGER IF EXISTS " + fn + " ON " + f.Store.Table()).Error
+		_ = f.DB.Exec("DROP FUNCTION IF EXISTS " + fn + "()").Error
+	})
+	req := claimReq("alice", "slow-"+randSuffix(), "body", time.Minute)
+	if res, err := f.Store.Claim(ctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	htx, _ := idemgorm.Tx(txCtx)
+	if err := htx.Exec("SET LOCAL statement_timeout = '1ms'").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, created("slow")); err != nil {
+		t.Fatalf("settle after the handler's SET LOCAL statement_timeout = '1ms': %v", err)
+	}
+	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("after the settle: %+v %v", rec, err)
+	}
+}

@@ -192,6 +192,7 @@ type queries struct {
 	takeFreed   string // fenced claim of a released record, keeping its nonce
 	settle      string
 	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
+	settlePins  string // PostgreSQL: the timeouts pinned before the settle, in a statement of their own
 	release     string
 	get         string
 	purge       string
@@ -354,19 +355,20 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		where + " AND lease_token = ? AND state = 'released' AND expires_at > " + now + returning
 
 	if d == dialectPostgres {
-		// The handler's transaction: cfg's settings last to its end, so
-		// they bound the settle's own lock wait and the COMMIT after it,
-		// whatever SET LOCAL the handler ran.
-		q.settle = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('statement_timeout', ?, true) AS st)" +
-			" UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
+		// The settle's timeouts, pinned over whatever SET LOCAL the handler
+		// ran, in a statement before the settle: a statement_timeout set
+		// inside a statement applies from the next statement on, so a
+		// handler's '1ms' would otherwise bound the settle itself. They last
+		// to the transaction's end, so they also bound the COMMIT.
+		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)"
+		q.settle = "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
 			where + " AND lease_token = ? AND state = 'in_progress'"
 		// The same, for a batch with COMMIT behind it: a missed fence must
 		// abort the transaction, not merely report zero rows, or the COMMIT
 		// would commit the handler's writes without the outcome. The CASE
 		// raises (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly
 		// one row was updated; the server then skips the COMMIT.
-		q.settlePipe = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('statement_timeout', ?, true) AS st)," +
-			" u AS (UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ? FROM cfg" +
+		q.settlePipe = "WITH u AS (UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
 			where + " AND lease_token = ? AND state = 'in_progress' RETURNING 1)" +
 			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
 		q.release = pgLock + "UPDATE " + T + " SET state = 'released' FROM cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
@@ -409,7 +411,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
 
 	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow, &q.takeExpired, &q.takeStale, &q.takeFreed,
-		&q.settle, &q.settlePipe, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
+		&q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}
 	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"

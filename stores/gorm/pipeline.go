@@ -47,12 +47,16 @@ func (t *storeTx) settleAndCommit(ctx context.Context, args []any) (bool, error)
 		if !ok {
 			return errNotPgx
 		}
+		q := t.store.q
 		b := &pgx.Batch{}
-		b.Queue(t.store.q.settlePipe, args...)
+		b.Queue(q.settlePins, q.lockTimeoutPG, q.stmtTimeoutPG)
+		b.Queue(q.settlePipe, args...)
 		b.Queue("COMMIT")
 		br := c.Conn().SendBatch(ctx, b)
 		var one int
-		settleErr = br.QueryRow().Scan(&one)
+		if _, settleErr = br.Exec(); settleErr == nil {
+			settleErr = br.QueryRow().Scan(&one)
+		}
 		tag, commitErr = br.Exec()
 		return br.Close()
 	})

@@ -289,7 +289,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 	query := q.settle
 	switch {
 	case t.store.dialect == dialectPostgres:
-		args = append([]any{q.lockTimeoutPG, q.stmtTimeoutPG}, args...)
+		// Its timeouts go in settlePins, sent before the settle.
 	case t.marked && t.store.dialect == dialectSQLite:
 		query += sqliteMarkerHolds
 		args = append(args, t.lease.Token)
@@ -302,7 +302,14 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 			return err
 		}
 	}
-	res, err := t.store.execOn(ctx, t.conn, query, args...)
+	var res sql.Result
+	var err error
+	if t.store.dialect == dialectPostgres {
+		_, err = t.store.execOn(ctx, t.conn, q.settlePins, q.lockTimeoutPG, q.stmtTimeoutPG)
+	}
+	if err == nil {
+		res, err = t.store.execOn(ctx, t.conn, query, args...)
+	}
 	if err != nil {
 		ended := t.serverEnded(ctx)
 		t.endConn(ctx, false)
