@@ -61,7 +61,8 @@ as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$1"; else bas
 pid=""
 cleanup() {
 	[ -z "$pid" ] || as_pg "$bindir/pg_ctl -D $dir/data -m immediate stop" >/dev/null 2>&1 || true
-	rm -rf "$dir"
+	# Backends under callgrind may still be writing their files.
+	for _ in 1 2 3 4 5; do rm -rf "$dir" 2>/dev/null && break; sleep 1; done
 }
 trap cleanup EXIT
 as_pg "$bindir/initdb -D $dir/data -A trust -U postgres" >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
