@@ -297,16 +297,15 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
+	var err error
 	if t.store.dialect == dialectPostgres {
 		if sent, err := t.settleAndCommit(ctx, args); sent {
 			return err
 		}
-	}
-	var res sql.Result
-	var err error
-	if t.store.dialect == dialectPostgres {
+		// Another driver: the timeouts, the settle and COMMIT one by one.
 		_, err = t.store.execOn(ctx, t.conn, q.settlePins, q.lockTimeoutPG, q.stmtTimeoutPG)
 	}
+	var res sql.Result
 	if err == nil {
 		res, err = t.store.execOn(ctx, t.conn, query, args...)
 	}
