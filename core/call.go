@@ -47,6 +47,9 @@ type Call struct {
 	// RequestID is stored with the record, to trace a replay to the
 	// original call.
 	RequestID string
+	// DurableClaim makes this call's claim durable before fn runs, as
+	// Config.DurableClaims does for every call.
+	DurableClaim bool
 	// Classify decides from fn's Response.Status and error whether the
 	// outcome is stored as completed, stored as failed, or released. Nil
 	// uses Config.Classify, for which Status is an HTTP status and 0 means

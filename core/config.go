@@ -98,16 +98,23 @@ func StatusClassifier(status int, err error) Disposition {
 type ReplayAuthorizer func(ctx context.Context, principal string, rec Record) error
 
 // Reconciler is asked, right after the engine has taken over a stale
-// in-progress record (its holder crashed or hung past the lease), what
-// became of the previous attempt's external effects. The caller holds the
-// new lease, so no other attempt runs meanwhile. Returning a non-nil
-// Response stores it as completed and replays it instead of running the
-// handler again; returning nil runs the handler. An error, or an answer
-// that cannot be stored, keeps the claim in progress, not released: the
-// effect is still unknown, and a released key would let the next retry run
-// the handler without asking. The client is told to retry once the lease
-// has run out, when the next takeover asks again. The Sweeper asks it too,
-// for the stale claims no client retries (see Sweeper).
+// in-progress record (its holder crashed or hung past the lease, or its
+// outcome is unknown: Record.Uncertain), what became of the previous
+// attempt's effects. The caller holds the new lease, so no other attempt
+// runs meanwhile. Returning a non-nil Response stores it as completed and
+// replays it instead of running the handler again; returning nil says the
+// previous attempt had no effect, and runs the handler. An error, or an
+// answer that cannot be stored, or any failure before the answer is
+// stored, keeps the claim (Store.Keep), never releases it: the effect is
+// still unknown, and a released key would let the next retry run the
+// handler without asking. The next retry takes it over at once and asks
+// again. The Sweeper asks it too, for the stale claims no client retries
+// (see Sweeper).
+//
+// Without a Reconciler, a record whose outcome is unknown is never run
+// again: its retries are answered 409 outcome-unknown until an operator
+// resolves it (idemctl), while a claim whose holder simply died (its
+// transaction rolled back with it) is taken over and run.
 type Reconciler func(ctx context.Context, stale Record) (*Response, error)
 
 // Config configures an Engine. Zero fields take the documented defaults;
@@ -165,8 +172,23 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Retention is how long settled records are kept and replayed, and
 	// released ones kept for their nonce (see DownstreamKey), counted from
-	// the claim. Default 24h.
+	// the claim. It must be at least twice Lease: a claim whose holder
+	// crashed must stay takeover-able (and Reconcile be asked) for at least
+	// a lease after it went stale, not expire and let a retry run afresh.
+	// Default 24h.
 	Retention time.Duration
+	// DurableClaims makes every claim durable before the handler runs.
+	// The PostgreSQL stores otherwise commit a claim asynchronously, which
+	// saves a WAL flush per first request: a database crash in the next
+	// few hundred milliseconds can take the claim back, and the retry then
+	// claims the key afresh instead of taking it over, so Reconcile is not
+	// asked. Nothing stored is lost by that (the handler's transaction
+	// rolls back with the crash), and DownstreamKey makes the claim durable
+	// itself before it hands out a key. Set DurableClaims when a handler
+	// has effects outside the database that do not go through
+	// DownstreamKey, or use Call.DurableClaim for one call. Stores whose
+	// claims are always durable ignore it.
+	DurableClaims bool
 	// StoredHeaders is the allow-list of response headers stored and
 	// replayed. Default DefaultStoredHeaders. New refuses Set-Cookie,
 	// Authorization and Proxy-Authorization (SensitiveHeaders) unless
@@ -313,7 +335,9 @@ func (c *Config) validate() error {
 	check(c.Lease > c.RequestTimeout+c.StoreTimeout,
 		"Lease (%v) must exceed RequestTimeout + StoreTimeout (%v), or a live handler could be taken over",
 		c.Lease, c.RequestTimeout+c.StoreTimeout)
-	check(c.Retention >= c.Lease, "Retention (%v) must be at least Lease (%v)", c.Retention, c.Lease)
+	check(c.Retention >= 2*c.Lease,
+		"Retention (%v) must be at least twice Lease (%v), so that a stale claim can still be taken over (and Reconcile asked) for a lease after it goes stale, instead of expiring and running afresh",
+		c.Retention, c.Lease)
 	check(http.CanonicalHeaderKey(c.Header) != "", "Header must be a header name")
 	for _, h := range c.StoredHeaders {
 		check(h != "", "StoredHeaders must not contain an empty name")

@@ -44,10 +44,13 @@ var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 // the two ends; a Retention longer than the provider's window buys nothing
 // for such a retry.
 //
-// When the store is a Syncer, the first call of an attempt first makes
-// the claim durable (one round trip), so the key never depends on a nonce
-// that a database crash could still take back; an error there is returned
-// and no key is given.
+// When the store commits claims asynchronously (its Tx is a Syncer) and
+// the claim was not made durable when it was taken (Config.DurableClaims,
+// Call.DurableClaim), the first call of an attempt first waits until the
+// claim is durable, on the attempt's own connection and within
+// Config.StoreTimeout, so the key never depends on a nonce that a database
+// crash could still take back; an error there is returned and no key is
+// given. A handler therefore needs no connection beyond its transaction's.
 //
 // The key is 64 lowercase hex characters and reveals neither the principal
 // nor the client's key.
@@ -80,11 +83,11 @@ func DownstreamKeyOf(principal, key, nonce, step string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// syncNonce makes the attempt's claim durable, once, when the store is a
-// Syncer (see DownstreamKey).
+// syncNonce makes the attempt's claim durable, once, when its Tx is a
+// Syncer and the claim was not durable already (see DownstreamKey).
 func (a *Attempt) syncNonce(ctx context.Context) error {
-	s, ok := a.e.cfg.Store.(Syncer)
-	if !ok {
+	s, ok := a.tx.(Syncer)
+	if !ok || a.durable {
 		return nil
 	}
 	a.syncMu.Lock()
@@ -92,6 +95,8 @@ func (a *Attempt) syncNonce(ctx context.Context) error {
 	if a.synced {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, a.e.cfg.StoreTimeout)
+	defer cancel()
 	if err := s.Sync(ctx); err != nil {
 		return fmt.Errorf("idem: downstream key: make the claim durable: %w", err)
 	}

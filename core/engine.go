@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -263,7 +262,9 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	creq := ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
 		RequestID: BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		TakeOverUncertain: e.cfg.Reconcile != nil, Durable: e.cfg.DurableClaims || c.DurableClaim,
 	}
+	a.durable = creq.Durable
 	claimStart := e.cfg.Clock()
 	res, err := e.claim(ctx, a, creq, lease)
 	if err == nil && !res.Claimed && !bytes.Equal(res.Record.Fingerprint, fp) &&
@@ -273,7 +274,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		// stale claim is taken over with the stored fingerprint, which the
 		// record then keeps.
 		fp = res.Record.Fingerprint
-		if res.Record.State == StateInProgress && res.Now.Sub(res.Record.LockedAt) >= e.cfg.Lease {
+		if res.Record.State == StateInProgress && !res.Now.Before(res.Record.LeaseExpiresAt) {
 			creq.Fingerprint = fp
 			res, err = e.claim(ctx, a, creq, lease)
 		}
@@ -290,6 +291,10 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		switch {
 		case !bytes.Equal(rec.Fingerprint, a.fingerprint[:]) && !bytes.Equal(rec.Fingerprint, fp):
 			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
+		case rec.State == StateInProgress && rec.Uncertain && !res.Now.Before(rec.LeaseExpiresAt):
+			// An attempt's work may have committed without its outcome,
+			// and no Reconcile is set to ask: never run it again.
+			return refuse(OutcomeUnknown, ProblemOutcomeUnknown, 0, ErrOutcomeUnknown)
 		case rec.State == StateInProgress || rec.Response == nil:
 			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
 		}
@@ -326,11 +331,13 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
 		if err != nil {
 			a.finished = true
-			// Not released: the effect is still unknown, and a release
-			// would let the next retry run the handler without asking.
-			err = fmt.Errorf("reconcile: %w", a.keep(ctx, err))
-			return refuse(OutcomeStoreError, ProblemStoreUnavailable, a.leaseLeft(), err)
+			// Kept, not released: the effect is still unknown, and a
+			// release would let the next retry run the handler without
+			// asking.
+			err = fmt.Errorf("reconcile: %w", a.keepClaim(ctx, err))
+			return refuse(OutcomeStoreError, ProblemStoreUnavailable, 1, err)
 		}
+		a.resolved = resp == nil // no effect: the handler runs, and may release
 		if resp != nil {
 			if !a.finish() {
 				panic("idem: Attempt finished twice")
@@ -346,9 +353,11 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 // claim asks the store to claim creq, within StoreTimeout (through a's
 // deadline when a is set, see claimBounded). On an error the claim may
 // have committed although its answer was lost (the client hung up and
-// cancelled ctx, the connection broke after the statement ran), so it
-// releases it, fenced by this attempt's own token, so the key is not
-// blocked for a whole lease; a claim that did not commit matches nothing.
+// cancelled ctx, the connection broke after the statement ran), so it ends
+// it, fenced by this attempt's own token, so the key is not blocked for a
+// whole lease; a claim that did not commit matches nothing. The lost claim
+// may have been a takeover that Reconcile must be asked about
+// (creq.TakeOverUncertain), so then it is kept (Store.Keep), not released.
 func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease Lease) (ClaimResult, error) {
 	var res ClaimResult
 	var err error
@@ -361,7 +370,11 @@ func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease
 	}
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StoreTimeout)
-		if rerr := e.cfg.Store.Release(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		end := e.cfg.Store.Release
+		if creq.TakeOverUncertain {
+			end = e.cfg.Store.Keep
+		}
+		if rerr := end(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			err = errors.Join(err, rerr)
 		}
 		cancel()
@@ -426,7 +439,9 @@ type Attempt struct {
 	ev          Event
 	start       time.Time
 	reclaimed   bool
-	reconciled  bool // the result is Reconcile's answer, not a handler's (see keep)
+	reconciled  bool // the result is Reconcile's answer, not a handler's (see mustKeep)
+	resolved    bool // Reconcile said the taken-over attempt had no effect (see mustKeep)
+	durable     bool // the claim was made durable (ClaimRequest.Durable): no sync needed
 	fingerprint [FingerprintSize]byte
 	// classifier is the call's own (Call.Classify); nil uses
 	// Config.Classify, with status 0 taken as 200.
@@ -587,14 +602,12 @@ func (a *Attempt) settle(res Result) verdict {
 		case errors.Is(err, ErrTxEnded):
 			// Part of the handler's work may have committed without the
 			// outcome: releasing would let a retry run it again. The claim
-			// stays in progress until its lease expires, when a takeover
-			// asks Reconcile what happened.
-			return done(OutcomeTxEnded, a.txEnded(err))
-		}
-		if a.reconciled {
-			// Reconcile said the effect happened: kept, not released,
-			// for the next takeover to ask again.
-			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: a.leaseLeft(), err: err})
+			// is kept for Reconcile or an operator.
+			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, a.keepLease(sctx))))
+		case a.mustKeep():
+			// Reconcile said the effect happened, and storing it failed:
+			// kept, not released, for the next takeover to ask again.
+			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: 1, err: errors.Join(err, a.keepLease(sctx))})
 		}
 		// The commit failed: nothing of the handler's work stands, so the
 		// key is released for the retry. The settle may have used up its
@@ -617,6 +630,12 @@ func (a *Attempt) settle(res Result) verdict {
 	return done(outcome, verdict{resp: handlerResp, stored: state})
 }
 
+// ErrOutcomeUnknown is the Event's Err when a retry finds a record whose
+// outcome is unknown (Record.Uncertain) and no Config.Reconcile to ask: the
+// request is answered 409 outcome-unknown and nothing runs. An operator
+// resolves the key with idemctl.
+var ErrOutcomeUnknown = errors.New("idem: the outcome of an earlier attempt is unknown")
+
 // ErrResponseInvalid is wrapped by the Event's Err when a handler's response
 // carried a header to be stored whose name or value is not valid HTTP.
 var ErrResponseInvalid = errors.New("idem: response header invalid")
@@ -634,9 +653,16 @@ func storeProblem(err error) (ProblemType, int) {
 //
 // When the rollback reports that the transaction had already ended outside
 // the store's control (ErrTxEnded), part of the handler's work may have
-// committed: the claim is kept in progress for a takeover and Reconcile,
-// and release returns that error.
+// committed: the claim is kept (Store.Keep) for Reconcile or an operator,
+// and release returns that error. An attempt that must keep its claim
+// (mustKeep) keeps it instead of releasing it.
 func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
+	if a.mustKeep() {
+		if err := a.keepClaim(ctx, cause); err != cause {
+			a.ev.Err = err
+		}
+		return nil
+	}
 	sctx := a.storeContext(ctx, time.Now())
 	defer a.leave()
 	defer a.sctx.cancel()
@@ -645,7 +671,7 @@ func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 	}
 	if a.tx != nil {
 		if err := a.tx.Rollback(sctx); errors.Is(err, ErrTxEnded) {
-			a.ev.Err = errors.Join(cause, err)
+			a.ev.Err = errors.Join(cause, err, a.keepLease(sctx))
 			return err
 		}
 	}
@@ -656,11 +682,26 @@ func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 }
 
 // txEnded is the answer to an attempt whose transaction ended outside the
-// store's control: a problem whose Retry-After points at the end of the
-// lease, when a takeover asks Reconcile what happened.
+// store's control, and whose claim is kept: with Reconcile set, a retry
+// takes it over at once and asks it what happened, so Retry-After is 1;
+// without it no retry runs the handler again (ProblemOutcomeUnknown), so
+// there is none.
 func (a *Attempt) txEnded(err error) verdict {
-	leaseLeft := a.e.cfg.Lease - time.Since(a.start)
-	return verdict{problem: ProblemTxEnded, retryAfter: max(int(math.Ceil(leaseLeft.Seconds())), 1), err: err}
+	v := verdict{problem: ProblemTxEnded, err: err}
+	if a.e.cfg.Reconcile != nil {
+		v.retryAfter = 1
+	}
+	return v
+}
+
+// keepLease keeps the attempt's claim (Store.Keep) on ctx, which is a
+// store context (storeContext). Its error is for the Event: a Keep that
+// fails leaves the claim in progress under this lease, never released.
+func (a *Attempt) keepLease(ctx context.Context) error {
+	if err := a.e.cfg.Store.Keep(ctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+		return fmt.Errorf("keep: %w", err)
+	}
+	return nil
 }
 
 // storeContext returns the context for the store calls made after the

@@ -169,7 +169,7 @@ func TestSweeperPurgesExpired(t *testing.T) {
 		}
 	}
 	clk.Add(30 * time.Second)
-	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: "live", Token: "t", Lease: time.Hour, Retention: time.Hour}); err != nil {
+	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: "live", Token: "t", Lease: 10 * time.Second, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(31 * time.Second)

@@ -36,6 +36,7 @@ const (
 	OutcomeResponseInvalid     OutcomeLabel = "response_invalid"  // a header to store is not valid HTTP: rolled back
 	OutcomeInFlightLimited     OutcomeLabel = "in_flight_limited" // 429: the principal's MaxInFlightPerPrincipal reached
 	OutcomeReplayUnreadable    OutcomeLabel = "replay_unreadable" // the stored body did not open (Config.BodySealer)
+	OutcomeUnknown             OutcomeLabel = "outcome_unknown"   // 409: the record's outcome is unknown and no Reconcile is set
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -44,7 +45,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable,
+	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown,
 }
 
 // Event describes one request's passage through the engine. It carries the
@@ -104,7 +105,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	logger, level := e.cfg.Logger, slog.LevelInfo
 	switch ev.Outcome {
-	case OutcomeStoreError, OutcomeTxEnded:
+	case OutcomeStoreError, OutcomeTxEnded, OutcomeUnknown:
 		level = slog.LevelError
 	case OutcomeLeaseLost, OutcomeResponseTooLarge, OutcomeResponseInvalid:
 		level = slog.LevelWarn

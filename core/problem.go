@@ -34,6 +34,7 @@ const (
 	ProblemResponseInvalid  ProblemType = ProblemTypeBase + "response-invalid"
 	ProblemTooManyInFlight  ProblemType = ProblemTypeBase + "too-many-in-flight"
 	ProblemReplayUnreadable ProblemType = ProblemTypeBase + "replay-unreadable"
+	ProblemOutcomeUnknown   ProblemType = ProblemTypeBase + "outcome-unknown"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -89,9 +90,12 @@ var problems = map[ProblemType]Problem{
 		Detail: "The request did not finish within its deadline and was rolled back. Retrying is safe."},
 	ProblemTxEnded: {Status: http.StatusInternalServerError, Title: "Transaction ended by the handler",
 		Detail: "The handler ended the request's transaction itself, so part of its work may have been committed without its stored response. " +
-			"The key stays locked until it is reconciled; a retry after Retry-After gets the reconciled result."},
+			"The key is kept until it is reconciled or an operator resolves it; it is not run again."},
 	ProblemMisconfigured: {Status: http.StatusInternalServerError, Title: "Idempotency store misconfigured",
 		Detail: "The idempotency store is not set up correctly (a missing table, column or permission). Nothing was stored; retrying will not help until it is fixed."},
+	ProblemOutcomeUnknown: {Status: http.StatusConflict, Title: "Outcome unknown",
+		Detail: "An earlier attempt with this idempotency key may have taken effect without its result being stored, so the request is not run again. " +
+			"Retrying will not help until an operator resolves the key; do not retry with a new key before checking whether the first attempt took effect."},
 	ProblemReplayUnreadable: {Status: http.StatusInternalServerError, Title: "Stored response unreadable",
 		Detail: "The stored response to this request could not be decrypted, so it is not replayed. The request was not run again; retrying will not help until the server's key is restored."},
 	ProblemTooManyInFlight: {Status: http.StatusTooManyRequests, Title: "Too many requests in flight",

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -24,10 +23,10 @@ const (
 // sweeper cannot both hold the key, then asks Config.Reconcile what became
 // of the crashed attempt. A Response is stored as a retry's reconcile
 // stores it, in one commit (BeginTx, Settle); nil releases the key. When
-// Reconcile fails the transaction is rolled back and the claim kept: it is
-// stale again after Lease, for the next sweep or a client's takeover to
-// ask again, instead of letting a retry run the handler blind. The caller
-// checked that Reconcile is set.
+// anything else happens (BeginTx or Reconcile fails, the answer cannot be
+// stored) the claim is kept (Store.Keep), for the next sweep or a client's
+// takeover to ask again, instead of letting a retry run the handler blind.
+// The caller checked that Reconcile is set.
 func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction, error) {
 	token, nonce := newTokenAndNonce()
 	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: token}
@@ -36,6 +35,7 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	res, err := e.claim(ctx, nil, ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: stale.Fingerprint, Token: lease.Token,
 		Nonce: nonce, RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		TakeOverUncertain: true,
 	}, lease)
 	switch {
 	case err != nil:
@@ -58,8 +58,7 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	txCtx, tx, err := e.cfg.Store.BeginTx(context.WithValue(ctx, attemptKey{}, a), lease)
 	if err != nil {
 		a.finished = true
-		a.release(ctx, nil)
-		return staleFailed, fmt.Errorf("begin: %w", err)
+		return staleFailed, fmt.Errorf("begin: %w", a.keepClaim(ctx, err))
 	}
 	a.tx = tx
 	a.hctx.init(txCtx, time.Now().Add(e.cfg.RequestTimeout))
@@ -68,9 +67,10 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	resp, err := e.cfg.Reconcile(a.ctx, res.Record)
 	a.finished = true
 	if err != nil {
-		return staleFailed, fmt.Errorf("reconcile: %w", a.keep(ctx, err))
+		return staleFailed, fmt.Errorf("reconcile: %w", a.keepClaim(ctx, err))
 	}
 	if resp == nil {
+		a.resolved = true // no effect: the key is free
 		if ended := a.release(ctx, nil); ended != nil {
 			return staleFailed, fmt.Errorf("release: %w", ended)
 		}
@@ -92,23 +92,38 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	return staleFailed, fmt.Errorf("settle: %s", v.outcome)
 }
 
-// keep ends a takeover whose outcome is unknown without releasing its
-// claim: it rolls the transaction back and leaves the record in progress,
-// stale again after Lease. It returns cause, joined with the rollback's
-// error if any.
-func (a *Attempt) keep(ctx context.Context, cause error) error {
-	defer a.hctx.cancel()
+// keepClaim ends an attempt whose outcome is unknown without releasing its
+// claim: it rolls the transaction back (if one began) and keeps the record
+// (Store.Keep): in progress, Uncertain, its lease ended, so the next
+// retry's takeover asks Reconcile at once. It returns cause, joined with
+// the store's errors if any. A Keep that cannot reach the store leaves the
+// record in progress under this attempt's lease, which a takeover finds
+// stale when the lease ends: never released.
+func (a *Attempt) keepClaim(ctx context.Context, cause error) error {
+	if a.ctx != nil {
+		defer a.hctx.cancel()
+	}
+	defer a.leave()
 	sctx := a.storeContext(ctx, time.Now())
 	defer a.sctx.cancel()
-	if err := a.tx.Rollback(sctx); err != nil {
-		return errors.Join(cause, err)
+	var errs []error
+	if a.tx != nil {
+		if err := a.tx.Rollback(sctx); err != nil && !errors.Is(err, ErrTxEnded) {
+			errs = append(errs, err)
+		}
 	}
-	return cause
+	if err := a.keepLease(sctx); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return cause
+	}
+	return errors.Join(append([]error{cause}, errs...)...)
 }
 
-// leaseLeft is the Retry-After, in whole seconds and at least 1, for a
-// claim kept in progress: when its lease runs out and a takeover may ask
-// Reconcile again.
-func (a *Attempt) leaseLeft() int {
-	return max(int(math.Ceil((a.e.cfg.Lease - time.Since(a.start)).Seconds())), 1)
+// mustKeep reports whether a failure of this attempt must keep its claim
+// rather than release it: it took a stale claim over to ask Reconcile, and
+// Reconcile has not said that the earlier attempt had no effect.
+func (a *Attempt) mustKeep() bool {
+	return a.reclaimed && a.e.cfg.Reconcile != nil && !a.resolved
 }

@@ -126,17 +126,39 @@ func TestSweeperReconciles(t *testing.T) {
 					t.Fatalf("retry: %+v; want a fresh claim", resp)
 				}
 				att.Abort()
-			default:
-				// Still in progress: just taken over (409) or, with no
-				// takeover since the crash, stale (the client takes it).
+			case tc.reconcile != nil:
+				// Kept: the retry takes it over at once and asks again;
+				// the provider is still down, so it is kept again and
+				// nothing runs.
 				if att != nil {
 					att.Abort()
-				} else if resp.Status != http.StatusConflict {
-					t.Fatalf("retry: %d, want 409 or a takeover", resp.Status)
+					t.Fatal("retry: the handler ran on a claim Reconcile could not answer")
 				}
+				if resp.Status != http.StatusServiceUnavailable {
+					t.Fatalf("retry: %d %s, want 503 while Reconcile fails", resp.Status, resp.Body)
+				}
+			default:
+				// Without Reconcile the crashed holder's claim is taken
+				// over and run: its transaction rolled back with it.
+				if att == nil {
+					t.Fatalf("retry: %d %s, want a takeover", resp.Status, resp.Body)
+				}
+				att.Abort()
 			}
 		})
 	}
+}
+
+// listHook is a Store whose ListStale calls after once it has listed.
+type listHook struct {
+	idem.Store
+	after func()
+}
+
+func (s listHook) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
+	recs, err := s.Store.ListStale(ctx, limit)
+	s.after()
+	return recs, err
 }
 
 // TestSweeperLosesToARetry: a client's retry took the stale claim over
@@ -152,14 +174,21 @@ func TestSweeperLosesToARetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashed(t, e, clk)
-	sw := idem.Sweeper{Engine: e, Lease: time.Millisecond} // lists the retry's live claim too
-	retry, resp := e.Begin(context.Background(), request("alice", "k"))
+	// The retry takes the claim over between the sweeper's list and its
+	// takeover.
+	var retry *idem.Attempt
+	listed := listHook{Store: e.Config().Store, after: func() {
+		var resp *idem.Response
+		if retry, resp = e.Begin(context.Background(), request("alice", "k")); retry == nil {
+			t.Errorf("retry did not take over: %+v", resp)
+		}
+	}}
+	sw := idem.Sweeper{Engine: e, Store: listed}
+	res, err := sw.Sweep(context.Background())
 	if retry == nil {
-		t.Fatalf("retry did not take over: %+v", resp)
+		t.FailNow()
 	}
 	defer retry.Abort()
-	clk.Add(time.Second)
-	res, err := sw.Sweep(context.Background())
 	if err != nil || res.Raced != 1 || res.Reconciled+res.Released+res.Failed != 0 {
 		t.Fatalf("Sweep = %+v, %v; want the one claim raced", res, err)
 	}
@@ -212,11 +241,17 @@ func TestTakeoverKeepsAnUnstoredReconcile(t *testing.T) {
 			if resp.Status != tc.wantCode {
 				t.Fatalf("takeover answered %d %s, want %d", resp.Status, resp.Body, tc.wantCode)
 			}
-			if tc.wantCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "3" {
-				t.Errorf("Retry-After %q, want the lease left, 3", resp.Header.Get("Retry-After"))
+			// Kept with its lease ended: the next retry takes it over at
+			// once and asks again.
+			if tc.wantCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "1" {
+				t.Errorf("Retry-After %q, want 1", resp.Header.Get("Retry-After"))
 			}
-			if rec, err := store.Get(context.Background(), "alice", "k"); err != nil || rec.State != tc.wantState {
+			rec, err := store.Get(context.Background(), "alice", "k")
+			if err != nil || rec.State != tc.wantState {
 				t.Fatalf("record %+v, %v; want %s", rec, err, tc.wantState)
+			}
+			if tc.wantState == idem.StateInProgress && (!rec.Uncertain || clk.Now().Before(rec.LeaseExpiresAt)) {
+				t.Fatalf("record %+v: want it kept Uncertain with its lease ended", rec)
 			}
 		})
 	}

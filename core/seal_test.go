@@ -128,8 +128,24 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 			case tc.wantState != "" && (err != nil || rec.State != tc.wantState):
 				t.Fatalf("record %+v, %v; want it kept %s", rec, err, tc.wantState)
 			}
-			if tc.wantType == idem.ProblemTxEnded && resp.Header.Get("Retry-After") == "" {
-				t.Fatal("a tx-ended answer carries no Retry-After")
+			if tc.wantType == idem.ProblemTxEnded {
+				// Kept, Uncertain, its lease ended: without Reconcile no
+				// retry runs the handler again, so no Retry-After invites
+				// one; the retry is answered outcome-unknown.
+				if ra := resp.Header.Get("Retry-After"); ra != "" {
+					t.Fatalf("a tx-ended answer without Reconcile carries Retry-After %q", ra)
+				}
+				if !rec.Uncertain || rec.LeaseExpiresAt.After(time.Now()) {
+					t.Fatalf("record %+v: want it Uncertain with its lease ended", rec)
+				}
+				retry, again := e.Begin(context.Background(), request("alice", "k"))
+				if retry != nil {
+					retry.Abort()
+					t.Fatal("a retry ran the handler of a record whose outcome is unknown")
+				}
+				if again.Status != http.StatusConflict || !bytes.Contains(again.Body, []byte(idem.ProblemOutcomeUnknown)) {
+					t.Fatalf("retry answered %d %s, want 409 %s", again.Status, again.Body, idem.ProblemOutcomeUnknown)
+				}
 			}
 		})
 	}

@@ -22,12 +22,14 @@ const (
 	// response, which is replayed like a completed one.
 	StateFailed State = "failed"
 	// StateReleased means the attempt holding the key was released: it
-	// stored nothing (its handler failed with a 5xx, its commit failed, or
-	// an operator or Config.Reconcile released it), so the key counts as
-	// absent and the next claim runs the handler afresh, with any body.
-	// The record stays until its ExpiresAt only to keep its nonce: the
-	// next attempt gets the same DownstreamKey, so a provider that the
-	// released attempt reached deduplicates the retry.
+	// stored nothing and the engine knows nothing of it committed (its
+	// handler failed with a 5xx, its commit failed, or an operator or
+	// Config.Reconcile released it), so the key counts as absent and the
+	// next claim runs the handler afresh, with any body. The record stays
+	// until its ExpiresAt only to keep its nonce: the next attempt with the
+	// same fingerprint gets the same DownstreamKey, so a provider that the
+	// released attempt reached deduplicates the retry; an attempt with
+	// another fingerprint is another request and gets a new nonce.
 	StateReleased State = "released"
 )
 
@@ -69,8 +71,8 @@ var (
 	// could not refuse (a raw connection, a server-side rollback the store
 	// noticed only afterwards). Part of the handler's work may have
 	// committed without the outcome, so the engine does not release the
-	// key: it stays in progress until its lease expires, when a takeover
-	// asks Config.Reconcile what happened.
+	// key: it keeps it (Store.Keep), and the record stays in progress,
+	// Uncertain, until Config.Reconcile or an operator resolves it.
 	ErrTxEnded = errors.New("idem: the transaction ended outside the store's control")
 )
 
@@ -109,7 +111,21 @@ type Record struct {
 	RequestID string // the request id of the attempt that created the record
 	CreatedAt time.Time
 	LockedAt  time.Time // when the current lease was taken (store clock)
-	ExpiresAt time.Time // retention: past it the record counts as absent
+	// LeaseExpiresAt is when the current lease ends, on the store's clock:
+	// the claim that took the lease sets it to its now plus
+	// ClaimRequest.Lease, and Keep sets it to its now. Past it an
+	// in-progress record is stale: its holder crashed, hung or gave up. It
+	// is the record's own, so every instance, the sweeper and idemctl agree
+	// on staleness whatever their configuration.
+	LeaseExpiresAt time.Time
+	ExpiresAt      time.Time // retention: past it the record counts as absent
+	// Uncertain is set on an in-progress record whose outcome the engine
+	// does not know: an attempt's work may have committed without it (the
+	// transaction ended behind the store, a failure after a takeover that
+	// Config.Reconcile had not answered yet). Store.Keep sets it; a claim
+	// takes such a record over only with ClaimRequest.TakeOverUncertain,
+	// and keeps it set; settling or releasing the record clears it.
+	Uncertain bool
 	// Response is the stored outcome; nil while the record is in progress.
 	Response *Response
 }
@@ -121,13 +137,25 @@ type ClaimRequest struct {
 	Fingerprint []byte
 	Token       string        // the new lease token, unique per attempt
 	RequestID   string        // stored for tracing a replay to its original
-	Lease       time.Duration // an in-progress record older than this may be taken over
+	Lease       time.Duration // the lease's length: LeaseExpiresAt = the store's now + Lease
 	Retention   time.Duration // expires_at = now + Retention
 	// Nonce is a new random value, unique per attempt (at most 64 bytes):
-	// the store writes it when it inserts the record or replaces an
-	// expired one, and keeps the stored one when it takes over a stale
-	// claim or claims a released record (see Record.Nonce).
+	// the store writes it when it inserts the record, replaces an expired
+	// one, or claims a released record with another fingerprint, and keeps
+	// the stored one when it takes over a stale claim or claims a released
+	// record with the same fingerprint (see Record.Nonce).
 	Nonce string
+	// TakeOverUncertain lets the claim take over a stale record marked
+	// Uncertain. The engine sets it when Config.Reconcile is set, which it
+	// asks right after the takeover; without it such a record is returned
+	// unchanged, so that no attempt runs a handler whose earlier work may
+	// have committed.
+	TakeOverUncertain bool
+	// Durable asks the store to make the claim durable before Claim
+	// returns, where it would otherwise commit it asynchronously (the
+	// PostgreSQL stores): a database crash right after the claim then
+	// cannot take it back. See Config.DurableClaims.
+	Durable bool
 }
 
 // ClaimResult is a store's answer to a claim.
@@ -136,9 +164,10 @@ type ClaimResult struct {
 	// inserted, an expired record replaced, or a stale lease taken over.
 	Claimed bool
 	// Reclaimed is true when the claim took over an in-progress record
-	// whose lease had expired (its holder crashed or hung). Implies
-	// Claimed. Claiming a released record is not a takeover: its attempt
-	// was released because it stored nothing.
+	// whose lease had expired (its holder crashed, hung or was kept by
+	// Store.Keep). Implies Claimed; Record.Uncertain then says whether the
+	// record was marked Uncertain. Claiming a released record is not a
+	// takeover: its attempt was released because it stored nothing.
 	Reclaimed bool
 	// Record is the record as stored after the claim: the caller's own when
 	// Claimed, otherwise the existing record to dispatch on.
@@ -161,12 +190,16 @@ type Outcome struct {
 // every implementation must pass it.
 type Store interface {
 	// Claim atomically claims (principal, key). It inserts an in-progress
-	// record carrying req.Token and req.Nonce, or, when a record exists:
+	// record carrying req.Token and req.Nonce, with LeaseExpiresAt its now
+	// plus req.Lease, or, when a record exists:
 	//   - past its ExpiresAt: replaces it, req.Nonce included (Claimed);
-	//   - released: replaces it with req's fingerprint, token, request id
-	//     and retention, keeping its nonce (Claimed);
-	//   - in progress, lease older than req.Lease, same fingerprint: takes it
-	//     over with req.Token, keeping its nonce (Claimed and Reclaimed);
+	//   - released: replaces it with req's fingerprint, token, request id,
+	//     lease and retention, keeping its nonce when the fingerprint is
+	//     the same and taking req.Nonce when it differs (Claimed);
+	//   - in progress, past its LeaseExpiresAt, same fingerprint, and not
+	//     Uncertain unless req.TakeOverUncertain: takes it over with
+	//     req.Token and a new LeaseExpiresAt, keeping its nonce and its
+	//     Uncertain mark (Claimed and Reclaimed);
 	//   - otherwise: returns it unchanged and writes nothing.
 	// Each branch is decided by one atomic statement's own answer, never by
 	// a read followed by a write, and all times are the store's clock.
@@ -181,11 +214,22 @@ type Store interface {
 	BeginTx(ctx context.Context, lease Lease) (context.Context, Tx, error)
 
 	// Release marks the in-progress record held by lease StateReleased,
-	// keeping its nonce and ExpiresAt: the key counts as absent, so the
-	// next attempt really retries, and it gets the same DownstreamKey. It returns ErrLeaseLost when the record is no longer
-	// in progress under lease (released already included). PurgeExpired
-	// deletes a released record like a settled one.
+	// keeping its nonce and ExpiresAt and clearing Uncertain: the key
+	// counts as absent, so the next attempt really retries, and with the
+	// same request it gets the same DownstreamKey. It returns ErrLeaseLost
+	// when the record is no longer in progress under lease (released
+	// already included). PurgeExpired deletes a released record like a
+	// settled one. The engine releases only what it knows stored nothing.
 	Release(ctx context.Context, lease Lease) error
+
+	// Keep ends the lease of the in-progress record held by lease without
+	// releasing it: the record stays in progress, marked Uncertain, with
+	// its LeaseExpiresAt set to the store's now, so that the next claim
+	// finds it stale at once and takes it over only to ask
+	// Config.Reconcile (ClaimRequest.TakeOverUncertain). It is for an
+	// attempt whose work may have committed without its outcome. It is
+	// fenced like Release and returns ErrLeaseLost the same way.
+	Keep(ctx context.Context, lease Lease) error
 
 	// Get returns the record for (principal, key), or ErrNotFound. An
 	// expired record may still be returned; callers check ExpiresAt.
@@ -195,10 +239,10 @@ type Store interface {
 	// and reports how many it deleted. Several purgers may run at once.
 	PurgeExpired(ctx context.Context, limit int) (int, error)
 
-	// ListStale returns at most limit in-progress records whose lease
-	// (olderThan) has expired, oldest first. Released records are never
-	// stale.
-	ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
+	// ListStale returns at most limit in-progress records past their
+	// LeaseExpiresAt on the store's clock, Uncertain ones included, the
+	// longest expired first. Released records are never stale.
+	ListStale(ctx context.Context, limit int) ([]Record, error)
 
 	// Stats counts the records by state, the in-progress ones whose lease
 	// was taken at least staleAfter ago, the oldest lease, and the expired
@@ -208,12 +252,14 @@ type Store interface {
 	Stats(ctx context.Context, staleAfter time.Duration) (Stats, error)
 }
 
-// A Syncer is a Store whose claims can commit before they are durable (the
+// A Syncer is a Tx whose store can commit a claim before it is durable (the
 // PostgreSQL stores commit a claim asynchronously, to save a WAL flush per
-// first request). Sync returns once every claim committed before the call
-// is durable. DownstreamKey calls it once per attempt before it hands out a
-// key, so a key never reaches a provider while the record's nonce it is
-// derived from could still be lost in a crash.
+// first request). Sync returns once the claim of the Tx's attempt is
+// durable, and it uses the Tx's own connection: a handler that holds one
+// connection never waits for a second one. DownstreamKey calls it once per
+// attempt before it hands out a key (unless the claim was Durable), so a
+// key never reaches a provider while the record's nonce it is derived from
+// could still be lost in a crash.
 type Syncer interface {
 	Sync(ctx context.Context) error
 }
@@ -230,8 +276,8 @@ type Tx interface {
 	// still in progress, so a retry either replays what committed or runs
 	// afresh. The exception is an error wrapping ErrTxEnded: the handler's
 	// transaction ended outside the store's control, so part of its work
-	// may have committed, and the engine leaves the claim in progress for a
-	// takeover and Config.Reconcile. After Settle the Tx is finished. Settle must not keep
+	// may have committed, and the engine keeps the claim (Store.Keep) for
+	// Config.Reconcile or an operator. After Settle the Tx is finished. Settle must not keep
 	// outcome.Response's header map or body past its return: the adapter
 	// reuses them for the next request.
 	Settle(ctx context.Context, outcome Outcome) error

@@ -23,9 +23,9 @@ import (
 // fresh run) or settled. Then it asks Reconcile: a Response is stored as
 // completed (or failed, per Config.Classify) in one commit and replayed to
 // the next retry; nil, "no effect", releases the key so the next retry runs
-// the handler; an error keeps the claim, stale again after Lease, for the
-// next sweep or a client to ask again. Without an Engine, or without
-// Reconcile, stale claims are only reported.
+// the handler; an error, or any other failure, keeps the claim (Store.Keep)
+// for the next sweep or a client to ask again. Without an Engine, or
+// without Reconcile, stale claims are only reported.
 //
 // Several sweepers (one per instance) may run against one store: the
 // store's PurgeExpired makes their batches disjoint, and the fenced
@@ -47,9 +47,10 @@ type Sweeper struct {
 	// MaxBatches bounds the batches of one sweep, so one sweep never holds
 	// the database for long. Default 100.
 	MaxBatches int
-	// Lease is the engine's lease: in-progress records older than it are
-	// reported as stale. Zero takes the Engine's, or without one disables
-	// the report.
+	// Lease is the engine's lease. Zero takes the Engine's, or without one
+	// disables the stale report. Which claims are stale is the records'
+	// own say (Record.LeaseExpiresAt); Lease is the threshold of
+	// Stats.Stale when CountRecords is set.
 	Lease time.Duration
 	// Logger receives one line per sweep that did something, and every
 	// stale claim. Default slog.Default().
@@ -90,8 +91,9 @@ type SweepResult struct {
 	// Sweeper.CountRecords is set and the count succeeded; otherwise nil.
 	Stats *Stats
 	// Failed counts the stale claims whose takeover, Reconcile or store
-	// calls failed; Sweep's error says why. A claim whose Reconcile
-	// failed stays in progress and is retried once stale again.
+	// calls failed; Sweep's error says why. Such a claim is kept in
+	// progress, Uncertain, and asked about again by the next sweep or
+	// retry.
 	Failed int
 }
 
@@ -170,7 +172,7 @@ func (s *Sweeper) sweep(ctx context.Context) (SweepResult, error) {
 	if lease <= 0 {
 		return res, nil
 	}
-	stale, err := store.ListStale(ctx, lease, batch)
+	stale, err := store.ListStale(ctx, batch)
 	if err != nil {
 		return res, fmt.Errorf("idem: sweep: list stale: %w", err)
 	}

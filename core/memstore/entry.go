@@ -21,10 +21,12 @@ import (
 // request through net/http once the garbage collector is counted
 // (BENCHMARKS.md, "Tricks kept, and why").
 type entry struct {
-	state   idem.State
-	created int64
-	locked  int64
-	expires int64
+	state      idem.State
+	uncertain  bool // idem.Record.Uncertain
+	created    int64
+	locked     int64
+	leaseUntil int64 // idem.Record.LeaseExpiresAt
+	expires    int64
 	// data is the fingerprint, the lease token, the request id and the
 	// nonce, then, once the record is settled, the response. Every length
 	// and count is a uvarint:
@@ -48,7 +50,7 @@ func newEntry(req *idem.ClaimRequest, nonce string, created, now int64) entry {
 	e.str(req.RequestID)
 	e.str(nonce)
 	return entry{
-		state: idem.StateInProgress, created: created, locked: now,
+		state: idem.StateInProgress, created: created, locked: now, leaseUntil: addSaturating(now, req.Lease),
 		expires: addSaturating(now, req.Retention), data: e.String(),
 	}
 }
@@ -82,7 +84,7 @@ func (e *entry) settle(state idem.State, resp *idem.Response) {
 		}
 	}
 	enc.Write(resp.Body)
-	e.state, e.data = state, enc.String()
+	e.state, e.uncertain, e.data = state, false, enc.String()
 }
 
 // fields returns the fingerprint, lease token, request id and nonce in
@@ -155,8 +157,9 @@ func (e *entry) record(k recordKey) idem.Record {
 // token, request id, nonce and response.
 func (e *entry) meta(k recordKey) idem.Record {
 	return idem.Record{
-		Principal: k.principal, Key: k.key, State: e.state,
-		CreatedAt: time.Unix(0, e.created), LockedAt: time.Unix(0, e.locked), ExpiresAt: time.Unix(0, e.expires),
+		Principal: k.principal, Key: k.key, State: e.state, Uncertain: e.uncertain,
+		CreatedAt: time.Unix(0, e.created), LockedAt: time.Unix(0, e.locked),
+		LeaseExpiresAt: time.Unix(0, e.leaseUntil), ExpiresAt: time.Unix(0, e.expires),
 	}
 }
 

@@ -124,7 +124,7 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	now := s.now()
 	t := now.UnixNano()
 	k := recordKey{req.Principal, req.Key}
-	created, reclaimed, nonce := t, false, req.Nonce
+	created, reclaimed, uncertain, nonce := t, false, false, req.Nonce
 	e, ok := s.records[k]
 	switch {
 	case !ok:
@@ -134,16 +134,21 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	case t >= e.expires:
 		// Expired: absent as far as correctness goes.
 	case e.state == idem.StateReleased:
-		// Absent too, but its nonce is kept (see idem.StateReleased).
-		nonce = e.nonce()
-	case e.state == idem.StateInProgress && t-e.locked >= int64(req.Lease) &&
-		e.fingerprint() == string(req.Fingerprint):
-		// A takeover keeps the record's nonce (see idem.Record.Nonce).
-		created, reclaimed, nonce = e.created, true, e.nonce()
+		// Absent too, but its nonce is kept for the same request (see
+		// idem.StateReleased).
+		if e.fingerprint() == string(req.Fingerprint) {
+			nonce = e.nonce()
+		}
+	case e.state == idem.StateInProgress && t >= e.leaseUntil &&
+		e.fingerprint() == string(req.Fingerprint) && (!e.uncertain || req.TakeOverUncertain):
+		// A takeover keeps the record's nonce (see idem.Record.Nonce) and
+		// its Uncertain mark.
+		created, reclaimed, uncertain, nonce = e.created, true, e.uncertain, e.nonce()
 	default:
 		return idem.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
 	e = newEntry(&req, nonce, created, t)
+	e.uncertain = uncertain
 	s.put(k, e)
 	// The store keeps its own copy, so the record can be made of the
 	// caller's request.
@@ -183,7 +188,20 @@ func (s *Store) Release(_ context.Context, l idem.Lease) error {
 	}
 	// Its size stays the same: the record keeps every field until it
 	// expires (see idem.StateReleased).
-	e.state = idem.StateReleased
+	e.state, e.uncertain = idem.StateReleased, false
+	s.records[k] = e
+	return nil
+}
+
+// Keep implements idem.Store.
+func (s *Store) Keep(_ context.Context, l idem.Lease) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, e, ok := s.held(l)
+	if !ok {
+		return idem.ErrLeaseLost
+	}
+	e.uncertain, e.leaseUntil = true, s.now().UnixNano()
 	s.records[k] = e
 	return nil
 }
@@ -210,7 +228,7 @@ func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 }
 
 // ListStale implements idem.Store. It decodes only the records it returns.
-func (s *Store) ListStale(_ context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
+func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now().UnixNano()
@@ -220,14 +238,14 @@ func (s *Store) ListStale(_ context.Context, olderThan time.Duration, limit int)
 	}
 	var stale []keyed
 	for k, e := range s.records {
-		if e.state == idem.StateInProgress && now-e.locked >= int64(olderThan) {
+		if e.state == idem.StateInProgress && now >= e.leaseUntil {
 			stale = append(stale, keyed{k, e})
 		}
 	}
 	if len(stale) == 0 {
 		return nil, nil
 	}
-	slices.SortFunc(stale, func(a, b keyed) int { return cmp.Compare(a.e.locked, b.e.locked) })
+	slices.SortFunc(stale, func(a, b keyed) int { return cmp.Compare(a.e.leaseUntil, b.e.leaseUntil) })
 	if len(stale) > limit {
 		stale = stale[:limit]
 	}

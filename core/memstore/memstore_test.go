@@ -244,7 +244,7 @@ func TestClock(t *testing.T) {
 	check(claim(t, s, req("c")), true, true, "c", start, start.Add(time.Minute))
 	locked := clk.now
 	clk.now = locked.Add(time.Hour - 1)
-	stale, err := s.ListStale(context.Background(), time.Minute, 10)
+	stale, err := s.ListStale(context.Background(), 10)
 	if err != nil || len(stale) != 1 || stale[0].LeaseToken != "c" || !stale[0].LockedAt.Equal(locked) {
 		t.Fatalf("ListStale = %+v, %v; want the record locked at %v", stale, err, locked)
 	}
@@ -277,7 +277,7 @@ func TestListStaleOrder(t *testing.T) {
 	}
 	settle(t, s, idem.ClaimRequest{Principal: "p", Key: "d", Token: "d"}, idem.Response{Status: 200})
 	clk.now = start.Add(time.Hour - time.Second)
-	stale, err := s.ListStale(context.Background(), time.Minute, 2)
+	stale, err := s.ListStale(context.Background(), 2)
 	if err != nil {
 		t.Fatal(err)
 	}

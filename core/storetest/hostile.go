@@ -315,6 +315,18 @@ func hostileEngine(t *testing.T, b Backend, obs idem.Observer) *idem.Engine {
 	return eng
 }
 
+// hostileEngineWithout is hostileEngine without Reconcile, as most
+// applications run.
+func hostileEngineWithout(t *testing.T, b Backend) *idem.Engine {
+	t.Helper()
+	eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey, Store: b.Store,
+		RequestTimeout: hostileRequestTimeout, StoreTimeout: hostileStoreTimeout, Lease: hostileLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
+}
+
 // recorder keeps the events an engine emits.
 type recorder struct {
 	mu  sync.Mutex
@@ -384,8 +396,21 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 			t.Fatalf("outcome %q, want %q", ev.Outcome, idem.OutcomeTxEnded)
 		}
 		// The key must not be released: its effect may have committed.
-		if r, err := b.Store.Get(ctxT(t), "alice", key); err != nil || r.State != idem.StateInProgress {
-			t.Fatalf("after the transaction ended behind the store: record %+v, %v; want it kept in progress", r, err)
+		if r, err := b.Store.Get(ctxT(t), "alice", key); err != nil || r.State != idem.StateInProgress || !r.Uncertain {
+			t.Fatalf("after the transaction ended behind the store: record %+v, %v; want it kept in progress, Uncertain", r, err)
+		}
+		// Without Reconcile nothing runs it again: the retry is answered
+		// outcome-unknown, however long it waits.
+		blind := hostileEngineWithout(t, b)
+		resp := Serve(blind, "alice", key, func(ctx context.Context) (int, []byte) {
+			t.Error("a retry without Reconcile ran the handler of a key whose outcome is unknown")
+			return wellBehaved(t, b, key)(ctx)
+		})
+		if resp.Status != http.StatusConflict || !bytes.Contains(resp.Body, []byte(idem.ProblemOutcomeUnknown)) {
+			t.Fatalf("a retry without Reconcile answered %d %s, want 409 %s", resp.Status, resp.Body, idem.ProblemOutcomeUnknown)
+		}
+		if m := effects(t, b, key); m != n {
+			t.Fatalf("a retry without Reconcile changed the business writes from %d to %d", n, m)
 		}
 	case first.Status == http.StatusCreated:
 		if n != 1 {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -145,4 +146,69 @@ func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (t
 	}
 	wg.Wait()
 	return took, status, alice
+}
+
+// DownstreamKeyOnAFullPool proves that DownstreamKey needs no connection
+// beyond the handler's own transaction: poolSize handlers, which between
+// them hold every connection of store's pool, call it at once, and each
+// gets its key within the engine's StoreTimeout and answers 201. A store
+// whose DownstreamKey waited for a second pool connection (to make the
+// claim durable) would leave every one of them waiting for the others.
+// store's pool must hold exactly poolSize connections.
+func DownstreamKeyOnAFullPool(t *testing.T, store idem.Store, poolSize int) {
+	const storeTimeout = 2 * time.Second
+	eng, err := idem.New(idem.Config{Store: store, FingerprintKey: FingerprintKey,
+		StoreTimeout: storeTimeout, RequestTimeout: 4 * storeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		inside atomic.Int32 // handlers holding their transaction
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		took   []time.Duration
+	)
+	statuses := make([]int, poolSize)
+	for i := range poolSize {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := uniq("downstream")
+			resp := Serve(eng, "alice", key, func(ctx context.Context) (int, []byte) {
+				// Wait until every handler holds its connection, so the
+				// pool is empty when they ask for their keys.
+				inside.Add(1)
+				for deadline := time.Now().Add(storeTimeout); inside.Load() < int32(poolSize) && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				start := time.Now()
+				dk, err := idem.DownstreamKey(ctx, "charge")
+				d := time.Since(start)
+				mu.Lock()
+				took = append(took, d)
+				mu.Unlock()
+				if err != nil || len(dk) != 64 {
+					t.Errorf("DownstreamKey with the pool full: %q, %v after %v", dk, err, d)
+					return http.StatusInternalServerError, nil
+				}
+				return http.StatusCreated, []byte(`{}`)
+			})
+			statuses[i] = resp.Status
+		}()
+	}
+	wg.Wait()
+	if n := inside.Load(); n != int32(poolSize) {
+		t.Fatalf("%d of %d handlers ran; the rest could not begin their transaction", n, poolSize)
+	}
+	for i, s := range statuses {
+		if s != http.StatusCreated {
+			t.Fatalf("handler %d answered %d, want 201 (statuses %v)", i, s, statuses)
+		}
+	}
+	for _, d := range took {
+		if d > storeTimeout {
+			t.Fatalf("a DownstreamKey took %v with the pool full, want at most StoreTimeout %v (all: %v)", d, storeTimeout, took)
+		}
+	}
+	t.Logf("pool %d, %d handlers inside DownstreamKey at once: %v each", poolSize, poolSize, took)
 }

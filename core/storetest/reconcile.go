@@ -20,8 +20,8 @@ type principalStore struct {
 	principal string
 }
 
-func (s principalStore) ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
-	all, err := s.Store.ListStale(ctx, olderThan, limit+1000)
+func (s principalStore) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
+	all, err := s.Store.ListStale(ctx, limit+1000)
 	var mine []idem.Record
 	for _, r := range all {
 		if r.Principal == s.principal && len(mine) < limit {

@@ -119,7 +119,7 @@ func testStats(t *testing.T, b Backend) {
 	}
 
 	// Stale is what ListStale lists, on the same clock.
-	stale, err := b.Store.ListStale(ctx, Lease, 1000)
+	stale, err := b.Store.ListStale(ctx, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,8 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"ConcurrentTakeoverExactlyOnce", testConcurrentTakeover},
 		{"StaleHolderSettleIsFenced", testStaleHolderFenced},
 		{"ReleaseKeepsNonceAndIsFenced", testReleaseFenced},
+		{"KeepMarksUncertainAndEndsTheLease", testKeep},
+		{"LeaseDeadlineIsTheRecordsOwn", testLeaseDeadline},
 		{"ExpiredRecordIsAbsent", testExpiredRecordAbsent},
 		{"FailedCommitStoresNothing", testFailedCommit},
 		{"RollbackLeavesClaimInProgress", testRollback},
@@ -472,22 +474,37 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	if err := settle(ctx, b, leaseOf(req), idem.StateCompleted, okResponse("late")); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("settle with the released token = %v, want ErrLeaseLost", err)
 	}
-	// Released means absent: the retry claims it afresh, with any body and
-	// without waiting for a lease, and keeps the nonce.
-	retry := claimReq("alice", req.Key, "another body")
-	retry.Lease = time.Hour
-	res := mustClaim(t, b.Store, retry)
-	if !res.Claimed || res.Reclaimed {
-		t.Fatalf("claim after release: Claimed=%v Reclaimed=%v, want a fresh claim", res.Claimed, res.Reclaimed)
-	}
-	for _, rec := range []idem.Record{res.Record, get(t, b, "alice", req.Key)} {
-		if rec.State != idem.StateInProgress || rec.LeaseToken != retry.Token || !bytes.Equal(rec.Fingerprint, retry.Fingerprint) ||
-			rec.RequestID != retry.RequestID || rec.Nonce != nonce || rec.Response != nil {
-			t.Fatalf("record claimed after release = %+v, want in progress for the retry with the released nonce %q", rec, nonce)
+	// Released means absent: the retry claims it afresh, without waiting
+	// for a lease. The same request keeps the nonce (its downstream keys
+	// reach the provider again and are deduplicated); another request,
+	// with another body, is another downstream operation and gets a new
+	// one.
+	for i, body := range []string{"body", "another body"} {
+		retry := claimReq("alice", req.Key, body)
+		retry.Lease = time.Hour
+		res := mustClaim(t, b.Store, retry)
+		if !res.Claimed || res.Reclaimed {
+			t.Fatalf("claim after release with %q: Claimed=%v Reclaimed=%v, want a fresh claim", body, res.Claimed, res.Reclaimed)
 		}
-	}
-	if !res.Record.ExpiresAt.After(res.Now.Add(59 * time.Minute)) {
-		t.Fatalf("record claimed after release expires at %v, want about an hour after %v", res.Record.ExpiresAt, res.Now)
+		want := nonce
+		if i > 0 {
+			want = storedNonce(b, retry.Nonce)
+		}
+		for _, rec := range []idem.Record{res.Record, get(t, b, "alice", req.Key)} {
+			if rec.State != idem.StateInProgress || rec.LeaseToken != retry.Token || !bytes.Equal(rec.Fingerprint, retry.Fingerprint) ||
+				rec.RequestID != retry.RequestID || rec.Nonce != want || rec.Response != nil || rec.Uncertain {
+				t.Fatalf("record claimed after release with %q = %+v, want in progress for the retry with nonce %q", body, rec, want)
+			}
+		}
+		if !res.Record.ExpiresAt.After(res.Now.Add(59*time.Minute)) || !res.Record.LeaseExpiresAt.After(res.Now.Add(59*time.Minute)) {
+			t.Fatalf("record claimed after release expires at %v, lease until %v; want both about an hour after %v",
+				res.Record.ExpiresAt, res.Record.LeaseExpiresAt, res.Now)
+		}
+		if i == 0 {
+			if err := b.Store.Release(ctx, leaseOf(retry)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	// A released record past its expiry is gone: the next claim gets a new
 	// nonce, so a new record never reuses an old one's downstream keys.
@@ -797,7 +814,7 @@ func testListStale(t *testing.T, b Backend) {
 	mustClaim(t, b.Store, fresh)
 	claimedFresh := time.Now()
 
-	stale, err := b.Store.ListStale(ctx, Lease, 1000)
+	stale, err := b.Store.ListStale(ctx, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -816,7 +833,7 @@ func testListStale(t *testing.T, b Backend) {
 	if len(mine) != 2 || mine[0].Key != older.Key || mine[1].Key != newer.Key {
 		t.Fatalf("ListStale = %+v, want [%s %s] oldest first", mine, older.Key, newer.Key)
 	}
-	if one, err := b.Store.ListStale(ctx, Lease, 1); err != nil || len(one) != 1 {
+	if one, err := b.Store.ListStale(ctx, 1); err != nil || len(one) != 1 {
 		t.Fatalf("ListStale(limit 1) = %d records, %v", len(one), err)
 	}
 }
