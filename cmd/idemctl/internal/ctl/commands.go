@@ -7,7 +7,9 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	idem "github.com/idemgo/idem/core"
 )
@@ -21,55 +23,105 @@ type statsJSON struct {
 	Completed      idem.Count `json:"completed"`
 	Failed         idem.Count `json:"failed"`
 	Released       idem.Count `json:"released"`
-	Stale          idem.Count `json:"stale"`
-	StaleAfter     float64    `json:"stale_after_seconds"`
+	Stale          int        `json:"stale"`
+	Uncertain      int        `json:"uncertain"`
+	StaleCapped    bool       `json:"stale_capped"`
 	OldestLockedAt jsonTime   `json:"oldest_locked_at"`
 	OldestAge      *float64   `json:"oldest_age_seconds"`
 	Expired        idem.Count `json:"expired"`
 }
 
-// Stats writes the store's figures (idem.Store.Stats with o.Lease as the
-// stale threshold): records by state, stale claims, the oldest lease and
-// its age, and the expired records awaiting a purge. Times and ages are the
-// store's clock.
+// Stats writes the store's figures: records by state (idem.Store.Stats),
+// the stale claims (in progress past their own lease, ListStale, counted
+// up to o.Limit) and how many of them have an unknown outcome, the oldest
+// lease and its age, and the expired records awaiting a purge. Times and
+// ages are the store's clock.
 func Stats(ctx context.Context, w io.Writer, o Options) error {
 	o.defaults()
-	st, err := o.Store.Stats(ctx, o.Lease)
+	st, err := o.Store.Stats(ctx, statsStaleAfter)
 	if err != nil {
 		return err
 	}
+	stale, err := o.Store.ListStale(ctx, o.Limit)
+	if err != nil {
+		return err
+	}
+	uncertain := 0
+	for _, r := range stale {
+		if r.Uncertain {
+			uncertain++
+		}
+	}
+	capped := len(stale) >= o.Limit
 	if o.JSON {
 		j := statsJSON{Store: o.Name, Now: jsonTime(st.Now), InProgress: st.InProgress, Completed: st.Completed,
-			Failed: st.Failed, Released: st.Released, Stale: st.Stale, StaleAfter: seconds(o.Lease), OldestLockedAt: jsonTime(st.OldestLockedAt),
-			Expired: st.Expired}
+			Failed: st.Failed, Released: st.Released, Stale: len(stale), Uncertain: uncertain, StaleCapped: capped,
+			OldestLockedAt: jsonTime(st.OldestLockedAt), Expired: st.Expired}
 		if !st.OldestLockedAt.IsZero() {
 			a := seconds(st.Now.Sub(st.OldestLockedAt))
 			j.OldestAge = &a
 		}
 		return writeJSON(w, j)
 	}
-	return fields(w, [][2]string{
+	staleNote := " (past their own lease)"
+	if capped {
+		staleNote = " or more (past their own lease; --limit bounds the count)"
+	}
+	rows := [][2]string{
 		{"store", o.Name},
 		{"store clock", utc(st.Now)},
 		{"in progress", st.InProgress.String()},
-		{"  stale", st.Stale.String() + " (locked " + o.Lease.String() + " or more ago)"},
+		{"  stale", strconv.Itoa(len(stale)) + staleNote},
+	}
+	if uncertain > 0 {
+		rows = append(rows, [2]string{"  outcome unknown", strconv.Itoa(uncertain) + " of them (resolve with idemctl complete or release --force)"})
+	}
+	rows = append(rows, [][2]string{
 		{"  oldest lock", stamp(st.OldestLockedAt, st.Now)},
 		{"completed", st.Completed.String()},
 		{"failed", st.Failed.String()},
 		{"released", st.Released.String() + " (free again; kept for their nonce)"},
 		{"expired", st.Expired.String() + " (awaiting purge)"},
-	})
+	}...)
+	return fields(w, rows)
 }
 
-// Stale writes the in-progress records whose lease is older than o.Lease
-// (idem.Store.ListStale), oldest first, at most o.Limit.
+// storeNow returns the store's clock, which every staleness and age is
+// measured on: a record's LeaseExpiresAt is the store's, and this
+// machine's clock may be off. Get returns no clock, so it asks Stats,
+// which on a large SQL table takes as long as stats does.
+func storeNow(ctx context.Context, o Options) (time.Time, error) {
+	st, err := o.Store.Stats(ctx, statsStaleAfter)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the store's clock: %w", err)
+	}
+	if st.Now.IsZero() {
+		return time.Time{}, errors.New("read the store's clock: the store's Stats reported none")
+	}
+	return st.Now, nil
+}
+
+// UncertainNote is what show and stale say of a record whose outcome is
+// unknown (idem.Record.Uncertain).
+const UncertainNote = "outcome unknown: an attempt's work may have committed; resolve with idemctl complete or release --force"
+
+// Stale writes the in-progress records past their own lease
+// (idem.Store.ListStale, Uncertain ones included), the longest expired
+// first, at most o.Limit, with their ages on the store's clock.
 func Stale(ctx context.Context, w io.Writer, o Options) error {
 	o.defaults()
-	recs, err := o.Store.ListStale(ctx, o.Lease, o.Limit)
+	recs, err := o.Store.ListStale(ctx, o.Limit)
 	if err != nil {
 		return err
 	}
-	now := o.Now()
+	if len(recs) == 0 && !o.JSON {
+		_, err := fmt.Fprintln(w, "no stale claims (none in progress past its lease)")
+		return err
+	}
+	now, err := storeNow(ctx, o)
+	if err != nil {
+		return err
+	}
 	if o.JSON {
 		out := make([]recordJSON, 0, len(recs))
 		for _, r := range recs {
@@ -77,14 +129,15 @@ func Stale(ctx context.Context, w io.Writer, o Options) error {
 		}
 		return writeJSON(w, out)
 	}
-	if len(recs) == 0 {
-		_, err := fmt.Fprintf(w, "no stale claims (none in progress for %v or more)\n", o.Lease)
-		return err
-	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tREQUEST ID\tLOCKED AT (UTC)\tAGE")
+	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tREQUEST ID\tLOCKED AT (UTC)\tLEASE ENDED\tOUTCOME")
+	uncertain := 0
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Principal, r.Key, r.RequestID, utc(r.LockedAt), roundAge(now.Sub(r.LockedAt)))
+		outcome := "-"
+		if r.Uncertain {
+			outcome, uncertain = "unknown", uncertain+1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Principal, r.Key, r.RequestID, utc(r.LockedAt), age(r.LeaseExpiresAt, now), outcome)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -93,7 +146,12 @@ func Stale(ctx context.Context, w io.Writer, o Options) error {
 	if len(recs) == o.Limit {
 		more = " (the limit; there may be more: --limit)"
 	}
-	_, err = fmt.Fprintf(w, "%d stale claims, lease %v%s\n", len(recs), o.Lease, more)
+	if _, err := fmt.Fprintf(w, "%d stale claims%s\n", len(recs), more); err != nil {
+		return err
+	}
+	if uncertain > 0 {
+		_, err = fmt.Fprintf(w, "%d with %s\n", uncertain, UncertainNote)
+	}
 	return err
 }
 
@@ -107,41 +165,50 @@ func get(ctx context.Context, o Options, principal, key string) (idem.Record, er
 	return r, err
 }
 
-// Show writes the record for (principal, key): state, fingerprint, request
-// id, lease token, times, and the stored status and headers; the body only
-// with o.Body. It returns an error wrapping idem.ErrNotFound when there is
-// no record.
+// Show writes the record for (principal, key): state and whether its lease
+// is live (its LeaseExpiresAt against the store's clock), whether its
+// outcome is unknown, fingerprint, request id, lease token, times, and the
+// stored status and headers; the body only with o.Body. It returns an error
+// wrapping idem.ErrNotFound when there is no record.
 func Show(ctx context.Context, w io.Writer, o Options, principal, key string) error {
 	o.defaults()
 	r, err := get(ctx, o, principal, key)
 	if err != nil {
 		return err
 	}
-	now := o.Now()
+	now, err := storeNow(ctx, o)
+	if err != nil {
+		return err
+	}
 	if o.JSON {
 		return writeJSON(w, toJSON(r, now, o.Body))
 	}
 	state := string(r.State)
-	if !now.Before(r.ExpiresAt) {
+	switch {
+	case !now.Before(r.ExpiresAt):
 		state += " (expired: counts as absent, awaiting purge)"
-	} else if r.State == idem.StateInProgress {
-		if now.Sub(r.LockedAt) >= o.Lease {
-			state += " (stale: lease of " + o.Lease.String() + " expired)"
-		} else {
-			state += " (lease live)"
-		}
+	case r.State == idem.StateInProgress && !now.Before(r.LeaseExpiresAt):
+		state += " (stale: its lease ended " + age(r.LeaseExpiresAt, now) + ")"
+	case r.State == idem.StateInProgress:
+		state += " (lease live: it ends " + age(r.LeaseExpiresAt, now) + ")"
 	}
 	rows := [][2]string{
 		{"principal", r.Principal},
 		{"key", r.Key},
 		{"state", state},
+	}
+	if r.Uncertain {
+		rows = append(rows, [2]string{"outcome", UncertainNote})
+	}
+	rows = append(rows, [][2]string{
 		{"fingerprint", fmt.Sprintf("%x", r.Fingerprint)},
 		{"request id", r.RequestID},
 		{"lease token", r.LeaseToken},
 		{"created at", stamp(r.CreatedAt, now)},
 		{"locked at", stamp(r.LockedAt, now)},
+		{"lease ends", stamp(r.LeaseExpiresAt, now)},
 		{"expires at", stamp(r.ExpiresAt, now)},
-	}
+	}...)
 	if resp := r.Response; resp != nil {
 		rows = append(rows, [2]string{"status", strconv.Itoa(resp.Status)})
 		names := make([]string, 0, len(resp.Header))
@@ -175,19 +242,30 @@ func Show(ctx context.Context, w io.Writer, o Options, principal, key string) er
 	return nil
 }
 
-// ForceRisk is what --force risks, which Release says when it refuses a
-// live lease and when it is forced to release one.
+// ForceRisk is what --force risks on a live lease, which Release says when
+// it refuses one and when it is forced to release one.
 const ForceRisk = "its holder may still be running: a retry can then run the handler again while the holder runs, " +
 	"so effects outside the store (a provider call, an email) may happen twice; the holder's settle then " +
 	"misses its fence (on a SQL store its own writes roll back)"
 
-// Release deletes the in-progress record for (principal, key), fenced by
-// the lease token it read: if the holder settles, or a retry takes the key
-// over, after the read, the release deletes nothing and returns an error
-// wrapping ErrRefused. It refuses a settled record, and a live lease
-// (locked less than o.Lease ago by this machine's clock) unless o.Force.
-// It asks for confirmation (o.Confirm) unless o.Yes; o.DryRun says what it
-// would do and does nothing.
+// UncertainRisk is what --force risks on a record whose outcome is
+// unknown, which Release says when it refuses one and when it is forced to
+// release one.
+const UncertainRisk = "its outcome is unknown: an attempt's work may have committed without its stored response; " +
+	"released, the key is free and the next retry runs the handler again, which may take effect a second time " +
+	"(a second charge, a second email). Release it only when you know that no attempt took effect; " +
+	"if one did, store its response with idemctl complete"
+
+// Release marks the in-progress record for (principal, key) released
+// (idem.Store.Release): it deletes nothing; the key is free for the next
+// retry, which runs the handler afresh, and the record keeps its nonce
+// until it expires. The release is fenced by the lease token it read: if
+// the holder settles, or a retry takes the key over, after the read, it
+// releases nothing and returns an error wrapping ErrRefused. It refuses a
+// settled record; a live lease (LeaseExpiresAt after the store's clock)
+// and a record whose outcome is unknown (Uncertain) it refuses unless
+// o.Force, and says what that risks. It asks for confirmation (o.Confirm)
+// unless o.Yes; o.DryRun says what it would do and does nothing.
 func Release(ctx context.Context, w io.Writer, o Options, principal, key string) error {
 	o.defaults()
 	r, err := get(ctx, o, principal, key)
@@ -201,16 +279,34 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 		return fmt.Errorf("%w: %s/%s is %s: only an in-progress claim is released (a stored outcome is replayed until it expires)",
 			ErrRefused, principal, key, r.State)
 	}
-	lockAge := o.Now().Sub(r.LockedAt)
-	live := lockAge < o.Lease
-	if live && !o.Force {
-		return fmt.Errorf("%w: %s/%s holds a live lease (locked %v ago, lease %v); %s. Pass --force to release it anyway",
-			ErrRefused, principal, key, roundAge(lockAge), o.Lease, ForceRisk)
+	now, err := storeNow(ctx, o)
+	if err != nil {
+		return err
 	}
-	what := fmt.Sprintf("%s/%s (in progress, locked %v ago, request id %s, lease token %s)",
-		principal, key, roundAge(lockAge), r.RequestID, r.LeaseToken)
+	live := now.Before(r.LeaseExpiresAt)
+	var risks []string
+	if live {
+		risks = append(risks, fmt.Sprintf("the lease is live (it ends %s); %s", age(r.LeaseExpiresAt, now), ForceRisk))
+	}
+	if r.Uncertain {
+		risks = append(risks, UncertainRisk)
+	}
+	if len(risks) > 0 && !o.Force {
+		return fmt.Errorf("%w: %s/%s: %s. Pass --force to release it anyway", ErrRefused, principal, key, strings.Join(risks, "; and "))
+	}
+	lease := "lease ended " + age(r.LeaseExpiresAt, now)
+	if live {
+		lease = "lease live, it ends " + age(r.LeaseExpiresAt, now)
+	}
+	outcome := ""
+	if r.Uncertain {
+		outcome = ", outcome unknown"
+	}
+	what := fmt.Sprintf("%s/%s (in progress, locked %s, %s%s, request id %s, lease token %s)",
+		principal, key, age(r.LockedAt, now), lease, outcome, r.RequestID, r.LeaseToken)
 	result := map[string]any{"principal": principal, "key": key, "request_id": r.RequestID,
-		"lease_token": r.LeaseToken, "locked_at": jsonTime(r.LockedAt), "live_lease": live}
+		"lease_token": r.LeaseToken, "locked_at": jsonTime(r.LockedAt), "lease_expires_at": jsonTime(r.LeaseExpiresAt),
+		"live_lease": live, "uncertain": r.Uncertain}
 	if o.DryRun {
 		result["released"], result["dry_run"] = false, true
 		if o.JSON {
@@ -219,9 +315,9 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 		_, err := fmt.Fprintf(w, "would release %s\n", what)
 		return err
 	}
-	question := "release " + what + "?"
-	if live {
-		question = "FORCE: the lease is live; " + ForceRisk + ". Release " + what + "?"
+	question := "Release " + what + "? The key is then free: the next retry runs the handler afresh."
+	if len(risks) > 0 {
+		question = "FORCE: " + strings.Join(risks, "; and ") + ". " + question
 	}
 	if err := o.confirm(question); err != nil {
 		return err
@@ -238,7 +334,7 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 	if o.JSON {
 		return writeJSON(w, result)
 	}
-	_, err = fmt.Fprintf(w, "released %s\n", what)
+	_, err = fmt.Fprintf(w, "released %s: the key is free for the next retry\n", what)
 	return err
 }
 
@@ -253,7 +349,7 @@ const (
 // asks for confirmation unless o.Yes; o.DryRun only counts.
 func Purge(ctx context.Context, w io.Writer, o Options) error {
 	o.defaults()
-	st, err := o.Store.Stats(ctx, o.Lease)
+	st, err := o.Store.Stats(ctx, statsStaleAfter)
 	if err != nil {
 		return err
 	}

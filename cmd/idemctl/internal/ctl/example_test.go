@@ -15,8 +15,8 @@ import (
 )
 
 // A crashed attempt's claim, found with Stale and released with Release.
-// The store's clock and the command's are pinned so that the output is
-// the same on every run.
+// The store's clock, which the commands measure every age on, is pinned so
+// that the output is the same on every run.
 func Example() {
 	clock := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	now := func() time.Time { return clock }
@@ -31,7 +31,7 @@ func Example() {
 		ContentLength: int64(len(body))})
 	clock = clock.Add(5 * time.Minute)
 
-	o := ctl.Options{Store: store, Name: "memory", Now: now, Yes: true}
+	o := ctl.Options{Store: store, Name: "memory", Yes: true}
 	ctx := context.Background()
 	if err := ctl.Stale(ctx, os.Stdout, o); err != nil {
 		fmt.Println(err)
@@ -48,9 +48,9 @@ func Example() {
 	err := ctl.Release(ctx, io.Discard, o, "alice", "order-1")
 	fmt.Println(err, "- exit", ctl.ExitCode(err))
 	// Output:
-	// PRINCIPAL  KEY      REQUEST ID  LOCKED AT (UTC)           AGE
-	// alice      order-1  req-1       2026-11-30T09:00:00.000Z  5m0s
-	// 1 stale claims, lease 40s
-	// released alice/order-1 (in progress, locked 5m0s ago, request id req-1
+	// PRINCIPAL  KEY      REQUEST ID  LOCKED AT (UTC)           LEASE ENDED  OUTCOME
+	// alice      order-1  req-1       2026-11-30T09:00:00.000Z  4m20s ago    -
+	// 1 stale claims
+	// released alice/order-1 (in progress, locked 5m0s ago, lease ended 4m20s ago, request id req-1
 	// refused: alice/order-1 is released already: its key is free - exit 4
 }

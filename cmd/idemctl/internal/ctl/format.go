@@ -89,8 +89,11 @@ type recordJSON struct {
 	LeaseToken  string              `json:"lease_token"`
 	CreatedAt   jsonTime            `json:"created_at"`
 	LockedAt    jsonTime            `json:"locked_at"`
+	LeaseEnds   jsonTime            `json:"lease_expires_at"`
 	ExpiresAt   jsonTime            `json:"expires_at"`
 	LockAge     float64             `json:"lock_age_seconds"`
+	Stale       bool                `json:"stale"`     // in progress, past its LeaseExpiresAt
+	Uncertain   bool                `json:"uncertain"` // outcome unknown (idem.Record.Uncertain)
 	Expired     bool                `json:"expired"`
 	Status      *int                `json:"status,omitempty"`
 	Headers     map[string][]string `json:"headers,omitempty"`
@@ -99,12 +102,16 @@ type recordJSON struct {
 	BodyBase64  []byte              `json:"body_base64,omitempty"`
 }
 
+// toJSON is r as the JSON output shows it, its ages and staleness on now,
+// the store's clock.
 func toJSON(r idem.Record, now time.Time, withBody bool) recordJSON {
 	j := recordJSON{
 		Principal: r.Principal, Key: r.Key, State: r.State, Fingerprint: hex.EncodeToString(r.Fingerprint),
 		RequestID: r.RequestID, LeaseToken: r.LeaseToken,
-		CreatedAt: jsonTime(r.CreatedAt), LockedAt: jsonTime(r.LockedAt), ExpiresAt: jsonTime(r.ExpiresAt),
-		LockAge: seconds(now.Sub(r.LockedAt)), Expired: !now.Before(r.ExpiresAt),
+		CreatedAt: jsonTime(r.CreatedAt), LockedAt: jsonTime(r.LockedAt), LeaseEnds: jsonTime(r.LeaseExpiresAt),
+		ExpiresAt: jsonTime(r.ExpiresAt), LockAge: seconds(now.Sub(r.LockedAt)),
+		Stale:     r.State == idem.StateInProgress && !now.Before(r.LeaseExpiresAt),
+		Uncertain: r.Uncertain, Expired: !now.Before(r.ExpiresAt),
 	}
 	if resp := r.Response; resp != nil {
 		status, n := resp.Status, len(resp.Body)

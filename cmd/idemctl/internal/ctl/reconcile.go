@@ -1,19 +1,20 @@
 package ctl
 
-// This file is the reconcile command on its own. core's Sweeper now
-// reconciles through an Engine's Config.Reconcile, but reports counts, not
-// the per-claim actions and dry run an operator needs here.
+// This file is the reconcile command on its own. core's Sweeper reconciles
+// through an Engine's Config.Reconcile, but reports counts, not the
+// per-claim actions and dry run an operator needs here.
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
+	"net/url"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -27,6 +28,10 @@ type ReconcileRequest struct {
 	Key       string    `json:"key"`
 	RequestID string    `json:"request_id"`
 	LockedAt  time.Time `json:"locked_at"`
+	// Uncertain says that the record's outcome is unknown: an attempt's
+	// work may have committed without its stored response
+	// (idem.Record.Uncertain).
+	Uncertain bool `json:"uncertain"`
 	// Nonce is the record's nonce (empty on Redis): with the principal and
 	// the key it gives the crashed attempt's downstream keys
 	// (idem.DownstreamKeyOf), which the reconciler looks the effect up by.
@@ -36,21 +41,43 @@ type ReconcileRequest struct {
 	DownstreamKeys map[string]string `json:"downstream_keys,omitempty"`
 }
 
-// ReconcileAnswer is the reconciler's 200 answer: the response the stale
-// attempt's effect amounts to, to be stored and replayed. A 404 answer
-// means the attempt had no effect.
+// The effects a ReconcileAnswer reports.
+const (
+	// EffectNone says the attempt had no effect: the claim is released
+	// and the client's retry runs the handler afresh.
+	EffectNone = "none"
+	// EffectCompleted says the attempt took effect, and the answer's
+	// status, headers and body are the response to replay: they are
+	// stored.
+	EffectCompleted = "completed"
+)
+
+// ReconcileAnswer is the reconciler's answer: HTTP 200 with Content-Type
+// application/json and one JSON object with no other member, either
+//
+//	{"effect": "none"}
+//	{"effect": "completed", "status": 201, "headers": {"Content-Type": ["application/json"]}, "body": "<base64>"}
+//
+// Anything else (another HTTP status, 404 included, a redirect, another
+// content type, a malformed or unknown object, no answer in time) is no
+// answer: the claim is kept.
 type ReconcileAnswer struct {
-	Status  int         `json:"status"`
-	Headers http.Header `json:"headers"`
-	Body    string      `json:"body"`
+	Effect  string      `json:"effect"`
+	Status  int         `json:"status,omitempty"`
+	Headers http.Header `json:"headers,omitempty"`
+	Body    []byte      `json:"body,omitempty"` // standard base64 in JSON
 }
+
+// maxAnswer bounds the reconciler's answer: a MaxBody body in base64 and
+// its headers.
+const maxAnswer = 2 << 20
 
 // What Reconcile did with one stale claim.
 const (
 	ActionStored   = "stored"   // the answer was stored as the outcome: retries replay it
 	ActionReleased = "released" // no effect: the claim was released, a retry runs afresh
 	ActionChanged  = "changed"  // the record changed meanwhile (settled, taken over): left alone
-	ActionManual   = "manual"   // the reconciler could not tell: needs manual resolution
+	ActionKept     = "kept"     // no valid answer: the claim is kept, Uncertain, and the pass stopped
 )
 
 // reconciled is one line of Reconcile's report.
@@ -58,47 +85,67 @@ type reconciled struct {
 	Principal string `json:"principal"`
 	Key       string `json:"key"`
 	RequestID string `json:"request_id"`
+	Uncertain bool   `json:"uncertain"`
 	Action    string `json:"action"`
 	DryRun    bool   `json:"dry_run,omitempty"`
 	Status    int    `json:"status,omitempty"`
 	Detail    string `json:"detail,omitempty"`
 }
 
-// Reconcile makes one pass over the stale claims (ListStale with o.Lease,
-// at most o.Limit). For each it takes the claim over as the engine does
-// (Store.Claim with the record's fingerprint: fenced, and only while the
-// lease is still expired), so no retry runs the handler meanwhile, then
-// POSTs a ReconcileRequest to o.URL:
+// Reconcile makes one pass over the stale claims (ListStale, at most
+// o.Limit, Uncertain ones included). For each it takes the claim over as
+// the engine does (see takeOver), so no retry runs the handler meanwhile,
+// then POSTs a ReconcileRequest to o.URL, without following redirects
+// and within o.AskTimeout, and acts on the ReconcileAnswer:
 //
-//   - 200 with a ReconcileAnswer: the answer is classified like a
-//     handler's response (idem.DefaultClassifier) and stored as completed or
-//     failed, so retries replay it; a status the classifier releases (5xx,
-//     408, 429) releases the claim;
-//   - 404: the attempt had no effect; the claim is released, and a retry
-//     runs the handler afresh;
-//   - anything else, or no answer: the claim is left in progress under
-//     the new lease (stale again after o.Lease) and reported as needing
-//     manual resolution.
+//   - effect "none": the claim is released, and the retry runs the handler
+//     afresh;
+//   - effect "completed": the response is checked and stored as a stored
+//     response is (see Complete: completed or failed by
+//     idem.DefaultClassifier, headers valid and those of o.StoredHeaders,
+//     the body as o.StoredBody says), so retries replay it;
+//   - no valid answer: the claim is kept (Store.Keep: in progress,
+//     Uncertain, its lease ended), the pass stops there, and Reconcile
+//     returns an error wrapping ErrReconciler. The kept claim goes to the
+//     end of the stale list, so the next pass asks about the others first.
 //
-// With o.DryRun it asks the URL and reports what it would do, changing
-// nothing. The report lists each claim and its action.
+// With o.DryRun it asks the URL and reports what it would do, without the
+// takeover and changing nothing. The report lists each claim and its
+// action.
 func Reconcile(ctx context.Context, w io.Writer, o Options) error {
 	o.defaults()
-	if o.URL == "" && !o.DryRun {
-		return fmt.Errorf("%w: reconcile needs --url (the reconciler to ask), or --dry-run", ErrUsage)
+	if err := checkURL(o.URL); err != nil {
+		return err
 	}
-	stale, err := o.Store.ListStale(ctx, o.Lease, o.Limit)
+	if err := o.checkPolicy(); err != nil && !o.DryRun {
+		return err
+	}
+	if o.StoredBody == "" {
+		o.StoredBody = StoredBodyPlain
+	}
+	stale, err := o.Store.ListStale(ctx, o.Limit)
 	if err != nil {
 		return err
 	}
 	var report []reconciled
+	var stop error
 	for _, r := range stale {
 		rep, err := reconcileOne(ctx, o, r)
-		if err != nil {
-			return fmt.Errorf("reconcile %s/%s: %w", r.Principal, r.Key, err)
+		if rep.Action != "" {
+			report = append(report, rep)
 		}
-		report = append(report, rep)
+		if err != nil {
+			stop = fmt.Errorf("reconcile %s/%s: %w", r.Principal, r.Key, err)
+			break
+		}
 	}
+	if err := writeReport(w, o, report); err != nil {
+		return errors.Join(stop, err)
+	}
+	return stop
+}
+
+func writeReport(w io.Writer, o Options, report []reconciled) error {
 	if o.JSON {
 		if report == nil {
 			report = []reconciled{}
@@ -106,146 +153,187 @@ func Reconcile(ctx context.Context, w io.Writer, o Options) error {
 		return writeJSON(w, report)
 	}
 	if len(report) == 0 {
-		_, err := fmt.Fprintf(w, "no stale claims (none in progress for %v or more)\n", o.Lease)
+		_, err := fmt.Fprintln(w, "no stale claims (none in progress past its lease)")
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tREQUEST ID\tACTION\tDETAIL")
+	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tREQUEST ID\tOUTCOME\tACTION\tDETAIL")
 	for _, r := range report {
 		action := r.Action
 		if r.DryRun {
 			action = "would be " + action
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Principal, r.Key, r.RequestID, action, r.Detail)
+		outcome := "-"
+		if r.Uncertain {
+			outcome = "unknown"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Principal, r.Key, r.RequestID, outcome, action, r.Detail)
 	}
 	return tw.Flush()
 }
 
-// reconcileOne handles one stale record. A returned error is a store error;
-// the reconciler's failures are reported as ActionManual.
+// checkURL refuses a reconciler URL that is not http or https with a host.
+func checkURL(raw string) error {
+	if raw == "" {
+		return fmt.Errorf("%w: reconcile needs --url (the reconciler to ask)", ErrUsage)
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: --url %q: want an http:// or https:// URL", ErrUsage, redactURL(raw))
+	}
+	return nil
+}
+
+// redactURL drops a password from a URL for messages.
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return raw
+}
+
+// reconcileOne handles one stale record. An error stops the pass: a store
+// error, or one wrapping ErrReconciler after the claim was kept.
 func reconcileOne(ctx context.Context, o Options, r idem.Record) (reconciled, error) {
-	rep := reconciled{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, DryRun: o.DryRun}
-	lease := idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.LeaseToken}
+	rep := reconciled{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, Uncertain: r.Uncertain, DryRun: o.DryRun}
+	var lease idem.Lease
 	if !o.DryRun {
-		// Take the claim over, as the engine does before it asks
-		// Config.Reconcile: fenced by the store, and only while the lease
-		// is still expired.
-		// A takeover keeps the record's nonce; the store still wants one
-		// for the case it answers by replacing an expired record.
-		var b [32]byte
-		_, _ = rand.Read(b[:])
-		req := idem.ClaimRequest{Principal: r.Principal, Key: r.Key, Fingerprint: r.Fingerprint,
-			Token: hex.EncodeToString(b[:16]), Nonce: hex.EncodeToString(b[16:]), RequestID: r.RequestID,
-			Lease: o.Lease, Retention: o.Retention}
-		res, err := o.Store.Claim(ctx, req)
+		var ok bool
+		var err error
+		lease, ok, err = takeOver(ctx, o, r, o.AskTimeout+holdMargin)
 		if err != nil {
-			return rep, err
+			return reconciled{}, err
 		}
-		if !res.Claimed || !res.Reclaimed {
-			if res.Claimed { // it had expired and counted as absent: give it back
-				_ = o.Store.Release(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: req.Token})
-			}
+		if !ok {
 			rep.Action, rep.Detail = ActionChanged, "the record changed since it was listed (settled, released or taken over); left alone"
 			return rep, nil
 		}
-		lease.Token = req.Token
 	}
-	if o.URL == "" {
-		rep.Action, rep.Detail = ActionManual, "no --url to ask"
-		return rep, nil
-	}
-	answer, found, err := ask(ctx, o, r)
-	switch {
-	case err != nil:
-		rep.Action, rep.Detail = ActionManual, err.Error()+"; claim left in progress"
-		return rep, nil
-	case !found:
-		rep.Action, rep.Detail = ActionReleased, "reconciler: no effect (404)"
+	kept := func(err error) (reconciled, error) {
+		rep.Action, rep.Detail = ActionKept, err.Error()+"; the pass stops"
 		if !o.DryRun {
-			if err := o.Store.Release(ctx, lease); err != nil {
-				return rep, releaseErr(&rep, err)
-			}
+			rep.Detail = err.Error() + "; the claim is kept (outcome unknown), the pass stops"
+			err = errors.Join(err, keep(ctx, o, lease))
+		}
+		return rep, err
+	}
+	ans, err := ask(ctx, o, r)
+	if err != nil {
+		return kept(err)
+	}
+	if ans.Effect == EffectNone {
+		rep.Action, rep.Detail = ActionReleased, "reconciler: no effect"
+		if o.DryRun {
+			return rep, nil
+		}
+		err := o.Store.Release(ctx, lease)
+		if errors.Is(err, idem.ErrLeaseLost) {
+			rep.Action, rep.Detail = ActionChanged, "the lease was lost meanwhile; left alone"
+			return rep, nil
+		}
+		if err != nil {
+			// The release may not have happened: keep the claim rather
+			// than leave it held by idemctl's lease.
+			return kept(fmt.Errorf("release: %w", err))
 		}
 		return rep, nil
 	}
-	rep.Status = answer.Status
-	var state idem.State
-	switch idem.DefaultClassifier(answer.Status, nil) {
-	case idem.Complete:
-		state = idem.StateCompleted
-	case idem.Fail:
-		state = idem.StateFailed
-	default:
-		rep.Action, rep.Detail = ActionReleased, fmt.Sprintf("reconciler: status %d is not stored (a retry runs afresh)", answer.Status)
-		if !o.DryRun {
-			if err := o.Store.Release(ctx, lease); err != nil {
-				return rep, releaseErr(&rep, err)
-			}
-		}
-		return rep, nil
+	state, resp, dropped, err := o.storable(idem.Response{Status: ans.Status, Header: ans.Headers, Body: ans.Body}, false)
+	if err != nil {
+		return kept(fmt.Errorf("%w: %w", ErrReconciler, err))
 	}
-	rep.Action, rep.Detail = ActionStored, fmt.Sprintf("reconciler: %d, stored as %s", answer.Status, state)
+	rep.Status = ans.Status
+	rep.Action, rep.Detail = ActionStored, fmt.Sprintf("reconciler: %d, stored as %s", ans.Status, state)
+	if o.StoredBody == StoredBodyOmit && len(ans.Body) > 0 {
+		rep.Detail += " without its body (--stored-body=omit)"
+	}
+	if len(dropped) > 0 {
+		rep.Detail += " without " + strings.Join(dropped, ", ") + " (not in --stored-headers)"
+	}
 	if o.DryRun {
 		return rep, nil
 	}
-	header := answer.Headers
-	if header == nil {
-		header = http.Header{}
-	}
-	_, tx, err := o.Store.BeginTx(ctx, lease)
-	if err != nil {
+	if err := settle(ctx, o, lease, state, resp); errors.Is(err, errChanged) {
+		rep.Action, rep.Detail = ActionChanged, "the lease was lost meanwhile; left alone"
+		return rep, nil
+	} else if err != nil {
+		rep.Action, rep.Detail = ActionKept, err.Error()+"; the claim is kept (outcome unknown), the pass stops"
 		return rep, err
-	}
-	err = tx.Settle(ctx, idem.Outcome{State: state, Response: idem.Response{Status: answer.Status, Header: header, Body: []byte(answer.Body)}})
-	_ = tx.Rollback(ctx)
-	if err != nil {
-		return rep, releaseErr(&rep, err)
 	}
 	return rep, nil
 }
 
-// releaseErr reports a lost lease as ActionChanged; other errors are
-// returned.
-func releaseErr(rep *reconciled, err error) error {
-	if errors.Is(err, idem.ErrLeaseLost) {
-		rep.Action, rep.Detail = ActionChanged, "the lease was lost meanwhile; left alone"
-		return nil
-	}
-	return err
-}
-
-// ask POSTs r to the reconciler. found is false for a 404.
-func ask(ctx context.Context, o Options, r idem.Record) (ans ReconcileAnswer, found bool, err error) {
-	q := ReconcileRequest{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, LockedAt: r.LockedAt.UTC(), Nonce: r.Nonce}
+// ask POSTs r to the reconciler and returns its answer, or an error
+// wrapping ErrReconciler when it gave none that is valid.
+func ask(ctx context.Context, o Options, r idem.Record) (ReconcileAnswer, error) {
+	var ans ReconcileAnswer
+	q := ReconcileRequest{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, LockedAt: r.LockedAt.UTC(),
+		Uncertain: r.Uncertain, Nonce: r.Nonce}
 	for _, step := range o.Steps {
 		if q.DownstreamKeys == nil {
 			q.DownstreamKeys = make(map[string]string, len(o.Steps))
 		}
 		q.DownstreamKeys[step] = idem.DownstreamKeyOf(r.Principal, r.Key, r.Nonce, step)
 	}
-	body, _ := json.Marshal(q)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL, bytes.NewReader(body))
+	body, err := json.Marshal(q)
 	if err != nil {
-		return ans, false, fmt.Errorf("reconciler: %v", err)
+		return ans, fmt.Errorf("%w: encode the request: %v", ErrReconciler, err)
+	}
+	actx, cancel := context.WithTimeout(ctx, o.AskTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, o.URL, bytes.NewReader(body))
+	if err != nil {
+		return ans, fmt.Errorf("%w: %v", ErrReconciler, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := o.HTTPClient.Do(req)
+	req.Header.Set("Accept", "application/json")
+	// A redirect would send the principal, the key and the nonce to
+	// another URL, and its answer would be another's: never followed.
+	client := *o.HTTPClient
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := client.Do(req)
 	if err != nil {
-		return ans, false, fmt.Errorf("reconciler: %v", err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its URL is --url, which the message names once
+		}
+		return ans, fmt.Errorf("%w: no answer: %v", ErrReconciler, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return ans, false, fmt.Errorf("reconciler: reading the answer: %v", err)
+		return ans, fmt.Errorf("%w: reading the answer: %v", ErrReconciler, err)
 	}
-	switch resp.StatusCode {
-	case http.StatusNotFound:
-		return ans, false, nil
-	case http.StatusOK:
-		if err := json.Unmarshal(raw, &ans); err != nil || ans.Status < 100 || ans.Status > 599 {
-			return ans, false, fmt.Errorf("reconciler: 200 without a valid {status, headers, body} answer")
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		return ans, fmt.Errorf("%w: answered %s to %s (a redirect is not followed)", ErrReconciler, resp.Status, resp.Header.Get("Location"))
+	case resp.StatusCode != http.StatusOK:
+		return ans, fmt.Errorf("%w: answered %s, not 200 with an effect (a 404 is no answer either)", ErrReconciler, resp.Status)
+	case len(raw) > maxAnswer:
+		return ans, fmt.Errorf("%w: the answer is larger than %d bytes", ErrReconciler, maxAnswer)
+	}
+	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return ans, fmt.Errorf("%w: the answer's Content-Type is %q, not application/json", ErrReconciler, resp.Header.Get("Content-Type"))
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ans); err != nil {
+		return ans, fmt.Errorf("%w: the answer is not a valid effect object: %v", ErrReconciler, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return ans, fmt.Errorf("%w: the answer has more than one JSON value", ErrReconciler)
+	}
+	switch ans.Effect {
+	case EffectNone:
+		if ans.Status != 0 || ans.Headers != nil || ans.Body != nil {
+			return ans, fmt.Errorf("%w: effect none with a response: which is it?", ErrReconciler)
 		}
-		return ans, true, nil
+	case EffectCompleted:
+		if ans.Status == 0 {
+			return ans, fmt.Errorf("%w: effect completed without a status", ErrReconciler)
+		}
+	default:
+		return ans, fmt.Errorf("%w: unknown effect %q (want none or completed)", ErrReconciler, ans.Effect)
 	}
-	return ans, false, fmt.Errorf("reconciler answered %d", resp.StatusCode)
+	return ans, nil
 }

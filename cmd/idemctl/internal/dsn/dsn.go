@@ -403,6 +403,11 @@ func (d DSN) scrub(s string) string {
 	return Redact(s)
 }
 
+// RedactError returns err with what Redact finds taken out of its text,
+// for an error about a DSN that was not parsed; errors.Is and errors.As
+// still see err.
+func RedactError(err error) error { return DSN{}.Scrub(err) }
+
 // scrubbed is an error whose text had a password taken out.
 type scrubbed struct {
 	msg string

@@ -1,0 +1,8 @@
+//go:build aix || linux || solaris || zos
+
+package ctl
+
+import "golang.org/x/sys/unix"
+
+// ioctlReadTermios is the request that reads a terminal's attributes.
+const ioctlReadTermios = unix.TCGETS

@@ -1,0 +1,637 @@
+package ctl_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/storetest"
+	idemgorm "github.com/idemgo/idem/stores/gorm"
+	"github.com/idemgo/idem/stores/gorm/idemgormtest"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
+	"github.com/idemgo/idem/stores/redis/idemredistest"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// lease is the test engines' lease: short, so that crashed claims go stale
+// quickly, and long enough that a live one stays live on a loaded machine.
+const lease = 1500 * time.Millisecond
+
+// target is one store the commands run against, opened through ctl.Open
+// by its DSN like the command line does.
+type target struct {
+	name       string
+	selfExpire bool // Redis: expired records vanish, settled ones are not counted
+	open       func(t *testing.T) (dsn, table, prefix string)
+}
+
+var targets = []target{
+	{name: "postgres", open: func(t *testing.T) (string, string, string) {
+		env := idempgxtest.NewEnv(t, idempgxtest.NewPool(t, 4))
+		return idempgxtest.DSN(), env.Schema + ".idempotency_keys", ""
+	}},
+	{name: "mariadb", open: func(t *testing.T) (string, string, string) {
+		fix := idemgormtest.NewFixture(t, "mysql")
+		cfg, err := mysqldriver.ParseDSN(idemgormtest.MySQLDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + cfg.DBName}
+		if cfg.Passwd == "" {
+			u.User = url.User(cfg.User)
+		}
+		return u.String(), fix.Store.Table(), ""
+	}},
+	{name: "sqlite", open: func(t *testing.T) (string, string, string) {
+		path := filepath.Join(t.TempDir(), "idem.db")
+		db, err := gorm.Open(sqlite.Open(idemgorm.SQLiteDSN(path, 5*time.Second)), &gorm.Config{Logger: logger.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := idemgorm.New(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		sqlDB, _ := db.DB()
+		_ = sqlDB.Close()
+		return "sqlite:" + path, "", ""
+	}},
+	{name: "redis", selfExpire: true, open: func(t *testing.T) (string, string, string) {
+		env := idemredistest.NewEnv(t, idemredistest.NewClient(t))
+		return "redis://" + idemredistest.Addr() + "/0", "", env.Store.Prefix()
+	}},
+}
+
+// crashStore is a store whose Release never arrives, as when the process
+// dies between a handler's failure and the release: an engine on it leaves
+// the claim in progress, which is how the tests make stale claims.
+type crashStore struct{ idem.Store }
+
+func (crashStore) Release(context.Context, idem.Lease) error {
+	return errors.New("the process died before the release")
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newEngine(t *testing.T, s idem.Store, retention time.Duration) *idem.Engine {
+	t.Helper()
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s, RequestTimeout: 500 * time.Millisecond, StoreTimeout: 500 * time.Millisecond,
+		Lease: lease, Retention: retention, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func request(principal, key string) idem.Request {
+	body := `{"amount":1250,"currency":"EUR"}`
+	return idem.Request{Method: "POST", Path: "/payments", Principal: principal, Key: key, ContentType: "application/json",
+		RequestID: "req-" + key, Body: strings.NewReader(body), ContentLength: int64(len(body))}
+}
+
+// begin starts an attempt through e that holds its claim until finished.
+func begin(t *testing.T, e *idem.Engine, principal, key string) *idem.Attempt {
+	t.Helper()
+	a, resp := e.Begin(context.Background(), request(principal, key))
+	if a == nil {
+		t.Fatalf("Begin(%s/%s) answered %d instead of claiming", principal, key, resp.Status)
+	}
+	return a
+}
+
+func finish(t *testing.T, a *idem.Attempt, status int, body string) {
+	t.Helper()
+	resp := a.Finish(idem.Result{Status: status, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/p1"}},
+		Body: []byte(body)})
+	if resp.Status != status {
+		t.Fatalf("Finish answered %d (%s), want %d", resp.Status, resp.Body, status)
+	}
+}
+
+// ageRE matches a rounded time.Duration: 1m2s, 350ms, 0s.
+const ageRE = `[0-9][0-9.]*(ns|µs|ms|s|m|h)([0-9.]+(ns|µs|ms|s|m|h))*`
+
+var normalisers = []struct {
+	re   *regexp.Regexp
+	repl string
+}{
+	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "<TIME>"},
+	{regexp.MustCompile(`\((in )?` + ageRE + `( ago)?\)`), "(<AGE>)"},
+	{regexp.MustCompile(`locked ` + ageRE + ` ago`), "locked <AGE> ago"},
+	{regexp.MustCompile(`\b[0-9a-f]{64}(?:[0-9a-f]{2})?\b`), "<FP>"},
+	{regexp.MustCompile(`\b[0-9a-f]{32}\b`), "<TOKEN>"},
+	{regexp.MustCompile(`("\w+_seconds"): [0-9.]+`), "$1: <N>"},
+	{regexp.MustCompile(`(?m)  ` + ageRE + `$`), "  <AGE>"},
+}
+
+func normalise(s, storeName string) string {
+	quoted, _ := json.Marshal(storeName)
+	s = strings.ReplaceAll(s, string(quoted[1:len(quoted)-1]), "<STORE>")
+	s = strings.ReplaceAll(s, storeName, "<STORE>")
+	for _, n := range normalisers {
+		s = n.re.ReplaceAllString(s, n.repl)
+	}
+	return s
+}
+
+// env is one target opened for a test.
+type env struct {
+	t      *testing.T
+	tg     target
+	opened *ctl.Opened
+	dsn    string
+	table  string
+	prefix string
+	engine *idem.Engine
+	crash  *idem.Engine
+}
+
+func (e *env) opts() ctl.Options {
+	return ctl.Options{Store: e.opened.Store, Name: e.opened.Name, Lease: lease}
+}
+
+// run runs cmd and returns its normalised output.
+func (e *env) run(cmd func(context.Context, io.Writer, ctl.Options) error, o ctl.Options) (string, error) {
+	var b bytes.Buffer
+	err := cmd(context.Background(), &b, o)
+	return normalise(b.String(), e.opened.Name), err
+}
+
+func (e *env) want(name, got, want string) {
+	e.t.Helper()
+	if got != want {
+		e.t.Errorf("%s output:\n%s\nwant:\n%s", name, got, want)
+	}
+}
+
+func (e *env) state(principal, key string) idem.State {
+	e.t.Helper()
+	r, err := e.opened.Store.Get(context.Background(), principal, key)
+	if errors.Is(err, idem.ErrNotFound) {
+		return "absent"
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.State
+}
+
+func setup(t *testing.T, tg target) *env {
+	dsn, table, prefix := tg.open(t)
+	o, err := ctl.Open(context.Background(), dsn, table, prefix)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dsn, err)
+	}
+	t.Cleanup(o.Close)
+	e := &env{t: t, tg: tg, opened: o, dsn: dsn, table: table, prefix: prefix}
+	e.engine = newEngine(t, o.Store, time.Hour)
+	e.crash = newEngine(t, crashStore{o.Store}, time.Hour)
+	return e
+}
+
+func TestCommands(t *testing.T) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			t.Parallel()
+			testCommands(t, setup(t, tg))
+		})
+	}
+}
+
+func testCommands(t *testing.T, e *env) {
+	ctx := context.Background()
+	// The records, all made through the engine: a completed payment, a
+	// failed one, five claims whose holder crashed, one settled record
+	// whose retention ends at once, then (after the lease) a live claim.
+	finish(t, begin(t, e.engine, "alice", "pay-1"), http.StatusCreated, `{"id":"p1"}`)
+	finish(t, begin(t, e.engine, "alice", "pay-2"), http.StatusUnprocessableEntity, `{"error":"card declined"}`)
+	charged := map[string]string{} // the crashed attempts' downstream keys
+	for i := 1; i <= 5; i++ {
+		key := fmt.Sprintf("stuck-%d", i)
+		a := begin(t, e.crash, "bob", key)
+		dk, err := idem.DownstreamKey(a.Context(), "charge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged[key] = dk
+		a.Abort()
+	}
+	short := newEngine(t, e.opened.Store, lease)
+	finish(t, begin(t, short, "carol", "old-1"), http.StatusCreated, `{"id":"p0"}`)
+	time.Sleep(lease + 200*time.Millisecond)
+	live := begin(t, e.engine, "dave", "live-1")
+	t.Cleanup(live.Abort) // a no-op once finished; else its open transaction would block the cleanup
+
+	settled := [4]string{"2", "1", "0", "1"} // completed, failed, released, expired
+	settledJSON := settled
+	if e.tg.selfExpire {
+		settled = [4]string{"not counted", "not counted", "not counted", "0"}
+		settledJSON = [4]string{"null", "null", "null", "0"}
+	}
+
+	t.Run("stats", func(t *testing.T) {
+		out, err := e.run(ctl.Stats, e.opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("stats", out, `store          <STORE>
+store clock    <TIME>
+in progress    6
+  stale        5 (locked 1.5s or more ago)
+  oldest lock  <TIME> (<AGE>)
+completed      `+settled[0]+`
+failed         `+settled[1]+`
+released       `+settled[2]+` (free again; kept for their nonce)
+expired        `+settled[3]+` (awaiting purge)
+`)
+		o := e.opts()
+		o.JSON = true
+		out, err = e.run(ctl.Stats, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("stats --json", out, `{
+  "store": "<STORE>",
+  "now": "<TIME>",
+  "in_progress": 6,
+  "completed": `+settledJSON[0]+`,
+  "failed": `+settledJSON[1]+`,
+  "released": `+settledJSON[2]+`,
+  "stale": 5,
+  "stale_after_seconds": <N>,
+  "oldest_locked_at": "<TIME>",
+  "oldest_age_seconds": <N>,
+  "expired": `+settledJSON[3]+`
+}
+`)
+	})
+
+	t.Run("stale", func(t *testing.T) {
+		o := e.opts()
+		o.Limit = 3
+		out, err := e.run(ctl.Stale, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("stale", out, `PRINCIPAL  KEY      REQUEST ID   LOCKED AT (UTC)           AGE
+bob        stuck-1  req-stuck-1  <TIME>  <AGE>
+bob        stuck-2  req-stuck-2  <TIME>  <AGE>
+bob        stuck-3  req-stuck-3  <TIME>  <AGE>
+3 stale claims, lease 1.5s (the limit; there may be more: --limit)
+`)
+		o.JSON, o.Limit = true, 1
+		out, err = e.run(ctl.Stale, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("stale --json", out, `[
+  {
+    "principal": "bob",
+    "key": "stuck-1",
+    "state": "in_progress",
+    "fingerprint": "<FP>",
+    "request_id": "req-stuck-1",
+    "lease_token": "<TOKEN>",
+    "created_at": "<TIME>",
+    "locked_at": "<TIME>",
+    "expires_at": "<TIME>",
+    "lock_age_seconds": <N>,
+    "expired": false
+  }
+]
+`)
+	})
+
+	t.Run("show", func(t *testing.T) {
+		show := func(o ctl.Options, p, k string) (string, error) {
+			return e.run(func(ctx context.Context, w io.Writer, o ctl.Options) error { return ctl.Show(ctx, w, o, p, k) }, o)
+		}
+		out, err := show(e.opts(), "alice", "pay-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("show", out, `principal    alice
+key          pay-1
+state        completed
+fingerprint  <FP>
+request id   req-pay-1
+lease token  <TOKEN>
+created at   <TIME> (<AGE>)
+locked at    <TIME> (<AGE>)
+expires at   <TIME> (<AGE>)
+status       201
+header       Content-Type: application/json
+header       Location: /payments/p1
+body         11 bytes (--body prints it)
+`)
+		o := e.opts()
+		o.Body = true
+		out, err = show(o, "alice", "pay-2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasSuffix(out, "status       422\nheader       Content-Type: application/json\nheader       Location: /payments/p1\nbody         25 bytes\n{\"error\":\"card declined\"}\n") {
+			t.Errorf("show --body:\n%s", out)
+		}
+		o.JSON = true
+		var raw bytes.Buffer
+		if err := ctl.Show(ctx, &raw, o, "alice", "pay-1"); err != nil {
+			t.Fatal(err)
+		}
+		out = raw.String()
+		var j map[string]any
+		if err := json.Unmarshal([]byte(out), &j); err != nil || j["body"] != `{"id":"p1"}` || j["status"] != 201.0 || j["state"] != "completed" {
+			t.Errorf("show --json --body = %s (%v)", out, err)
+		}
+		if out, err := show(e.opts(), "dave", "live-1"); err != nil || !strings.Contains(out, "state        in_progress (lease live)") {
+			t.Errorf("show live-1: %v\n%s", err, out)
+		}
+		_, err = show(e.opts(), "alice", "no-such-key")
+		if !errors.Is(err, idem.ErrNotFound) || ctl.ExitCode(err) != ctl.ExitNotFound {
+			t.Errorf("show of a missing key: %v (exit %d), want not found (exit 1)", err, ctl.ExitCode(err))
+		}
+	})
+
+	release := func(o ctl.Options, p, k string) (string, error) {
+		return e.run(func(ctx context.Context, w io.Writer, o ctl.Options) error { return ctl.Release(ctx, w, o, p, k) }, o)
+	}
+
+	t.Run("release refuses a live lease without --force", func(t *testing.T) {
+		o := e.opts()
+		o.Yes = true
+		_, err := release(o, "dave", "live-1")
+		if !errors.Is(err, ctl.ErrRefused) || ctl.ExitCode(err) != ctl.ExitRefused || !strings.Contains(err.Error(), "may happen twice") {
+			t.Fatalf("release of a live lease: %v, want refused with what --force risks", err)
+		}
+		if s := e.state("dave", "live-1"); s != idem.StateInProgress {
+			t.Fatalf("after the refused release live-1 is %s", s)
+		}
+	})
+
+	t.Run("a fenced release loses to a holder that settled first", func(t *testing.T) {
+		o := e.opts()
+		o.Force = true
+		var asked string
+		o.Confirm = func(q string) (bool, error) {
+			asked = q
+			// While the operator reads the question, the holder settles.
+			finish(t, live, http.StatusCreated, `{"id":"p7"}`)
+			return true, nil
+		}
+		_, err := release(o, "dave", "live-1")
+		if !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "nothing released") {
+			t.Fatalf("release after the holder settled: %v, want refused", err)
+		}
+		if !strings.HasPrefix(asked, "FORCE: the lease is live;") {
+			t.Errorf("the forced release asked %q", asked)
+		}
+		if s := e.state("dave", "live-1"); s != idem.StateCompleted {
+			t.Fatalf("live-1 is %s, want the holder's completed outcome", s)
+		}
+	})
+
+	t.Run("a fenced release loses to a retry that took the claim over", func(t *testing.T) {
+		o := e.opts()
+		var settledRetry chan struct{}
+		o.Confirm = func(string) (bool, error) {
+			settledRetry = make(chan struct{})
+			// The client retries meanwhile: its claim takes stuck-1 over,
+			// and it settles a moment later (on SQLite the release waits
+			// for its write lock until then).
+			retry := begin(t, e.engine, "bob", "stuck-1")
+			go func() {
+				defer close(settledRetry)
+				time.Sleep(300 * time.Millisecond)
+				if resp := retry.Finish(idem.Result{Status: 201, Header: http.Header{}, Body: []byte(`{"id":"p8"}`)}); resp.Status != 201 {
+					t.Errorf("the retry's settle answered %d: %s", resp.Status, resp.Body)
+				}
+			}()
+			return true, nil
+		}
+		_, err := release(o, "bob", "stuck-1")
+		if settledRetry != nil {
+			<-settledRetry
+		}
+		if !errors.Is(err, ctl.ErrRefused) {
+			t.Fatalf("release after a takeover: %v, want refused", err)
+		}
+		if s := e.state("bob", "stuck-1"); s != idem.StateCompleted {
+			t.Fatalf("the retry's record is %s, want its completed outcome", s)
+		}
+	})
+
+	t.Run("release", func(t *testing.T) {
+		o := e.opts()
+		o.DryRun = true
+		out, err := release(o, "bob", "stuck-2")
+		if err != nil || !strings.HasPrefix(out, "would release bob/stuck-2 (in progress, locked <AGE> ago, request id req-stuck-2, lease token <TOKEN>)") {
+			t.Fatalf("release --dry-run: %v\n%s", err, out)
+		}
+		o.DryRun = false
+		if _, err := release(o, "bob", "stuck-2"); ctl.ExitCode(err) != ctl.ExitUsage {
+			t.Fatalf("release without a terminal or --yes: %v, want a usage error", err)
+		}
+		o.Confirm = func(string) (bool, error) { return false, nil }
+		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrRefused) {
+			t.Fatalf("release not confirmed: %v", err)
+		}
+		if s := e.state("bob", "stuck-2"); s != idem.StateInProgress {
+			t.Fatalf("stuck-2 is %s after a dry run and a refusal", s)
+		}
+		o.Confirm, o.Yes = nil, true
+		out, err = release(o, "bob", "stuck-2")
+		if err != nil || out != "released bob/stuck-2 (in progress, locked <AGE> ago, request id req-stuck-2, lease token <TOKEN>)\n" {
+			t.Fatalf("release --yes: %v\n%s", err, out)
+		}
+		if s := e.state("bob", "stuck-2"); s != idem.StateReleased {
+			t.Fatalf("stuck-2 is %s after its release", s)
+		}
+		if _, err := release(o, "alice", "pay-1"); !errors.Is(err, ctl.ErrRefused) || e.state("alice", "pay-1") != idem.StateCompleted {
+			t.Fatalf("release of a completed record: %v", err)
+		}
+		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "released already") {
+			t.Fatalf("second release: %v", err)
+		}
+		if _, err := release(o, "bob", "never"); ctl.ExitCode(err) != ctl.ExitNotFound {
+			t.Fatalf("release of a missing record: %v", err)
+		}
+	})
+
+	t.Run("purge", func(t *testing.T) {
+		o := e.opts()
+		o.DryRun = true
+		out, err := e.run(ctl.Purge, o)
+		if err != nil || out != "would purge "+settled[3]+" expired records\n" {
+			t.Fatalf("purge --dry-run: %v\n%s", err, out)
+		}
+		o.DryRun = false
+		if !e.tg.selfExpire {
+			if _, err := e.run(ctl.Purge, o); ctl.ExitCode(err) != ctl.ExitUsage {
+				t.Fatalf("purge without a terminal or --yes: %v", err)
+			}
+			if s := e.state("carol", "old-1"); s != idem.StateCompleted {
+				t.Fatalf("old-1 is %s before the purge", s)
+			}
+		}
+		o.Yes = true
+		out, err = e.run(ctl.Purge, o)
+		want := "purged 1 expired records\n"
+		if e.tg.selfExpire {
+			want = "nothing to purge: no expired records\n"
+		}
+		if err != nil || out != want {
+			t.Fatalf("purge --yes: %v\n%s", err, out)
+		}
+		if s := e.state("carol", "old-1"); s != "absent" {
+			t.Fatalf("old-1 is %s after the purge", s)
+		}
+	})
+
+	t.Run("reconcile", func(t *testing.T) {
+		var asked []ctl.ReconcileRequest
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var q ctl.ReconcileRequest
+			if err := json.NewDecoder(r.Body).Decode(&q); err != nil || r.Method != http.MethodPost {
+				http.Error(w, "bad request", 400)
+				return
+			}
+			asked = append(asked, q)
+			switch q.Key {
+			case "stuck-3":
+				http.NotFound(w, r) // the provider saw nothing: no effect
+			case "stuck-4":
+				_ = json.NewEncoder(w).Encode(ctl.ReconcileAnswer{Status: 201,
+					Headers: http.Header{"Content-Type": {"application/json"}}, Body: `{"id":"p4","reconciled":true}`})
+			default:
+				http.Error(w, "provider unavailable", http.StatusBadGateway)
+			}
+		}))
+		defer srv.Close()
+		o := e.opts()
+		o.URL, o.DryRun, o.Steps = srv.URL, true, []string{"charge"}
+		out, err := e.run(ctl.Reconcile, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.want("reconcile --dry-run", out, `PRINCIPAL  KEY      REQUEST ID   ACTION             DETAIL
+bob        stuck-3  req-stuck-3  would be released  reconciler: no effect (404)
+bob        stuck-4  req-stuck-4  would be stored    reconciler: 201, stored as completed
+bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; claim left in progress
+`)
+		for _, k := range []string{"stuck-3", "stuck-4", "stuck-5"} {
+			if s := e.state("bob", k); s != idem.StateInProgress {
+				t.Fatalf("%s is %s after a dry run", k, s)
+			}
+		}
+		o.DryRun, o.JSON = false, true
+		out, err = e.run(ctl.Reconcile, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep []map[string]any
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep) != 3 ||
+			rep[0]["action"] != ctl.ActionReleased || rep[1]["action"] != ctl.ActionStored || rep[2]["action"] != ctl.ActionManual {
+			t.Fatalf("reconcile --json: %v\n%s", err, out)
+		}
+		if len(asked) != 6 || asked[3].Key != "stuck-3" || asked[3].RequestID != "req-stuck-3" || asked[3].Principal != "bob" {
+			t.Fatalf("the reconciler was asked %+v", asked)
+		}
+		// The reconciler gets the keys the crashed attempts sent their
+		// provider, to look the charges up by.
+		for _, q := range asked {
+			if got := q.DownstreamKeys["charge"]; got != charged[q.Key] || idem.DownstreamKeyOf(q.Principal, q.Key, q.Nonce, "charge") != got {
+				t.Fatalf("%s: the reconciler was sent downstream key %q and nonce %q, the attempt used %q", q.Key, got, q.Nonce, charged[q.Key])
+			}
+		}
+		if s := e.state("bob", "stuck-3"); s != idem.StateReleased {
+			t.Errorf("stuck-3 (no effect) is %s, want released", s)
+		}
+		if s := e.state("bob", "stuck-5"); s != idem.StateInProgress {
+			t.Errorf("stuck-5 (no answer) is %s, want left in progress", s)
+		}
+		// The client's retry of stuck-4 replays what the reconciler said.
+		a, resp := e.engine.Begin(ctx, request("bob", "stuck-4"))
+		if a != nil || resp == nil || resp.Status != 201 || string(resp.Body) != `{"id":"p4","reconciled":true}` {
+			if a != nil {
+				a.Abort()
+			}
+			t.Fatalf("retry of stuck-4: attempt %v, response %+v; want the reconciled 201 replayed", a != nil, resp)
+		}
+		// stuck-5 was taken over, so its lease is fresh: not stale now.
+		o.JSON = false
+		if out, err := e.run(ctl.Reconcile, o); err != nil || out != "no stale claims (none in progress for 1.5s or more)\n" {
+			t.Errorf("second reconcile: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("command line", func(t *testing.T) {
+		argv := []string{"show", "alice", "pay-1", "--dsn", e.dsn, "--json"}
+		if e.table != "" {
+			argv = append(argv, "--table", e.table)
+		}
+		if e.prefix != "" {
+			argv = append(argv, "--prefix", e.prefix)
+		}
+		var b bytes.Buffer
+		if err := ctl.Run(ctx, argv, &b, nil, ctl.Open); err != nil || !strings.Contains(b.String(), `"request_id": "req-pay-1"`) {
+			t.Fatalf("Run(%q): %v\n%s", argv, err, b.String())
+		}
+		argv[1] = "nobody"
+		if code := ctl.ExitCode(ctl.Run(ctx, argv, io.Discard, nil, ctl.Open)); code != ctl.ExitNotFound {
+			t.Errorf("Run of a missing record: exit %d, want 1", code)
+		}
+	})
+}
+
+func TestExitCodes(t *testing.T) {
+	unreachable := func(context.Context, string, string, string) (*ctl.Opened, error) {
+		return nil, fmt.Errorf("connect: %w", idem.ErrTransient)
+	}
+	for _, tc := range []struct {
+		argv []string
+		want int
+	}{
+		{nil, ctl.ExitUsage},
+		{[]string{"frobnicate", "--dsn", "sqlite:x"}, ctl.ExitUsage},
+		{[]string{"show", "alice", "--dsn", "sqlite:x"}, ctl.ExitUsage},
+		{[]string{"stats"}, ctl.ExitUsage}, // no --dsn
+		{[]string{"stats", "--dsn", "sqlite:x", "--lease", "-1s"}, ctl.ExitUsage},
+		{[]string{"stats", "--dsn", "sqlite:x", "--force"}, ctl.ExitUsage},
+		{[]string{"stats", "--dsn", "sqlite:x", "--nope"}, ctl.ExitUsage},
+		{[]string{"stats", "--dsn", "sqlite:x"}, ctl.ExitStore},
+		{[]string{"release", "a", "b", "--dsn", "sqlite:x", "--force", "--yes"}, ctl.ExitStore},
+	} {
+		t.Setenv("IDEM_DSN", "")
+		if got := ctl.ExitCode(ctl.Run(context.Background(), tc.argv, io.Discard, nil, unreachable)); got != tc.want {
+			t.Errorf("%q: exit %d, want %d", tc.argv, got, tc.want)
+		}
+	}
+	for _, dsn := range []string{"nothing", "ftp://host/x", "sqlite:"} {
+		if _, err := ctl.Open(context.Background(), dsn, "", ""); ctl.ExitCode(err) != ctl.ExitUsage {
+			t.Errorf("Open(%q): %v, want a usage error", dsn, err)
+		}
+	}
+	if _, err := ctl.Open(context.Background(), "sqlite:x.db", "", "p:"); ctl.ExitCode(err) != ctl.ExitUsage {
+		t.Errorf("--prefix with a SQL store: %v, want a usage error", err)
+	}
+}
