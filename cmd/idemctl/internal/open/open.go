@@ -1,15 +1,17 @@
-package ctl
+// Package open opens the store a parsed --dsn names, with this
+// repository's stores: it is the ctl.Opener idemctl runs with, and the only
+// package of idemctl that imports the stores.
+package open
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/glebarez/sqlite"
-	"github.com/go-sql-driver/mysql"
+	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
+	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
 	idem "github.com/idemgo/idem/core"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	idempgx "github.com/idemgo/idem/stores/pgx"
@@ -21,57 +23,40 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// Opened is a store Open opened: the store, a description of it for the
-// output, and the function that closes its connections.
-type Opened struct {
-	Store idem.Store
-	// Name describes the store without credentials: "postgres
-	// "public"."idempotency_keys"", "redis 127.0.0.1:6379 prefix idem:".
-	Name  string
-	Close func()
-}
+var _ ctl.Opener = Store
 
 // checker is the start-up check every store of this repository has.
 type checker interface {
 	Check(ctx context.Context) error
 }
 
-// Open opens the store dsn names, by its scheme:
+// Store opens the store d names:
 //
-//	postgres://… or postgresql://…  idempgx (pgx), table from table
-//	mysql://user:pass@host:port/db  idemgorm on MySQL or MariaDB
-//	sqlite:PATH                     idemgorm on the SQLite file PATH
-//	redis://… or rediss://…         idemredis, key prefix from prefix
+//	dsn.Postgres  idempgx (pgx), table from table
+//	dsn.MySQL     idemgorm on MySQL or MariaDB
+//	dsn.SQLite    idemgorm on the SQLite file
+//	dsn.Redis     idemredis, key prefix from prefix
 //
-// table and prefix may be empty for the store's default. Open checks the
+// table and prefix may be empty for the store's default. Store checks the
 // store (its table exists with the expected columns, the server answers)
-// and creates nothing. An unknown scheme is a usage error.
-func Open(ctx context.Context, dsn, table, prefix string) (*Opened, error) {
-	scheme, _, ok := strings.Cut(dsn, ":")
-	if !ok || dsn == "" {
-		return nil, fmt.Errorf("%w: --dsn %q has no scheme (postgres://, mysql://, sqlite:, redis://)", ErrUsage, redactDSN(dsn))
-	}
-	if prefix != "" && scheme != "redis" && scheme != "rediss" {
-		return nil, fmt.Errorf("%w: --prefix names a Redis store's keys; a SQL store takes --table", ErrUsage)
-	}
-	if table != "" && (scheme == "redis" || scheme == "rediss") {
-		return nil, fmt.Errorf("%w: --table names a SQL store's table; a Redis store takes --prefix", ErrUsage)
-	}
+// and creates nothing. Its errors name the DSN redacted (d.Redacted); the
+// caller scrubs what a driver may have quoted (d.Scrub).
+func Store(ctx context.Context, d dsn.DSN, table, prefix string) (*ctl.Opened, error) {
 	var (
-		o   *Opened
+		o   *ctl.Opened
 		err error
 	)
-	switch scheme {
-	case "postgres", "postgresql":
-		o, err = openPgx(ctx, dsn, table)
-	case "mysql":
-		o, err = openMySQL(ctx, dsn, table)
-	case "sqlite":
-		o, err = openSQLite(ctx, strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "//"), table)
-	case "redis", "rediss":
-		o, err = openRedis(ctx, dsn, prefix)
+	switch d.Kind {
+	case dsn.Postgres:
+		o, err = openPgx(ctx, d, table)
+	case dsn.MySQL:
+		o, err = openGorm(ctx, gormmysql.Open(d.Driver), table, d.Redacted)
+	case dsn.SQLite:
+		o, err = openGorm(ctx, sqlite.Open(idemgorm.SQLiteDSN(d.Driver, 5*time.Second)), table, "sqlite "+d.Driver)
+	case dsn.Redis:
+		o, err = openRedis(d, prefix)
 	default:
-		return nil, fmt.Errorf("%w: --dsn scheme %q: want postgres://, mysql://, sqlite: or redis://", ErrUsage, scheme)
+		return nil, fmt.Errorf("%w: no store for DSN kind %q", ctl.ErrUsage, d.Kind)
 	}
 	if err != nil {
 		return nil, err
@@ -85,23 +70,15 @@ func Open(ctx context.Context, dsn, table, prefix string) (*Opened, error) {
 	return o, nil
 }
 
-// redactDSN drops a password from a URL DSN for messages.
-func redactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		return u.Redacted()
-	}
-	return dsn
-}
-
-func openPgx(ctx context.Context, dsn, table string) (*Opened, error) {
-	pc, err := pgxpool.ParseConfig(dsn)
+func openPgx(ctx context.Context, d dsn.DSN, table string) (*ctl.Opened, error) {
+	pc, err := pgxpool.ParseConfig(d.Driver)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --dsn: %v", ErrUsage, err)
+		return nil, fmt.Errorf("%w: --dsn %s: %v", ctl.ErrUsage, d.Redacted, err)
 	}
 	pc.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", redactDSN(dsn), err)
+		return nil, fmt.Errorf("connect %s: %w", d.Redacted, err)
 	}
 	var opts []idempgx.Option
 	if table != "" {
@@ -111,44 +88,14 @@ func openPgx(ctx context.Context, dsn, table string) (*Opened, error) {
 	if err != nil {
 		pool.Close()
 		if table != "" && !errors.Is(err, idem.ErrTransient) {
-			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+			return nil, fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 		}
 		return nil, err
 	}
-	return &Opened{Store: s, Name: "postgres " + s.Table(), Close: pool.Close}, nil
+	return &ctl.Opened{Store: s, Name: "postgres " + s.Table(), Close: pool.Close}, nil
 }
 
-// mysqlDSN turns mysql://user:pass@host:port/db?params into the driver's
-// user:pass@tcp(host:port)/db?params.
-func mysqlDSN(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	cfg := mysql.NewConfig()
-	cfg.Net, cfg.Addr = "tcp", u.Host
-	if u.Port() == "" {
-		cfg.Addr = u.Hostname() + ":3306"
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	if cfg.DBName == "" {
-		return "", errors.New("no database in the path (mysql://user@host:3306/DB)")
-	}
-	if len(u.RawQuery) > 0 {
-		params := map[string]string{}
-		for k, v := range u.Query() {
-			params[k] = v[len(v)-1]
-		}
-		cfg.Params = params
-	}
-	return cfg.FormatDSN(), nil
-}
-
-func openGorm(ctx context.Context, d gorm.Dialector, table, where string) (*Opened, error) {
+func openGorm(ctx context.Context, d gorm.Dialector, table, where string) (*ctl.Opened, error) {
 	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", where, err)
@@ -171,32 +118,17 @@ func openGorm(ctx context.Context, d gorm.Dialector, table, where string) (*Open
 	if err != nil {
 		closeDB()
 		if table != "" {
-			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+			return nil, fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 		}
 		return nil, err
 	}
-	return &Opened{Store: s, Name: s.Dialect() + " " + s.Table(), Close: closeDB}, nil
+	return &ctl.Opened{Store: s, Name: s.Dialect() + " " + s.Table(), Close: closeDB}, nil
 }
 
-func openMySQL(ctx context.Context, dsn, table string) (*Opened, error) {
-	d, err := mysqlDSN(dsn)
+func openRedis(d dsn.DSN, prefix string) (*ctl.Opened, error) {
+	opt, err := redis.ParseURL(d.Driver)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --dsn %s: %v", ErrUsage, redactDSN(dsn), err)
-	}
-	return openGorm(ctx, gormmysql.Open(d), table, redactDSN(dsn))
-}
-
-func openSQLite(ctx context.Context, path, table string) (*Opened, error) {
-	if path == "" {
-		return nil, fmt.Errorf("%w: --dsn sqlite: needs a file path (sqlite:/var/lib/app/idem.db)", ErrUsage)
-	}
-	return openGorm(ctx, sqlite.Open(idemgorm.SQLiteDSN(path, 5*time.Second)), table, "sqlite "+path)
-}
-
-func openRedis(ctx context.Context, dsn, prefix string) (*Opened, error) {
-	opt, err := redis.ParseURL(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --dsn %s: %v", ErrUsage, redactDSN(dsn), err)
+		return nil, fmt.Errorf("%w: --dsn %s: %v", ctl.ErrUsage, d.Redacted, err)
 	}
 	client := redis.NewClient(opt)
 	var opts []idemredis.Option
@@ -206,8 +138,7 @@ func openRedis(ctx context.Context, dsn, prefix string) (*Opened, error) {
 	s, err := idemredis.New(client, opts...)
 	if err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		return nil, fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 	}
-	_ = ctx
-	return &Opened{Store: s, Name: "redis " + opt.Addr + " prefix " + s.Prefix(), Close: func() { _ = client.Close() }}, nil
+	return &ctl.Opened{Store: s, Name: "redis " + opt.Addr + " prefix " + s.Prefix(), Close: func() { _ = client.Close() }}, nil
 }

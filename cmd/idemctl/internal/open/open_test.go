@@ -1,4 +1,7 @@
-package ctl_test
+package open_test
+
+// These tests run idemctl's commands on the real stores, opened by DSN as
+// the command line opens them: PostgreSQL, MariaDB, SQLite and Redis.
 
 import (
 	"bytes"
@@ -20,12 +23,15 @@ import (
 	"github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
+	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
+	"github.com/idemgo/idem/cmd/idemctl/internal/open"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
@@ -34,8 +40,8 @@ import (
 // quickly, and long enough that a live one stays live on a loaded machine.
 const lease = 1500 * time.Millisecond
 
-// target is one store the commands run against, opened through ctl.Open
-// by its DSN like the command line does.
+// target is one store the commands run against, opened by its DSN like
+// the command line opens it.
 type target struct {
 	name       string
 	selfExpire bool // Redis: expired records vanish, settled ones are not counted
@@ -47,17 +53,10 @@ var targets = []target{
 		env := idempgxtest.NewEnv(t, idempgxtest.NewPool(t, 4))
 		return idempgxtest.DSN(), env.Schema + ".idempotency_keys", ""
 	}},
+	// The go-sql-driver DSN, as the application is configured with it.
 	{name: "mariadb", open: func(t *testing.T) (string, string, string) {
 		fix := idemgormtest.NewFixture(t, "mysql")
-		cfg, err := mysqldriver.ParseDSN(idemgormtest.MySQLDSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + cfg.DBName}
-		if cfg.Passwd == "" {
-			u.User = url.User(cfg.User)
-		}
-		return u.String(), fix.Store.Table(), ""
+		return idemgormtest.MySQLDSN(), fix.Store.Table(), ""
 	}},
 	{name: "sqlite", open: func(t *testing.T) (string, string, string) {
 		path := filepath.Join(t.TempDir(), "idem.db")
@@ -82,6 +81,21 @@ var targets = []target{
 	}},
 }
 
+// openDSN opens raw as idemctl does.
+func openDSN(t *testing.T, raw, table, prefix string) *ctl.Opened {
+	t.Helper()
+	d, err := dsn.Parse(raw, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := open.Store(context.Background(), d, table, prefix)
+	if err != nil {
+		t.Fatalf("open %s: %v", d.Redacted, d.Scrub(err))
+	}
+	t.Cleanup(o.Close)
+	return o
+}
+
 // crashStore is a store whose Release never arrives, as when the process
 // dies between a handler's failure and the release: an engine on it leaves
 // the claim in progress, which is how the tests make stale claims.
@@ -89,6 +103,25 @@ type crashStore struct{ idem.Store }
 
 func (crashStore) Release(context.Context, idem.Lease) error {
 	return errors.New("the process died before the release")
+}
+
+// endedStore's transactions end behind the store: Settle reports
+// idem.ErrTxEnded, as when a handler committed the transaction itself, and
+// the engine keeps the claim with its outcome unknown.
+type endedStore struct{ idem.Store }
+
+func (s endedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+	c, tx, err := s.Store.BeginTx(ctx, l)
+	if err != nil {
+		return c, nil, err
+	}
+	return c, endedTx{tx}, nil
+}
+
+type endedTx struct{ idem.Tx }
+
+func (endedTx) Settle(context.Context, idem.Outcome) error {
+	return fmt.Errorf("the handler committed the transaction itself: %w", idem.ErrTxEnded)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -128,20 +161,16 @@ func finish(t *testing.T, a *idem.Attempt, status int, body string) {
 	}
 }
 
-// ageRE matches a rounded time.Duration: 1m2s, 350ms, 0s.
-const ageRE = `[0-9][0-9.]*(ns|µs|ms|s|m|h)([0-9.]+(ns|µs|ms|s|m|h))*`
-
 var normalisers = []struct {
 	re   *regexp.Regexp
 	repl string
 }{
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "<TIME>"},
-	{regexp.MustCompile(`\((in )?` + ageRE + `( ago)?\)`), "(<AGE>)"},
-	{regexp.MustCompile(`locked ` + ageRE + ` ago`), "locked <AGE> ago"},
 	{regexp.MustCompile(`\b[0-9a-f]{64}(?:[0-9a-f]{2})?\b`), "<FP>"},
 	{regexp.MustCompile(`\b[0-9a-f]{32}\b`), "<TOKEN>"},
 	{regexp.MustCompile(`("\w+_seconds"): [0-9.]+`), "$1: <N>"},
-	{regexp.MustCompile(`(?m)  ` + ageRE + `$`), "  <AGE>"},
+	{regexp.MustCompile(`(in )?\b[0-9][0-9.]*(ns|µs|ms|s|m|h)([0-9.]+(ns|µs|ms|s|m|h))*( ago)?`), "<AGE>"},
+	{regexp.MustCompile(` {2,}`), "  "}, // the columns, whatever their width
 }
 
 func normalise(s, storeName string) string {
@@ -164,10 +193,11 @@ type env struct {
 	prefix string
 	engine *idem.Engine
 	crash  *idem.Engine
+	ended  *idem.Engine
 }
 
 func (e *env) opts() ctl.Options {
-	return ctl.Options{Store: e.opened.Store, Name: e.opened.Name, Lease: lease}
+	return ctl.Options{Store: e.opened.Store, Name: e.opened.Name, StoredBody: ctl.StoredBodyPlain}
 }
 
 // run runs cmd and returns its normalised output.
@@ -184,28 +214,27 @@ func (e *env) want(name, got, want string) {
 	}
 }
 
-func (e *env) state(principal, key string) idem.State {
+func (e *env) record(principal, key string) idem.Record {
 	e.t.Helper()
 	r, err := e.opened.Store.Get(context.Background(), principal, key)
 	if errors.Is(err, idem.ErrNotFound) {
-		return "absent"
+		return idem.Record{State: "absent"}
 	}
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return r.State
+	return r
 }
 
+func (e *env) state(principal, key string) idem.State { return e.record(principal, key).State }
+
 func setup(t *testing.T, tg target) *env {
-	dsn, table, prefix := tg.open(t)
-	o, err := ctl.Open(context.Background(), dsn, table, prefix)
-	if err != nil {
-		t.Fatalf("Open(%s): %v", dsn, err)
-	}
-	t.Cleanup(o.Close)
-	e := &env{t: t, tg: tg, opened: o, dsn: dsn, table: table, prefix: prefix}
+	raw, table, prefix := tg.open(t)
+	o := openDSN(t, raw, table, prefix)
+	e := &env{t: t, tg: tg, opened: o, dsn: raw, table: table, prefix: prefix}
 	e.engine = newEngine(t, o.Store, time.Hour)
 	e.crash = newEngine(t, crashStore{o.Store}, time.Hour)
+	e.ended = newEngine(t, endedStore{o.Store}, time.Hour)
 	return e
 }
 
@@ -220,9 +249,14 @@ func TestCommands(t *testing.T) {
 
 func testCommands(t *testing.T, e *env) {
 	ctx := context.Background()
-	// The records, all made through the engine: a completed payment, a
-	// failed one, five claims whose holder crashed, one settled record
+	// The records, all made through the engine: one whose handler ended
+	// its transaction itself (its outcome unknown), a completed payment,
+	// a failed one, five claims whose holder crashed, one settled record
 	// whose retention ends at once, then (after the lease) a live claim.
+	a := begin(t, e.ended, "erin", "unknown-1")
+	if resp := a.Finish(idem.Result{Status: 201, Header: http.Header{}, Body: []byte(`{"id":"p0"}`)}); resp.Status != http.StatusInternalServerError {
+		t.Fatalf("the ended transaction answered %d", resp.Status)
+	}
 	finish(t, begin(t, e.engine, "alice", "pay-1"), http.StatusCreated, `{"id":"p1"}`)
 	finish(t, begin(t, e.engine, "alice", "pay-2"), http.StatusUnprocessableEntity, `{"error":"card declined"}`)
 	charged := map[string]string{} // the crashed attempts' downstream keys
@@ -236,9 +270,9 @@ func testCommands(t *testing.T, e *env) {
 		charged[key] = dk
 		a.Abort()
 	}
-	short := newEngine(t, e.opened.Store, lease)
+	short := newEngine(t, e.opened.Store, 2*lease)
 	finish(t, begin(t, short, "carol", "old-1"), http.StatusCreated, `{"id":"p0"}`)
-	time.Sleep(lease + 200*time.Millisecond)
+	time.Sleep(2*lease + 200*time.Millisecond)
 	live := begin(t, e.engine, "dave", "live-1")
 	t.Cleanup(live.Abort) // a no-op once finished; else its open transaction would block the cleanup
 
@@ -254,15 +288,16 @@ func testCommands(t *testing.T, e *env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.want("stats", out, `store          <STORE>
-store clock    <TIME>
-in progress    6
-  stale        5 (locked 1.5s or more ago)
+		e.want("stats", out, `store  <STORE>
+store clock  <TIME>
+in progress  7
+  stale  6 (past their own lease)
+  outcome unknown  1 of them (resolve with idemctl complete or release --force)
   oldest lock  <TIME> (<AGE>)
-completed      `+settled[0]+`
-failed         `+settled[1]+`
-released       `+settled[2]+` (free again; kept for their nonce)
-expired        `+settled[3]+` (awaiting purge)
+completed  `+settled[0]+`
+failed  `+settled[1]+`
+released  `+settled[2]+` (free again; kept for their nonce)
+expired  `+settled[3]+` (awaiting purge)
 `)
 		o := e.opts()
 		o.JSON = true
@@ -273,12 +308,13 @@ expired        `+settled[3]+` (awaiting purge)
 		e.want("stats --json", out, `{
   "store": "<STORE>",
   "now": "<TIME>",
-  "in_progress": 6,
+  "in_progress": 7,
   "completed": `+settledJSON[0]+`,
   "failed": `+settledJSON[1]+`,
   "released": `+settledJSON[2]+`,
-  "stale": 5,
-  "stale_after_seconds": <N>,
+  "stale": 6,
+  "uncertain": 1,
+  "stale_capped": false,
   "oldest_locked_at": "<TIME>",
   "oldest_age_seconds": <N>,
   "expired": `+settledJSON[3]+`
@@ -293,18 +329,35 @@ expired        `+settled[3]+` (awaiting purge)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.want("stale", out, `PRINCIPAL  KEY      REQUEST ID   LOCKED AT (UTC)           AGE
-bob        stuck-1  req-stuck-1  <TIME>  <AGE>
-bob        stuck-2  req-stuck-2  <TIME>  <AGE>
-bob        stuck-3  req-stuck-3  <TIME>  <AGE>
-3 stale claims, lease 1.5s (the limit; there may be more: --limit)
+		e.want("stale", out, `PRINCIPAL  KEY  REQUEST ID  LOCKED AT (UTC)  LEASE ENDED  OUTCOME
+erin  unknown-1  req-unknown-1  <TIME>  <AGE>  unknown
+bob  stuck-1  req-stuck-1  <TIME>  <AGE>  -
+bob  stuck-2  req-stuck-2  <TIME>  <AGE>  -
+3 stale claims (the limit; there may be more: --limit)
+1 with `+ctl.UncertainNote+`
 `)
-		o.JSON, o.Limit = true, 1
+		o.JSON, o.Limit = true, 2
 		out, err = e.run(ctl.Stale, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.want("stale --json", out, `[
+  {
+    "principal": "erin",
+    "key": "unknown-1",
+    "state": "in_progress",
+    "fingerprint": "<FP>",
+    "request_id": "req-unknown-1",
+    "lease_token": "<TOKEN>",
+    "created_at": "<TIME>",
+    "locked_at": "<TIME>",
+    "lease_expires_at": "<TIME>",
+    "expires_at": "<TIME>",
+    "lock_age_seconds": <N>,
+    "stale": true,
+    "uncertain": true,
+    "expired": false
+  },
   {
     "principal": "bob",
     "key": "stuck-1",
@@ -314,8 +367,11 @@ bob        stuck-3  req-stuck-3  <TIME>  <AGE>
     "lease_token": "<TOKEN>",
     "created_at": "<TIME>",
     "locked_at": "<TIME>",
+    "lease_expires_at": "<TIME>",
     "expires_at": "<TIME>",
     "lock_age_seconds": <N>,
+    "stale": true,
+    "uncertain": false,
     "expired": false
   }
 ]
@@ -330,19 +386,20 @@ bob        stuck-3  req-stuck-3  <TIME>  <AGE>
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.want("show", out, `principal    alice
-key          pay-1
-state        completed
+		e.want("show", out, `principal  alice
+key  pay-1
+state  completed
 fingerprint  <FP>
-request id   req-pay-1
+request id  req-pay-1
 lease token  <TOKEN>
-created at   <TIME> (<AGE>)
-locked at    <TIME> (<AGE>)
-expires at   <TIME> (<AGE>)
-status       201
-header       Content-Type: application/json
-header       Location: /payments/p1
-body         11 bytes (--body prints it)
+created at  <TIME> (<AGE>)
+locked at  <TIME> (<AGE>)
+lease ends  <TIME> (<AGE>)
+expires at  <TIME> (<AGE>)
+status  201
+header  Content-Type: application/json
+header  Location: /payments/p1
+body  11 bytes (--body prints it)
 `)
 		o := e.opts()
 		o.Body = true
@@ -350,7 +407,7 @@ body         11 bytes (--body prints it)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasSuffix(out, "status       422\nheader       Content-Type: application/json\nheader       Location: /payments/p1\nbody         25 bytes\n{\"error\":\"card declined\"}\n") {
+		if !strings.HasSuffix(out, "status  422\nheader  Content-Type: application/json\nheader  Location: /payments/p1\nbody  25 bytes\n{\"error\":\"card declined\"}\n") {
 			t.Errorf("show --body:\n%s", out)
 		}
 		o.JSON = true
@@ -358,13 +415,18 @@ body         11 bytes (--body prints it)
 		if err := ctl.Show(ctx, &raw, o, "alice", "pay-1"); err != nil {
 			t.Fatal(err)
 		}
-		out = raw.String()
 		var j map[string]any
-		if err := json.Unmarshal([]byte(out), &j); err != nil || j["body"] != `{"id":"p1"}` || j["status"] != 201.0 || j["state"] != "completed" {
-			t.Errorf("show --json --body = %s (%v)", out, err)
+		if err := json.Unmarshal(raw.Bytes(), &j); err != nil || j["body"] != `{"id":"p1"}` || j["status"] != 201.0 || j["state"] != "completed" {
+			t.Errorf("show --json --body = %s (%v)", raw.String(), err)
 		}
-		if out, err := show(e.opts(), "dave", "live-1"); err != nil || !strings.Contains(out, "state        in_progress (lease live)") {
+		if out, err := show(e.opts(), "dave", "live-1"); err != nil || !strings.Contains(out, "state  in_progress (lease live: it ends <AGE>)\n") {
 			t.Errorf("show live-1: %v\n%s", err, out)
+		}
+		if out, err := show(e.opts(), "bob", "stuck-1"); err != nil || !strings.Contains(out, "state  in_progress (stale: its lease ended <AGE>)\n") {
+			t.Errorf("show stuck-1: %v\n%s", err, out)
+		}
+		if out, err := show(e.opts(), "erin", "unknown-1"); err != nil || !strings.Contains(out, "\noutcome  "+ctl.UncertainNote+"\n") {
+			t.Errorf("show unknown-1: %v\n%s", err, out)
 		}
 		_, err = show(e.opts(), "alice", "no-such-key")
 		if !errors.Is(err, idem.ErrNotFound) || ctl.ExitCode(err) != ctl.ExitNotFound {
@@ -376,7 +438,7 @@ body         11 bytes (--body prints it)
 		return e.run(func(ctx context.Context, w io.Writer, o ctl.Options) error { return ctl.Release(ctx, w, o, p, k) }, o)
 	}
 
-	t.Run("release refuses a live lease without --force", func(t *testing.T) {
+	t.Run("release refuses a live lease and an unknown outcome without --force", func(t *testing.T) {
 		o := e.opts()
 		o.Yes = true
 		_, err := release(o, "dave", "live-1")
@@ -385,6 +447,13 @@ body         11 bytes (--body prints it)
 		}
 		if s := e.state("dave", "live-1"); s != idem.StateInProgress {
 			t.Fatalf("after the refused release live-1 is %s", s)
+		}
+		_, err = release(o, "erin", "unknown-1")
+		if !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), ctl.UncertainRisk) {
+			t.Fatalf("release of an unknown outcome: %v, want refused with what --force risks", err)
+		}
+		if r := e.record("erin", "unknown-1"); r.State != idem.StateInProgress || !r.Uncertain {
+			t.Fatalf("after the refused release unknown-1 is %+v", r)
 		}
 	})
 
@@ -402,7 +471,7 @@ body         11 bytes (--body prints it)
 		if !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "nothing released") {
 			t.Fatalf("release after the holder settled: %v, want refused", err)
 		}
-		if !strings.HasPrefix(asked, "FORCE: the lease is live;") {
+		if !strings.HasPrefix(asked, "FORCE: the lease is live") {
 			t.Errorf("the forced release asked %q", asked)
 		}
 		if s := e.state("dave", "live-1"); s != idem.StateCompleted {
@@ -444,11 +513,11 @@ body         11 bytes (--body prints it)
 		o := e.opts()
 		o.DryRun = true
 		out, err := release(o, "bob", "stuck-2")
-		if err != nil || !strings.HasPrefix(out, "would release bob/stuck-2 (in progress, locked <AGE> ago, request id req-stuck-2, lease token <TOKEN>)") {
+		if err != nil || !strings.HasPrefix(out, "would release bob/stuck-2 (in progress, locked <AGE>, lease ended <AGE>, request id req-stuck-2, lease token <TOKEN>)") {
 			t.Fatalf("release --dry-run: %v\n%s", err, out)
 		}
 		o.DryRun = false
-		if _, err := release(o, "bob", "stuck-2"); ctl.ExitCode(err) != ctl.ExitUsage {
+		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrNotATerminal) {
 			t.Fatalf("release without a terminal or --yes: %v, want a usage error", err)
 		}
 		o.Confirm = func(string) (bool, error) { return false, nil }
@@ -460,7 +529,7 @@ body         11 bytes (--body prints it)
 		}
 		o.Confirm, o.Yes = nil, true
 		out, err = release(o, "bob", "stuck-2")
-		if err != nil || out != "released bob/stuck-2 (in progress, locked <AGE> ago, request id req-stuck-2, lease token <TOKEN>)\n" {
+		if err != nil || out != "released bob/stuck-2 (in progress, locked <AGE>, lease ended <AGE>, request id req-stuck-2, lease token <TOKEN>): the key is free for the next retry\n" {
 			t.Fatalf("release --yes: %v\n%s", err, out)
 		}
 		if s := e.state("bob", "stuck-2"); s != idem.StateReleased {
@@ -474,6 +543,27 @@ body         11 bytes (--body prints it)
 		}
 		if _, err := release(o, "bob", "never"); ctl.ExitCode(err) != ctl.ExitNotFound {
 			t.Fatalf("release of a missing record: %v", err)
+		}
+	})
+
+	t.Run("complete", func(t *testing.T) {
+		o := e.opts()
+		o.Yes = true
+		resp := idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"p0","resolved":true}`)}
+		var b bytes.Buffer
+		if err := ctl.Complete(ctx, &b, o, "erin", "unknown-1", resp); err != nil {
+			t.Fatalf("complete: %v\n%s", err, b.String())
+		}
+		if r := e.record("erin", "unknown-1"); r.State != idem.StateCompleted || r.Uncertain {
+			t.Fatalf("after complete unknown-1 is %+v", r)
+		}
+		// The client's retry replays what the operator stored.
+		a, got := e.engine.Begin(ctx, request("erin", "unknown-1"))
+		if a != nil || got == nil || got.Status != 201 || string(got.Body) != `{"id":"p0","resolved":true}` {
+			if a != nil {
+				a.Abort()
+			}
+			t.Fatalf("retry of unknown-1: attempt %v, response %+v; want the completed 201 replayed", a != nil, got)
 		}
 	})
 
@@ -516,12 +606,13 @@ body         11 bytes (--body prints it)
 				return
 			}
 			asked = append(asked, q)
+			w.Header().Set("Content-Type", "application/json")
 			switch q.Key {
 			case "stuck-3":
-				http.NotFound(w, r) // the provider saw nothing: no effect
+				io.WriteString(w, `{"effect": "none"}`) // the provider saw nothing
 			case "stuck-4":
-				_ = json.NewEncoder(w).Encode(ctl.ReconcileAnswer{Status: 201,
-					Headers: http.Header{"Content-Type": {"application/json"}}, Body: `{"id":"p4","reconciled":true}`})
+				_ = json.NewEncoder(w).Encode(ctl.ReconcileAnswer{Effect: ctl.EffectCompleted, Status: 201,
+					Headers: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"p4","reconciled":true}`)})
 			default:
 				http.Error(w, "provider unavailable", http.StatusBadGateway)
 			}
@@ -530,13 +621,13 @@ body         11 bytes (--body prints it)
 		o := e.opts()
 		o.URL, o.DryRun, o.Steps = srv.URL, true, []string{"charge"}
 		out, err := e.run(ctl.Reconcile, o)
-		if err != nil {
-			t.Fatal(err)
+		if !errors.Is(err, ctl.ErrReconciler) {
+			t.Fatalf("reconcile --dry-run: %v, want the reconciler's 502 to stop it", err)
 		}
-		e.want("reconcile --dry-run", out, `PRINCIPAL  KEY      REQUEST ID   ACTION             DETAIL
-bob        stuck-3  req-stuck-3  would be released  reconciler: no effect (404)
-bob        stuck-4  req-stuck-4  would be stored    reconciler: 201, stored as completed
-bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; claim left in progress
+		e.want("reconcile --dry-run", out, `PRINCIPAL  KEY  REQUEST ID  OUTCOME  ACTION  DETAIL
+bob  stuck-3  req-stuck-3  -  would be released  reconciler: no effect
+bob  stuck-4  req-stuck-4  -  would be stored  reconciler: 201, stored as completed
+bob  stuck-5  req-stuck-5  -  would be kept  reconciler: answered 502 Bad Gateway, not 200 with an effect (a 404 is no answer either); the pass stops
 `)
 		for _, k := range []string{"stuck-3", "stuck-4", "stuck-5"} {
 			if s := e.state("bob", k); s != idem.StateInProgress {
@@ -545,12 +636,12 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 		}
 		o.DryRun, o.JSON = false, true
 		out, err = e.run(ctl.Reconcile, o)
-		if err != nil {
-			t.Fatal(err)
+		if ctl.ExitCode(err) != ctl.ExitKept {
+			t.Fatalf("reconcile: %v, want exit 5 for stuck-5", err)
 		}
 		var rep []map[string]any
 		if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep) != 3 ||
-			rep[0]["action"] != ctl.ActionReleased || rep[1]["action"] != ctl.ActionStored || rep[2]["action"] != ctl.ActionManual {
+			rep[0]["action"] != ctl.ActionReleased || rep[1]["action"] != ctl.ActionStored || rep[2]["action"] != ctl.ActionKept {
 			t.Fatalf("reconcile --json: %v\n%s", err, out)
 		}
 		if len(asked) != 6 || asked[3].Key != "stuck-3" || asked[3].RequestID != "req-stuck-3" || asked[3].Principal != "bob" {
@@ -566,10 +657,12 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 		if s := e.state("bob", "stuck-3"); s != idem.StateReleased {
 			t.Errorf("stuck-3 (no effect) is %s, want released", s)
 		}
-		if s := e.state("bob", "stuck-5"); s != idem.StateInProgress {
-			t.Errorf("stuck-5 (no answer) is %s, want left in progress", s)
+		if r := e.record("bob", "stuck-5"); r.State != idem.StateInProgress || !r.Uncertain {
+			t.Errorf("stuck-5 (no answer) is %+v, want kept with its outcome unknown", r)
 		}
-		// The client's retry of stuck-4 replays what the reconciler said.
+		// The client's retry of stuck-4 replays what the reconciler said;
+		// its retry of stuck-5 is refused: its outcome is unknown, and the
+		// application has no Reconcile to ask.
 		a, resp := e.engine.Begin(ctx, request("bob", "stuck-4"))
 		if a != nil || resp == nil || resp.Status != 201 || string(resp.Body) != `{"id":"p4","reconciled":true}` {
 			if a != nil {
@@ -577,10 +670,12 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 			}
 			t.Fatalf("retry of stuck-4: attempt %v, response %+v; want the reconciled 201 replayed", a != nil, resp)
 		}
-		// stuck-5 was taken over, so its lease is fresh: not stale now.
-		o.JSON = false
-		if out, err := e.run(ctl.Reconcile, o); err != nil || out != "no stale claims (none in progress for 1.5s or more)\n" {
-			t.Errorf("second reconcile: %v\n%s", err, out)
+		a, resp = e.engine.Begin(ctx, request("bob", "stuck-5"))
+		if a != nil || resp == nil || resp.Status != http.StatusConflict {
+			if a != nil {
+				a.Abort()
+			}
+			t.Fatalf("retry of stuck-5: attempt %v, response %+v; want 409 outcome-unknown", a != nil, resp)
 		}
 	})
 
@@ -593,45 +688,64 @@ bob        stuck-5  req-stuck-5  would be manual    reconciler answered 502; cla
 			argv = append(argv, "--prefix", e.prefix)
 		}
 		var b bytes.Buffer
-		if err := ctl.Run(ctx, argv, &b, nil, ctl.Open); err != nil || !strings.Contains(b.String(), `"request_id": "req-pay-1"`) {
+		if err := ctl.Run(ctx, argv, &b, nil, open.Store); err != nil || !strings.Contains(b.String(), `"request_id": "req-pay-1"`) {
 			t.Fatalf("Run(%q): %v\n%s", argv, err, b.String())
 		}
 		argv[1] = "nobody"
-		if code := ctl.ExitCode(ctl.Run(ctx, argv, io.Discard, nil, ctl.Open)); code != ctl.ExitNotFound {
+		if code := ctl.ExitCode(ctl.Run(ctx, argv, io.Discard, nil, open.Store)); code != ctl.ExitNotFound {
 			t.Errorf("Run of a missing record: exit %d, want 1", code)
 		}
 	})
 }
 
-func TestExitCodes(t *testing.T) {
-	unreachable := func(context.Context, string, string, string) (*ctl.Opened, error) {
-		return nil, fmt.Errorf("connect: %w", idem.ErrTransient)
+// The other DSN forms the applications use open the same stores:
+// PostgreSQL's key=value, and MySQL as a mysql:// URL.
+func TestDSNForms(t *testing.T) {
+	pc, err := pgx.ParseConfig(idempgxtest.DSN())
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		argv []string
-		want int
-	}{
-		{nil, ctl.ExitUsage},
-		{[]string{"frobnicate", "--dsn", "sqlite:x"}, ctl.ExitUsage},
-		{[]string{"show", "alice", "--dsn", "sqlite:x"}, ctl.ExitUsage},
-		{[]string{"stats"}, ctl.ExitUsage}, // no --dsn
-		{[]string{"stats", "--dsn", "sqlite:x", "--lease", "-1s"}, ctl.ExitUsage},
-		{[]string{"stats", "--dsn", "sqlite:x", "--force"}, ctl.ExitUsage},
-		{[]string{"stats", "--dsn", "sqlite:x", "--nope"}, ctl.ExitUsage},
-		{[]string{"stats", "--dsn", "sqlite:x"}, ctl.ExitStore},
-		{[]string{"release", "a", "b", "--dsn", "sqlite:x", "--force", "--yes"}, ctl.ExitStore},
+	env := idempgxtest.NewEnv(t, idempgxtest.NewPool(t, 4))
+	kv := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", pc.Host, pc.Port, pc.User, pc.Database)
+	if pc.Password != "" {
+		kv += " password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pc.Password) + "'"
+	}
+	o := openDSN(t, kv, env.Schema+".idempotency_keys", "")
+	if err := ctl.Stats(context.Background(), io.Discard, ctl.Options{Store: o.Store, Name: o.Name}); err != nil {
+		t.Errorf("stats on %s: %v", o.Name, err)
+	}
+
+	fix := idemgormtest.NewFixture(t, "mysql")
+	cfg, err := mysqldriver.ParseDSN(idemgormtest.MySQLDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + cfg.DBName}
+	if cfg.Passwd == "" {
+		u.User = url.User(cfg.User)
+	}
+	o = openDSN(t, u.String(), fix.Store.Table(), "")
+	if err := ctl.Stats(context.Background(), io.Discard, ctl.Options{Store: o.Store, Name: o.Name}); err != nil {
+		t.Errorf("stats on %s: %v", o.Name, err)
+	}
+}
+
+// A store that refuses the password: the error names the DSN without it.
+func TestWrongPasswordIsNotEchoed(t *testing.T) {
+	cfg, err := mysqldriver.ParseDSN(idemgormtest.MySQLDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Passwd = "n0t-th3-pa55word"
+	for _, raw := range []string{
+		cfg.FormatDSN(),
+		"postgres://postgres:n0t-th3-pa55word@127.0.0.1:1/test?sslmode=disable&connect_timeout=2",
+		"host=127.0.0.1 port=1 user=postgres password=n0t-th3-pa55word dbname=test connect_timeout=2",
+		"redis://:n0t-th3-pa55word@" + idemredistest.Addr() + "/0",
 	} {
-		t.Setenv("IDEM_DSN", "")
-		if got := ctl.ExitCode(ctl.Run(context.Background(), tc.argv, io.Discard, nil, unreachable)); got != tc.want {
-			t.Errorf("%q: exit %d, want %d", tc.argv, got, tc.want)
+		err := ctl.Run(context.Background(), []string{"stats", "--dsn", raw, "--timeout", "5s"}, io.Discard, nil, open.Store)
+		if err == nil || strings.Contains(err.Error(), "pa55word") {
+			t.Errorf("%s: %v", dsn.Redact(raw), err)
 		}
-	}
-	for _, dsn := range []string{"nothing", "ftp://host/x", "sqlite:"} {
-		if _, err := ctl.Open(context.Background(), dsn, "", ""); ctl.ExitCode(err) != ctl.ExitUsage {
-			t.Errorf("Open(%q): %v, want a usage error", dsn, err)
-		}
-	}
-	if _, err := ctl.Open(context.Background(), "sqlite:x.db", "", "p:"); ctl.ExitCode(err) != ctl.ExitUsage {
-		t.Errorf("--prefix with a SQL store: %v, want a usage error", err)
 	}
 }
