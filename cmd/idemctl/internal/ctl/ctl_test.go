@@ -314,6 +314,24 @@ func TestUncertain(t *testing.T) {
 	}
 }
 
+// An operator who answers the prompt with end of input (^D) has confirmed
+// nothing: refused (exit 4), not a store error.
+func TestNoAnswerIsARefusal(t *testing.T) {
+	f := newFixture(t)
+	f.crash("pay-1")
+	f.advance(3 * time.Minute)
+	o := f.opts()
+	var prompt bytes.Buffer
+	o.Confirm = ctl.PromptConfirm(strings.NewReader(""), &prompt)
+	_, err := release(o, "pay-1")
+	if ctl.ExitCode(err) != ctl.ExitRefused || !strings.HasSuffix(prompt.String(), "? The key is then free: the next retry runs the handler afresh. [y/N] ") {
+		t.Fatalf("release answered with EOF: %v (exit %d), prompt %q", err, ctl.ExitCode(err), prompt.String())
+	}
+	if r := f.record("pay-1"); r.State != idem.StateInProgress {
+		t.Fatalf("pay-1 is %s", r.State)
+	}
+}
+
 func TestCompleteRefuses(t *testing.T) {
 	f := newFixture(t)
 	f.uncertain("pay-1")
@@ -329,7 +347,8 @@ func TestCompleteRefuses(t *testing.T) {
 	}{
 		{name: "no --stored-body", set: func(o *ctl.Options) { o.StoredBody = "" }, resp: ok, want: ctl.ExitUsage, msg: "cannot seal"},
 		{name: "unknown --stored-body", set: func(o *ctl.Options) { o.StoredBody = "sealed" }, resp: ok, want: ctl.ExitUsage},
-		{name: "a sensitive stored header", set: func(o *ctl.Options) { o.StoredHeaders = []string{"Set-Cookie"} }, resp: ok, want: ctl.ExitUsage},
+		{name: "a sensitive stored header", set: func(o *ctl.Options) { o.StoredHeaders = []string{"Content-Type", "set-cookie"} },
+			resp: idem.Response{Status: 201, Header: http.Header{"Set-Cookie": {"session=s3cret"}}}, want: ctl.ExitUsage, msg: "a session or a credential"},
 		{name: "a header not stored", resp: idem.Response{Status: 201, Header: http.Header{"X-Payment-Id": {"p1"}}},
 			want: ctl.ExitUsage, msg: "X-Payment-Id is not in --stored-headers"},
 		{name: "a header splitting the replay", resp: idem.Response{Status: 201, Header: http.Header{"Location": {"/p\r\nSet-Cookie: x"}}},
