@@ -32,8 +32,12 @@ var errNoBodyPolicy = fmt.Errorf("%w: --stored-body is required: idemctl cannot 
 	"if it seals them or sets OmitStoredBody (a replay then sends the status and headers with an empty body)", ErrUsage)
 
 // checkPolicy checks o.StoredBody and o.StoredHeaders, as Config's
-// validation checks StoredHeaders.
+// validation checks StoredHeaders. A dry run stores nothing, so it needs no
+// StoredBody: it shows the body as given.
 func (o *Options) checkPolicy() error {
+	if o.DryRun && o.StoredBody == "" {
+		o.StoredBody = StoredBodyPlain
+	}
 	switch o.StoredBody {
 	case StoredBodyPlain, StoredBodyOmit:
 	case "":
@@ -205,11 +209,8 @@ func settle(ctx context.Context, o Options, lease idem.Lease, state idem.State, 
 // confirmation unless o.Yes; o.DryRun says what it would store.
 func Complete(ctx context.Context, w io.Writer, o Options, principal, key string, resp idem.Response) error {
 	o.defaults()
-	if err := o.checkPolicy(); err != nil && !o.DryRun {
+	if err := o.checkPolicy(); err != nil {
 		return err
-	}
-	if o.StoredBody == "" {
-		o.StoredBody = StoredBodyPlain // a dry run shows the body it was given
 	}
 	state, out, _, err := o.storable(resp, true)
 	if err != nil {

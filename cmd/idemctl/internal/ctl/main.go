@@ -275,7 +275,7 @@ func run(ctx context.Context, a args, d dsn.DSN, stdout io.Writer, confirm func(
 			return err
 		}
 	}
-	if (a.cmd == "reconcile" || a.cmd == "complete") && !a.o.DryRun {
+	if a.cmd == "reconcile" || a.cmd == "complete" {
 		if err := a.o.checkPolicy(); err != nil {
 			return err
 		}

@@ -117,11 +117,8 @@ func Reconcile(ctx context.Context, w io.Writer, o Options) error {
 	if err := checkURL(o.URL); err != nil {
 		return err
 	}
-	if err := o.checkPolicy(); err != nil && !o.DryRun {
+	if err := o.checkPolicy(); err != nil {
 		return err
-	}
-	if o.StoredBody == "" {
-		o.StoredBody = StoredBodyPlain
 	}
 	stale, err := o.Store.ListStale(ctx, o.Limit)
 	if err != nil {
