@@ -198,7 +198,7 @@ func Show(ctx context.Context, w io.Writer, o Options, principal, key string) er
 		{"state", state},
 	}
 	if r.Uncertain {
-		rows = append(rows, [2]string{"outcome", UncertainNote})
+		rows = append(rows, [2]string{"outcome", strings.TrimPrefix(UncertainNote, "outcome ")})
 	}
 	rows = append(rows, [][2]string{
 		{"fingerprint", fmt.Sprintf("%x", r.Fingerprint)},

@@ -249,7 +249,7 @@ func TestUncertain(t *testing.T) {
 		t.Errorf("stale: %v\n%s", err, out)
 	}
 	out, err = show(o, "pay-1")
-	if err != nil || !strings.Contains(out, "\noutcome      "+ctl.UncertainNote+"\n") {
+	if err != nil || !strings.Contains(out, "\noutcome      unknown: an attempt's work may have committed; resolve with idemctl complete or release --force\n") {
 		t.Errorf("show: %v\n%s", err, out)
 	}
 	if out, err := show(o, "pay-2"); err != nil || strings.Contains(out, "outcome") {

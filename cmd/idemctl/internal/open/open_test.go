@@ -425,7 +425,7 @@ body  11 bytes (--body prints it)
 		if out, err := show(e.opts(), "bob", "stuck-1"); err != nil || !strings.Contains(out, "state  in_progress (stale: its lease ended <AGE>)\n") {
 			t.Errorf("show stuck-1: %v\n%s", err, out)
 		}
-		if out, err := show(e.opts(), "erin", "unknown-1"); err != nil || !strings.Contains(out, "\noutcome  "+ctl.UncertainNote+"\n") {
+		if out, err := show(e.opts(), "erin", "unknown-1"); err != nil || !strings.Contains(out, "\noutcome  unknown: an attempt's work may have committed; resolve with idemctl complete or release --force\n") {
 			t.Errorf("show unknown-1: %v\n%s", err, out)
 		}
 		_, err = show(e.opts(), "alice", "no-such-key")
