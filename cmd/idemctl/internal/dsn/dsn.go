@@ -403,6 +403,10 @@ func (d DSN) scrub(s string) string {
 	return Redact(s)
 }
 
+// ScrubText returns s with every password of d taken out, and the DSN as
+// given replaced by Redacted: Scrub for a text, such as a driver's log line.
+func (d DSN) ScrubText(s string) string { return d.scrub(s) }
+
 // RedactError returns err with what Redact finds taken out of its text,
 // for an error about a DSN that was not parsed; errors.Is and errors.As
 // still see err.

@@ -7,9 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/go-sql-driver/mysql"
 	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
 	idem "github.com/idemgo/idem/core"
@@ -42,6 +47,7 @@ type checker interface {
 // and creates nothing. Its errors name the DSN redacted (d.Redacted); the
 // caller scrubs what a driver may have quoted (d.Scrub).
 func Store(ctx context.Context, d dsn.DSN, table, prefix string) (*ctl.Opened, error) {
+	routeDriverLogs(d)
 	var (
 		o   *ctl.Opened
 		err error
@@ -68,6 +74,40 @@ func Store(ctx context.Context, d dsn.DSN, table, prefix string) (*ctl.Opened, e
 		}
 	}
 	return o, nil
+}
+
+// logOutput receives the drivers' own log lines.
+var logOutput io.Writer = os.Stderr
+
+// driverLog is a driver's logger that writes each line to logOutput,
+// scrubbed of the DSN's passwords.
+type driverLog struct {
+	mu *sync.Mutex
+	d  dsn.DSN
+}
+
+func (l driverLog) line(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintln(logOutput, "idemctl:", strings.TrimRight(l.d.ScrubText(s), "\n"))
+}
+
+// Print implements go-sql-driver's mysql.Logger.
+func (l driverLog) Print(v ...any) { l.line("mysql: " + fmt.Sprint(v...)) }
+
+// Printf implements go-redis's logger.
+func (l driverLog) Printf(_ context.Context, format string, v ...any) {
+	l.line(fmt.Sprintf(format, v...))
+}
+
+// routeDriverLogs sends the log lines go-sql-driver and go-redis write
+// themselves (a broken connection, a failed dial) through driverLog, so
+// that no log line carries a password either. pgx and gorm log nothing
+// here: pgx has no logger by default, gorm's is Discard.
+func routeDriverLogs(d dsn.DSN) {
+	l := driverLog{mu: new(sync.Mutex), d: d}
+	_ = mysql.SetLogger(l)
+	redis.SetLogger(l)
 }
 
 func openPgx(ctx context.Context, d dsn.DSN, table string) (*ctl.Opened, error) {
