@@ -206,9 +206,11 @@ func Show(ctx context.Context, w io.Writer, o Options, principal, key string) er
 		{"lease token", r.LeaseToken},
 		{"created at", stamp(r.CreatedAt, now)},
 		{"locked at", stamp(r.LockedAt, now)},
-		{"lease ends", stamp(r.LeaseExpiresAt, now)},
-		{"expires at", stamp(r.ExpiresAt, now)},
 	}...)
+	if r.State == idem.StateInProgress {
+		rows = append(rows, [2]string{"lease ends", stamp(r.LeaseExpiresAt, now)})
+	}
+	rows = append(rows, [2]string{"expires at", stamp(r.ExpiresAt, now)})
 	if resp := r.Response; resp != nil {
 		rows = append(rows, [2]string{"status", strconv.Itoa(resp.Status)})
 		names := make([]string, 0, len(resp.Header))

@@ -394,7 +394,6 @@ request id  req-pay-1
 lease token  <TOKEN>
 created at  <TIME> (<AGE>)
 locked at  <TIME> (<AGE>)
-lease ends  <TIME> (<AGE>)
 expires at  <TIME> (<AGE>)
 status  201
 header  Content-Type: application/json
