@@ -47,6 +47,8 @@
 //	principal, key or request unusable (400, 413)       InvalidArgument
 //	key held by another attempt (409)                   Aborted, RetryInfo
 //	key used with another request (422)                 FailedPrecondition
+//	an earlier attempt's outcome unknown, no Reconcile
+//	to ask: an operator must resolve the key (409)      FailedPrecondition
 //	replay not authorised (403)                         PermissionDenied
 //	store unavailable, commit failed (503, 500)         Unavailable, RetryInfo
 //	method past Config.RequestTimeout (503)             DeadlineExceeded, RetryInfo
@@ -364,6 +366,7 @@ var codeOf = map[idem.ProblemType]codes.Code{
 	idem.ProblemTxEnded:          codes.Internal,
 	idem.ProblemTooManyInFlight:  codes.ResourceExhausted,
 	idem.ProblemReplayUnreadable: codes.Internal,
+	idem.ProblemOutcomeUnknown:   codes.FailedPrecondition,
 }
 
 // Code returns the gRPC code the interceptor answers the library's case p
