@@ -43,6 +43,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"NoPrincipalIs401AndClaimsNothing", testNoPrincipal},
 		{"ClientErrorIsStoredAndReplayed", testClientErrorStored},
 		{"ServerErrorIsReleased", testServerErrorReleased},
+		{"UncertainOutcomeIs409", testUncertainIs409},
 		{"HandlerErrorIsReleased", testHandlerErrorReleased},
 		{"HandlerErrorIsClassified", testHandlerErrorClassified},
 		{"PanicIsReleased", testPanicReleased},
