@@ -46,6 +46,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
 	idem "github.com/idemgo/idem/core"
 	"github.com/valyala/fasthttp"
 )
@@ -204,12 +205,15 @@ var bodyReaders = sync.Pool{New: func() any { return new(bytes.Reader) }}
 // when no one receives Events, only enter the fingerprint.
 func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	principal, perr := m.Principal(c)
-	key, id := c.Get(m.cfg.Header), c.Get(m.cfg.RequestIDHeader)
-	if key == "" && len(c.Request().Header.PeekAll(m.cfg.Header)) > 0 {
-		// Present but empty (c.Get cannot tell): key-invalid, never "no
-		// key", which KeyOptional would run without idempotency.
-		key = " "
+	// Every field line of the key header, not the first alone that c.Get
+	// reads: several are refused as ambiguous, and one present but empty
+	// is refused as blank, never run without idempotency (idem.KeyField).
+	var one [1]string
+	lines := one[:0]
+	for _, v := range c.Request().Header.PeekAll(m.cfg.Header) {
+		lines = append(lines, utils.UnsafeString(v)) // copied into kept below
 	}
+	key, id := idem.KeyField(lines), c.Get(m.cfg.RequestIDHeader)
 	var kept strings.Builder
 	kept.Grow(len(principal) + len(key) + len(id))
 	kept.WriteString(principal)

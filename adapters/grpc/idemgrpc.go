@@ -188,19 +188,10 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	keys := md.Get(i.keyMD)
-	if len(keys) > 1 {
-		return nil, i.problemStatus(&idem.CallError{Problem: idem.ProblemKeyInvalid}).Err()
-	}
-	key := ""
-	if len(keys) == 1 {
-		key = keys[0]
-		if strings.TrimSpace(key) == "" {
-			// Present but empty: key-invalid, never "no key", which
-			// KeyOptional would run without idempotency (idem.Request.Key).
-			key = " "
-		}
-	}
+	// Every value of the key: several are refused as ambiguous, and one
+	// present but empty is refused as blank, never run without
+	// idempotency (idem.KeyField).
+	key := idem.KeyField(md.Get(i.keyMD))
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: the request of %s is not a proto message", info.FullMethod)

@@ -41,6 +41,7 @@ func Run(t *testing.T, newBackend storetest.NewBackend) {
 		{"OtherRequestRefused", testOtherRequestRefused},
 		{"NoPrincipal", testNoPrincipal},
 		{"Keys", testKeys},
+		{"AmbiguousKeysRefused", testAmbiguousKeys},
 		{"DeterministicErrorStored", testDeterministicErrorStored},
 		{"TransientCodesReleased", testTransientCodesReleased},
 		{"PanicReleased", testPanicReleased},
@@ -355,7 +356,8 @@ func testNoPrincipal(t *testing.T, s *suite) {
 }
 
 // testKeys: the key is validated as the HTTP header is: missing, invalid
-// and doubled keys are InvalidArgument; the quoted form names the same key.
+// and doubled keys are InvalidArgument; the quoted form names the same key
+// (testAmbiguousKeys has the other ambiguous forms).
 func testKeys(t *testing.T, s *suite) {
 	c, srv := s.start(t, idemgrpc.Config{})
 	id := randHex(8)
@@ -381,6 +383,56 @@ func testKeys(t *testing.T, s *suite) {
 	}
 	want(t, "bare", call(t, c, "alice", "k-"+id, req), codes.OK, false)
 	want(t, "quoted", call(t, c, "alice", `"k-`+id+`"`, req), codes.OK, true)
+}
+
+// testAmbiguousKeys: a key that does not name one key (several metadata
+// values, a list, an Inner List, parameters) is InvalidArgument
+// KEY_INVALID, whichever value or member the interceptor might have taken:
+// the method does not run and no reading of the key is claimed.
+func testAmbiguousKeys(t *testing.T, s *suite) {
+	c, srv := s.start(t, idemgrpc.Config{})
+	for _, tc := range []struct {
+		name   string
+		values []string // the values of the idempotency-key metadata
+		keys   []string // the keys some reading of them names
+	}{
+		{"two values", []string{"k-value-1", "k-value-2"}, []string{"k-value-1", "k-value-2", "k-value-1, k-value-2"}},
+		{"two quoted values", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
+		{"an empty and a full value", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
+		{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
+		{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
+		{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
+		{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
+		{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
+		{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
+		{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var extra []string
+			for _, v := range tc.values {
+				extra = append(extra, "idempotency-key", v)
+			}
+			runs := srv.runs.Load()
+			a := call(t, c, "alice", "", &testpb.ActRequest{EffectId: randHex(8)}, extra...)
+			want(t, fmt.Sprintf("key values %q", tc.values), a, codes.InvalidArgument, false)
+			if a.reason != "KEY_INVALID" {
+				t.Fatalf("key values %q: reason %q, want KEY_INVALID", tc.values, a.reason)
+			}
+			if srv.runs.Load() != runs {
+				t.Fatalf("key values %q: the method ran", tc.values)
+			}
+			for _, key := range tc.keys {
+				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
+					t.Fatalf("key values %q: %q was claimed: %v", tc.values, key, err)
+				}
+			}
+		})
+	}
+	// The same characters inside one sf-string are one key.
+	want(t, "a quoted key holding , and ;", call(t, c, "alice", `"k-one,key;x=1"`, &testpb.ActRequest{EffectId: randHex(8)}), codes.OK, false)
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-one,key;x=1"); err != nil {
+		t.Fatalf("the quoted key was not stored as k-one,key;x=1: %v", err)
+	}
 }
 
 // testDeterministicErrorStored: a deterministic error is stored as failed
