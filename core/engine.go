@@ -53,7 +53,7 @@ func New(cfg Config) (*Engine, error) {
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
 	e.keyInvalid = NewProblem(ProblemKeyInvalid)
-	e.keyInvalid.Detail = fmt.Sprintf("The %s header must be 1 to %d visible ASCII characters, bare or as a quoted string.",
+	e.keyInvalid.Detail = fmt.Sprintf("The %s header must be one field line holding 1 to %d visible ASCII characters, bare or as a quoted string; a key with a comma or semicolon must be quoted.",
 		cfg.Header, cfg.MaxKeyLength)
 	return e, nil
 }
@@ -85,10 +85,12 @@ type Request struct {
 	// returned, if any. Begin answers it like an empty Principal, 401, and
 	// records it in the Event's Err (see Adapter.Principal).
 	PrincipalErr error
-	// Key is the raw value of the idempotency key header: "" only when the
-	// header is absent. A header present with an empty value must be
-	// passed as white space (" "), which Begin answers 400 key-invalid
-	// rather than running the handler without a key.
+	// Key is the value of the idempotency key header, its field lines
+	// combined as KeyField combines them: "" only when the header is
+	// absent. A header present with an empty value must be passed as white
+	// space (" "), which Begin answers 400 key-invalid rather than running
+	// the handler without a key; several field lines become a list, which
+	// is refused the same way.
 	Key string
 	// ContentType is the request's Content-Type header.
 	ContentType string

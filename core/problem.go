@@ -63,7 +63,7 @@ var problems = map[ProblemType]Problem{
 	ProblemKeyMissing: {Status: http.StatusBadRequest, Title: "Idempotency key missing",
 		Detail: "This operation requires an Idempotency-Key header."},
 	ProblemKeyInvalid: {Status: http.StatusBadRequest, Title: "Idempotency key invalid",
-		Detail: "The Idempotency-Key header must be 1 to 255 visible ASCII characters, bare or as a quoted string."},
+		Detail: "The Idempotency-Key header must be one field line holding 1 to 255 visible ASCII characters, bare or as a quoted string; a key with a comma or semicolon must be quoted."},
 	ProblemKeyInUse: {Status: http.StatusConflict, Title: "Idempotency key in use",
 		Detail: "A request with this idempotency key is still being processed. Retry after the time in Retry-After."},
 	ProblemKeyReused: {Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused",
