@@ -24,9 +24,9 @@
 // attempt, a known bug of SDKs, would turn every retry into a new charge.
 // To keep one key across calls of Do (your own retry loop, or a retry
 // after your process restarted), store a key and pass it with WithKey
-// every time. The same goes for a 307 or 308 redirect that http.Client
-// follows: it is a new request to another URL, and gets a new key unless
-// the key came from WithKey.
+// every time. A redirect that http.Client follows (a 307 or 308, which
+// resend the body) is the same operation sent to another URL, and keeps
+// the key.
 //
 // It retries after transport errors (when the body can be sent again), 409
 // while another attempt with the key is running, 429, 502, 503, 504 and 500

@@ -598,29 +598,78 @@ func TestConfigNotShared(t *testing.T) {
 	}
 }
 
-// TestRedirect: a 307 that http.Client follows is a new request, with a
-// new key, unless the key came from WithKey; the body goes along.
+// TestRedirect: a redirect http.Client follows is the same operation at
+// another URL: every hop sends the key the first one sent, minted once,
+// and the body goes along. Info reports that key.
 func TestRedirect(t *testing.T) {
-	for _, withKey := range []bool{false, true} {
-		srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-			http.Redirect(w, r, "/v2/payments", http.StatusTemporaryRedirect)
-		}, jsonStep(201, `{}`))
-		c := &http.Client{Transport: newTransport(t, newFakeClock(), nil)}
-		ctx := context.Background()
-		if withKey {
-			ctx = WithKey(ctx, "order-7")
-		}
-		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
-		res, _, err := send(c, req)
-		if err != nil || res.StatusCode != 201 {
-			t.Fatal(res, err)
-		}
-		s := srv.Seen()
-		if len(s) != 2 || s[1].body != payBody || len(s[0].keys) != 1 || len(s[1].keys) != 1 {
-			t.Fatalf("%+v", s)
-		}
-		if same := s[0].keys[0] == s[1].keys[0]; same != withKey {
-			t.Errorf("WithKey %v: keys %q and %q", withKey, s[0].keys[0], s[1].keys[0])
-		}
+	redirect := func(code int, to string) step {
+		return func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, to, code) }
+	}
+	for _, tc := range []struct {
+		name   string
+		ctxKey string
+		steps  []step
+		hops   int
+	}{
+		{name: "307", steps: []step{redirect(307, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+		{name: "308", steps: []step{redirect(308, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+		{name: "307 then 308", steps: []step{redirect(307, "/v2/payments"), redirect(308, "/v3/payments"), jsonStep(201, `{}`)}, hops: 3},
+		{name: "307, a retried 503, then 201", steps: []step{redirect(307, "/v2/payments"), status(503), jsonStep(201, `{}`)}, hops: 3},
+		{name: "307 with WithKey", ctxKey: "order-7", steps: []step{redirect(307, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.steps...)
+			var minted atomic.Int32
+			c := &http.Client{Transport: newTransport(t, newFakeClock(), func(c *Config) {
+				c.NewKey = func() string { return fmt.Sprintf("minted-%d", minted.Add(1)) }
+			})}
+			ctx := context.Background()
+			if tc.ctxKey != "" {
+				ctx = WithKey(ctx, tc.ctxKey)
+			}
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
+			res, _, err := send(c, req)
+			if err != nil || res.StatusCode != 201 {
+				t.Fatal(res, err)
+			}
+			s := srv.Seen()
+			if len(s) != tc.hops {
+				t.Fatalf("%d requests, want %d: %+v", len(s), tc.hops, s)
+			}
+			for i, r := range s {
+				if r.body != payBody {
+					t.Errorf("request %d sent body %q", i+1, r.body)
+				}
+			}
+			key := oneKey(t, srv.keys())
+			want, mints := tc.ctxKey, int32(0)
+			if want == "" {
+				want, mints = "minted-1", 1
+			}
+			if key != want || minted.Load() != mints {
+				t.Errorf("key %q, NewKey called %d times; want %q, %d", key, minted.Load(), want, mints)
+			}
+			if info, _ := Info(res); info.Key != key {
+				t.Errorf("Info key %q, sent %q", info.Key, key)
+			}
+		})
+	}
+}
+
+// TestRedirectToAnotherServer: a 307 to another server sends it the key
+// the first server got, as net/http sends a key header the caller set.
+func TestRedirectToAnotherServer(t *testing.T) {
+	second := newServer(t, jsonStep(201, `{}`))
+	first := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, second.URL+"/payments", http.StatusTemporaryRedirect)
+	})
+	c := &http.Client{Transport: newTransport(t, newFakeClock(), nil)}
+	res, _, err := post(t, c, first.URL+"/payments", payBody)
+	if err != nil || res.StatusCode != 201 {
+		t.Fatal(res, err)
+	}
+	k1, k2 := oneKey(t, first.keys()), oneKey(t, second.keys())
+	if k1 != k2 || !uuidV4.MatchString(k1) {
+		t.Errorf("keys %q and %q, want one UUIDv4", k1, k2)
 	}
 }
