@@ -41,5 +41,6 @@
 // [Info] returns the key that was sent, how many attempts it took, and
 // whether the answer was replayed (Idempotent-Replayed: true), so that an
 // application can log the key next to the outcome. A request that ends
-// without an answer returns an [*Error] with the same key and attempts.
+// without an answer returns an [*Error] with the same key and attempts; its
+// message names the key by a hash, never the key itself.
 package idemclient

@@ -45,8 +45,9 @@ import (
 //     than failing the caller's read.
 //
 // Info tells the caller the key, the attempts and whether the answer was a
-// replay; an error is an *Error carrying the key and the attempts. A
-// Transport is safe for concurrent use.
+// replay; an error is an *Error carrying the key and the attempts (its
+// message names the key by a hash only). A Transport is safe for
+// concurrent use.
 type Transport struct {
 	cfg    Config
 	header string // cfg.Header, canonical
@@ -184,7 +185,7 @@ func (t *Transport) key(req *http.Request, st *infoCtx) (string, http.Header, er
 	}
 	if k == "" {
 		if k = t.cfg.NewKey(); !validKey(k) {
-			return "", nil, fmt.Errorf("idemclient: Config.NewKey returned %q, not 1 to %d visible ASCII characters", k, MaxKeyLength)
+			return "", nil, fmt.Errorf("idemclient: Config.NewKey returned %d bytes, not 1 to %d visible ASCII characters", len(k), MaxKeyLength)
 		}
 	}
 	h := make(http.Header, len(req.Header)+1)

@@ -2,6 +2,7 @@ package idemclient
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -671,5 +672,60 @@ func TestRedirectToAnotherServer(t *testing.T) {
 	k1, k2 := oneKey(t, first.keys()), oneKey(t, second.keys())
 	if k1 != k2 || !uuidV4.MatchString(k1) {
 		t.Errorf("keys %q and %q, want one UUIDv4", k1, k2)
+	}
+}
+
+// TestErrorHidesKey: no error the Transport returns prints the key, in
+// Error or through fmt's verbs, nor does http.Client's *url.Error around
+// it; it names the key by its hash, and keeps it in Error.Key.
+func TestErrorHidesKey(t *testing.T) {
+	const key = "order-2f9c41d7-secret"
+	hash := fmt.Sprintf("%x", sha256.Sum256([]byte(key)))[:8]
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		cfg   func(*Config)
+		ctx   func(context.Context) context.Context
+	}{
+		{name: "cuts", steps: []step{hangUp}},
+		{name: "context ended in a wait", steps: []step{status(503)}, ctx: func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return ctx
+		}},
+		{name: "minted key", steps: []step{hangUp}, cfg: func(c *Config) { c.NewKey = func() string { return key } }},
+		{name: "minted key not valid", steps: []step{status(201)}, cfg: func(c *Config) { c.NewKey = func() string { return key + " " + key } }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.steps...)
+			c := &http.Client{Transport: newTransport(t, newFakeClock(), func(c *Config) {
+				c.MaxAttempts = 2
+				if tc.cfg != nil {
+					tc.cfg(c)
+				}
+			})}
+			ctx := context.Background()
+			if tc.cfg == nil {
+				ctx = WithKey(ctx, key)
+			}
+			if tc.ctx != nil {
+				ctx = tc.ctx(ctx)
+			}
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
+			_, _, err := send(c, req)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("%v, want an *Error", err)
+			}
+			for _, msg := range []string{err.Error(), e.Error(), fmt.Sprint(err), fmt.Sprintf("%v %+v %s %q", err, err, err, err),
+				fmt.Sprintf("%v %+v %s %q", e, e, e, e)} {
+				if strings.Contains(msg, key) {
+					t.Errorf("the error prints the key: %s", msg)
+				}
+			}
+			if e.Key != "" && (e.Key != key || !strings.Contains(err.Error(), "sha256:"+hash)) {
+				t.Errorf("Error.Key %q, message %q; want the key in the field, its hash %s in the message", e.Key, err, hash)
+			}
+		})
 	}
 }
