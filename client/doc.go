@@ -34,7 +34,10 @@
 // up to a cap and otherwise backing off exponentially with full jitter,
 // within an attempts budget, a time budget and the context's deadline. It
 // never retries 422 (the key was used for another request), any other 4xx,
-// or a replayed answer. [Transport] lists the rules exactly.
+// or a replayed answer. A problem whose type ends in "outcome-unknown"
+// (the server does not know whether the operation took effect) is never
+// retried either: the request fails with [ErrOutcomeUnknown], for an
+// operator to resolve. [Transport] lists the rules exactly.
 //
 // # What the caller learns
 //

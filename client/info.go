@@ -61,9 +61,10 @@ func Info(resp *http.Response) (r Result, ok bool) {
 
 // Error is the error of a request that ended without an answer to return:
 // the last attempt's transport error, the context's error when it ended
-// during a wait, or a body that could not be read. It carries the key and
-// the attempts; http.Client returns it inside a *url.Error, so reach it
-// with errors.As. Attempts is 0 when nothing was sent.
+// during a wait, a body that could not be read, or ErrOutcomeUnknown. It
+// carries the key and the attempts; http.Client returns it inside a
+// *url.Error, so reach it with errors.As. Attempts is 0 when nothing was
+// sent.
 //
 // Its message names the key only by a hash (sha256: and the first 8 hex
 // digits of the key's SHA-256), never the key itself: a key lets whoever
@@ -77,7 +78,8 @@ type Error struct {
 	// Attempts is how many attempts were sent.
 	Attempts int
 	// Err is what ended the request: the last attempt's error, the
-	// context's, or what kept the first attempt from being sent.
+	// context's, ErrOutcomeUnknown, or what kept the first attempt from
+	// being sent.
 	Err error
 }
 

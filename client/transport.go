@@ -28,6 +28,9 @@ import (
 //     classifyResponse lists (409 in progress, 429, 500 unless the problem
 //     type says retrying cannot help, 502, 503, 504), never after 422 or
 //     another 4xx, and never after a replay (Idempotent-Replayed: true).
+//   - A problem of a type ending in "outcome-unknown" is never retried: it
+//     ends the request with an *Error wrapping ErrOutcomeUnknown, and its
+//     body is closed.
 //   - The wait before a retry is the answer's Retry-After (seconds or an
 //     HTTP date), at most Config.MaxRetryAfter; without one it is drawn
 //     from [0, min(MaxDelay, BaseDelay·2ⁿ⁻¹)] before the n-th retry (full
@@ -97,7 +100,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ctx.result.Attempts = attempt
 		var retry bool
 		if err == nil {
-			if retry = classifyResponse(resp); !retry {
+			var final error
+			if retry, final = classifyResponse(resp); final != nil {
+				discard(resp)
+				return nil, &Error{Key: key, Attempts: attempt, Err: final}
+			}
+			if !retry {
 				if err = t.readBody(resp, &ctx.body); err != nil {
 					resp = nil
 				}

@@ -681,6 +681,7 @@ func TestRedirectToAnotherServer(t *testing.T) {
 func TestErrorHidesKey(t *testing.T) {
 	const key = "order-2f9c41d7-secret"
 	hash := fmt.Sprintf("%x", sha256.Sum256([]byte(key)))[:8]
+	unknown := problemStep(409, "outcome-unknown")
 	for _, tc := range []struct {
 		name  string
 		steps []step
@@ -688,6 +689,7 @@ func TestErrorHidesKey(t *testing.T) {
 		ctx   func(context.Context) context.Context
 	}{
 		{name: "cuts", steps: []step{hangUp}},
+		{name: "outcome unknown", steps: []step{unknown}},
 		{name: "context ended in a wait", steps: []step{status(503)}, ctx: func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithCancel(ctx)
 			cancel()
@@ -725,6 +727,46 @@ func TestErrorHidesKey(t *testing.T) {
 			}
 			if e.Key != "" && (e.Key != key || !strings.Contains(err.Error(), "sha256:"+hash)) {
 				t.Errorf("Error.Key %q, message %q; want the key in the field, its hash %s in the message", e.Key, err, hash)
+			}
+		})
+	}
+}
+
+// TestOutcomeUnknown: a problem of type outcome-unknown is final: one
+// request reaches the server, with or without Retry-After, and the caller
+// gets an *Error wrapping ErrOutcomeUnknown through http.Client's
+// *url.Error, with the key and the attempts.
+func TestOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		st   step
+	}{
+		{name: "409", st: problemStep(409, "outcome-unknown")},
+		{name: "409 with Retry-After", st: problemStep(409, "outcome-unknown", "Retry-After", "1")},
+		{name: "503", st: problemStep(503, "outcome-unknown")},
+		{name: "another server's type", st: func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(409)
+			_, _ = io.WriteString(w, `{"type":"https://api.example.test/problems/outcome-unknown","status":409}`)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.st, jsonStep(201, `{}`))
+			clock := newFakeClock()
+			c := &http.Client{Transport: newTransport(t, clock, nil)}
+			res, _, err := post(t, c, srv.URL+"/payments", payBody)
+			var (
+				e  *Error
+				ue *url.Error
+			)
+			if !errors.Is(err, ErrOutcomeUnknown) || !errors.As(err, &e) || !errors.As(err, &ue) {
+				t.Fatalf("%v, %v; want a *url.Error around an *Error wrapping ErrOutcomeUnknown", res, err)
+			}
+			if n := len(srv.Seen()); n != 1 || e.Attempts != 1 || e.Key != oneKey(t, srv.keys()) {
+				t.Errorf("%d requests, Error attempts %d key %q; want 1 request, its key", n, e.Attempts, e.Key)
+			}
+			if s := clock.Sleeps(); len(s) != 0 {
+				t.Errorf("waited %v", s)
 			}
 		})
 	}
