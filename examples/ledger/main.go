@@ -28,6 +28,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,7 +157,8 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (event_id, account, payment_id, amount, currency) VALUES ($1, $2, $3, $4, $5)`, l.Table),
 			header.Get(EventIDHeader), header.Get(AccountHeader), ev.PaymentID, ev.Amount, ev.Currency)
 		if err != nil {
-			return idem.Response{}, err // transient: rolled back, released, Nak
+			// Rolled back and released; Nak or Term as refusedForGood says.
+			return idem.Response{}, fmt.Errorf("writing the ledger row: %w", err)
 		}
 		if l.Delay > 0 {
 			time.Sleep(l.Delay)
@@ -179,6 +181,8 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		// an operator, and the event must wait for them, not be dropped.
 		d := max(ce.RetryAfter, backoff(nakDelay, delivered))
 		return Nak, d, string(ce.Problem)
+	case err != nil && refusedForGood(err):
+		return Term, 0, "refused by the database: " + err.Error()
 	case err != nil:
 		return Nak, backoff(nakDelay, delivered), "released: " + err.Error()
 	case res.State == idem.StateFailed:
@@ -190,6 +194,29 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		return Ack, 0, "recorded"
 	}
 	return Nak, backoff(nakDelay, delivered), "released"
+}
+
+// refusedForGood reports whether err, the handler's, is PostgreSQL refusing
+// the ledger row itself, so that every redelivery of the event would be
+// refused again: SQLSTATE class 22 (data exception: a value the column
+// cannot hold, a NUL in a text), 23 (integrity constraint violation: a
+// unique, check, not-null or foreign key constraint) and 54 (program limit
+// exceeded: a value too large for an index). Anything else can pass and is
+// retried: no PostgreSQL error at all (the connection refused or cut, a
+// timeout), class 40 (40001 serialization failure, 40P01 deadlock), 55P03
+// (lock timeout), 57014 (statement timeout or cancel), class 08 and 53
+// (connection, resources), and class 42 (a missing table or privilege),
+// which an operator fixes while the event waits.
+func refusedForGood(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }
 
 // backoff doubles base per delivery, up to 10s.
