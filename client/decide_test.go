@@ -99,6 +99,16 @@ func TestDecisions(t *testing.T) {
 			attempts: 2, sleeps: s(250 * ms), status: 201},
 		{name: "409 of another idem type is final", answers: []answer{problem(409, "not-in-progress")}, attempts: 1, status: 409},
 		{name: "409 replayed is final", answers: []answer{replayed(resp(409))}, attempts: 1, status: 409, replayed: true},
+		{name: "409 outcome-unknown is ErrOutcomeUnknown", answers: []answer{problem(409, "outcome-unknown"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown with Retry-After too", answers: []answer{problem(409, "outcome-unknown", "Retry-After", "1"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown of another server", answers: []answer{problem(409, "https://api.example.test/p#outcome-unknown"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "500 outcome-unknown", answers: []answer{problem(500, "outcome-unknown"), resp(201)}, attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown replayed", answers: []answer{replayed(problem(409, "outcome-unknown"))}, attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 key-in-use, then outcome-unknown", answers: []answer{inUse("1"), problem(409, "outcome-unknown"), resp(201)},
+			attempts: 2, sleeps: s(time.Second), errIs: ErrOutcomeUnknown},
 
 		// Final 4xx.
 		{name: "422 key-reused", answers: []answer{problem(422, "key-reused"), resp(201)}, attempts: 1, status: 422},
