@@ -228,11 +228,14 @@ type Config struct {
 	// logs are read by more people than the database. Event.Key always
 	// carries the raw key.
 	LogKeys bool
-	// WarnTxUnused logs a warning when a handler answers 2xx without
-	// having used the store's transaction: its writes, if any, went around
-	// the guarantee (through the pool instead of the transaction).
-	// Event.TxUsed says the same for every request.
-	WarnTxUnused bool
+	// AllowTxUnused turns off the warning the engine logs when a handler
+	// answers 2xx without having used the store's transaction: its writes,
+	// if any, went around the guarantee (through the pool instead of the
+	// transaction), and a retry after a failure writes them again. Set it
+	// for an engine whose handlers write nothing in the store's
+	// transaction on purpose. Event.TxUsed says the same for every
+	// request either way.
+	AllowTxUnused bool
 	// OmitStoredBody stores the status and the allow-listed headers of a
 	// response, not its body, for endpoints whose clients re-read the
 	// resource (at its Location) instead of relying on the replayed body.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/core/internal/jsoncanon"
@@ -31,6 +32,9 @@ type Engine struct {
 	keyMissing, keyInvalid Problem
 	// inFlight is Config.MaxInFlightPerPrincipal's limiter, nil when off.
 	inFlight *inFlightLimiter
+	// sawAnonymous is set by the first request without a principal, which
+	// is logged (see emit).
+	sawAnonymous atomic.Bool
 }
 
 // New validates cfg, applies defaults and returns an Engine. It returns an
@@ -606,6 +610,16 @@ func (a *Attempt) settle(res Result) verdict {
 			// outcome: releasing would let a retry run it again. The claim
 			// is kept for Reconcile or an operator.
 			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, a.keepLease(sctx))))
+		case errors.Is(err, ErrTxOwned):
+			// The handler called Commit or Rollback on the handle: the
+			// store refused it and rolled everything back. A bug in the
+			// handler, not a store failure, and retrying does not help.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
+			defer cancel()
+			if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+				err = errors.Join(err, rerr)
+			}
+			return done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: err})
 		case a.mustKeep():
 			// Reconcile said the effect happened, and storing it failed:
 			// kept, not released, for the next takeover to ask again.

@@ -1,15 +1,18 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,7 +114,8 @@ func TestSlowBodyFloodHeap(t *testing.T) {
 // MaxRequestIDLength bytes (issue 19: 24 MB to 522 MB before the fix).
 func TestRequestIDFloodHeap(t *testing.T) {
 	store := memstore.New()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store})
+	logged := &syncBuffer{}
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,9 +152,38 @@ func TestRequestIDFloodHeap(t *testing.T) {
 	if len(rec.RequestID) > idem.MaxRequestIDLength {
 		t.Fatalf("stored request id is %d bytes", len(rec.RequestID))
 	}
+	// The warning for a handler that never used the transaction logs the
+	// request id too: bounded like the stored one.
+	if n, lines := logged.len(); !logged.contains("request_id=") || n > lines*(idem.MaxRequestIDLength+1024) {
+		t.Fatalf("%d log lines of %d bytes, want each with a request id bounded to %d bytes", lines, n, idem.MaxRequestIDLength)
+	}
 	if grown > 32<<20 {
 		t.Fatalf("heap grew by %d bytes", grown)
 	}
+}
+
+// syncBuffer is a log destination safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) len() (n, lines int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len(), bytes.Count(b.b.Bytes(), []byte("\n"))
+}
+
+func (b *syncBuffer) contains(s string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Contains(b.b.Bytes(), []byte(s))
 }
 
 func heapInUse() uint64 {

@@ -64,7 +64,10 @@ var (
 	// transaction-control statement such as COMMIT): the store owns it and
 	// ends it after the handler returns, together with the stored outcome.
 	// Stores return it, or an error wrapping it, and refuse before anything
-	// reaches the database.
+	// reaches the database. When the handler called Commit or Rollback on
+	// the handle, Tx.Settle stores nothing and returns an error wrapping
+	// it, and the engine answers 500 transaction-owned: a bug in the
+	// handler, which a retry repeats.
 	ErrTxOwned = errors.New("idem: the transaction belongs to the idempotency store; return from the handler to commit, or return an error to roll back")
 	// ErrTxEnded is wrapped by the error Tx.Settle returns when the
 	// handler's transaction ended under the handler by a route the store
