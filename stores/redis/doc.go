@@ -59,7 +59,8 @@
 // server's TIME, never the application's clock. The claim script inserts
 // the in-progress record, or takes over a stale lease, or returns the
 // existing record and writes nothing (a replay is one round trip and no
-// write); the settle and release scripts are fenced by the lease token.
+// write); the settle, release and keep scripts are fenced by the lease
+// token.
 //
 // The record's key expires by itself at the record's ExpiresAt (PEXPIREAT,
 // claim time plus Retention, set again by a takeover), whether it is in
@@ -68,13 +69,27 @@
 // would turn every takeover into a fresh claim, so Reclaimed would never be
 // reported, Reconcile never asked, and ListStale (the sweeper's report of
 // stuck claims) would see nothing. Instead the lease is a condition the
-// claim script checks with TIME: an in-progress record older than the
-// claim's Lease, with the same fingerprint, is taken over with a new token
-// in the same atomic script that checked it, so the token it replaces
-// cannot change in between and the stale holder's settle and release miss
-// the fence. The cost is that an abandoned in-progress record (its holder
+// claim script checks with TIME: the claim that takes a lease stores its
+// deadline in the record (its now plus ClaimRequest.Lease, as
+// Record.LeaseExpiresAt), and an in-progress record past its own deadline,
+// with the same fingerprint, is taken over with a new token in the same
+// atomic script that checked it, so the token it replaces cannot change in
+// between and the stale holder's settle, release and keep miss the fence.
+// The lease a later claim asks for decides nothing about the record it
+// finds. The cost is that an abandoned in-progress record (its holder
 // crashed and no client retried) stays until its retention ends, like a
 // settled one.
+//
+// Keep (for an attempt whose outcome the engine does not know) marks the
+// record Uncertain and sets its deadline to the server's now, leaving it in
+// progress with the expiry its claim set. A claim takes such a record over
+// only with ClaimRequest.TakeOverUncertain (the engine sets it when
+// Config.Reconcile is set, which it then asks), and the takeover keeps the
+// mark; otherwise the record is returned as it is and nothing is written.
+// Settling or releasing the record clears the mark. The mark is as durable
+// as the rest of the record: a Redis that loses the record loses it too,
+// and the unique downstream-key column is then what stands between the
+// retry and a second effect.
 //
 // PurgeExpired therefore deletes nothing and returns 0: Redis expires every
 // record itself, so an idem.Sweeper has nothing to purge (it still reports
@@ -92,18 +107,20 @@
 // control bytes as %XX), so no two (principal, key) pairs share a name, and
 // the shard is a hash of both. A record and its shard's index carry the
 // same tag, so they live in one Cluster slot, and every script declares
-// both in KEYS. The index holds the shard's in-progress records by the time
-// their lease was taken; the claim, settle and release scripts maintain it.
-// ListStale reads the indexes, never KEYS or SCAN: IndexShards script calls
-// in one pipeline (one round trip per Cluster primary), then the oldest
-// records. An index entry whose record expired while in progress is
-// removed when ListStale meets it. RecordKey names a record for redis-cli.
+// both in KEYS. The index holds the shard's in-progress records scored by
+// their lease deadline; the claim, settle, release and keep scripts
+// maintain it. ListStale reads the indexes, never KEYS or SCAN: IndexShards
+// script calls in one pipeline (one round trip per Cluster primary), each
+// reading at most limit entries past their deadline, then those records.
+// An index entry whose record expired while in progress is removed when
+// ListStale meets it, once its deadline passed. RecordKey names a record
+// for redis-cli.
 //
 // # Round trips
 //
 // A claim is one EVALSHA, whatever it finds (new, taken over, in progress,
-// settled). A settle is one, a release one, BeginTx none; a first request
-// therefore costs two round trips and a replay one. Check loads the
+// settled). A settle is one, a release one, a keep one, BeginTx none; a
+// first request therefore costs two round trips and a replay one. Check loads the
 // scripts; after a restart or failover that emptied the script cache,
 // go-redis falls back from EVALSHA to EVAL once per script.
 //

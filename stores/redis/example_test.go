@@ -55,7 +55,7 @@ func Example() {
 		log.Fatal(err) // Redis is down: `make services` starts it
 	}
 	db := &payments{byKey: map[string]string{}}
-	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: time.Minute})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: 10 * time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}

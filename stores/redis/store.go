@@ -216,6 +216,14 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // a replay writes nothing. With WithWaitReplicas, WAIT goes out in the same
 // round trip.
 //
+// req.Durable is ignored, and the store does not make claims durable: it
+// keeps no nonce, so a claim that Redis loses takes back nothing a
+// downstream key depends on (see Store). Durable could be mapped onto
+// WithWaitReplicas's WAIT; it is not, because WAIT is replication, not
+// durability (the replicas hold the claim in memory, as the primary does),
+// so it would not give Durable's guarantee while it made the claims that
+// ask for it wait for replicas a server may not have.
+//
 // A claim whose answer was lost is sent again by go-redis (its MaxRetries);
 // the script recognises its own token and answers as the first run did, so
 // the caller holds the key instead of being locked out by its own claim.
@@ -228,7 +236,11 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	}
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
-	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention)}
+	takeOverUncertain := "0"
+	if req.TakeOverUncertain {
+		takeOverUncertain = "1"
+	}
+	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention), takeOverUncertain}
 	var (
 		vals []any
 		err  error
@@ -345,7 +357,7 @@ func flatFields(vals []any) (map[string]string, error) {
 func decodeRecord(principal, key string, f map[string]string) (idem.Record, error) {
 	rec := idem.Record{
 		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idem.State(f["s"]),
-		LeaseToken: f["t"], RequestID: f["q"],
+		LeaseToken: f["t"], RequestID: f["q"], Uncertain: f["u"] == "1",
 	}
 	if !rec.State.Valid() {
 		return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorruptRecord, f["s"])
@@ -353,7 +365,7 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 	for _, tf := range []struct {
 		name string
 		dst  *time.Time
-	}{{"c", &rec.CreatedAt}, {"l", &rec.LockedAt}, {"x", &rec.ExpiresAt}} {
+	}{{"c", &rec.CreatedAt}, {"l", &rec.LockedAt}, {"e", &rec.LeaseExpiresAt}, {"x", &rec.ExpiresAt}} {
 		us, err := strconv.ParseInt(f[tf.name], 10, 64)
 		if err != nil {
 			return idem.Record{}, fmt.Errorf("%w: time %s=%q", ErrCorruptRecord, tf.name, f[tf.name])
@@ -376,15 +388,31 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 }
 
 // Release implements idem.Store: one script run, fenced by the lease token
-// and the in-progress state. It returns idem.ErrLeaseLost when the record
-// is gone, settled, or held by another token. A release whose answer was
-// lost and that go-redis sent again finds nothing the second time and
-// reports ErrLeaseLost, which is true: the lease holds nothing any more.
+// and the in-progress state, that also clears the Uncertain mark. It
+// returns idem.ErrLeaseLost when the record is gone, settled, or held by
+// another token. A release whose answer was lost and that go-redis sent
+// again finds nothing the second time and reports ErrLeaseLost, which is
+// true: the lease holds nothing any more.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	return s.endLease(ctx, "release", releaseScript, l)
+}
+
+// Keep implements idem.Store: one script run, fenced like Release, that
+// marks the record Uncertain and sets its lease deadline to the server's
+// now, leaving it in progress under the same token and with the expiry its
+// claim set. A keep whose answer was lost and that go-redis sent again finds
+// the record still held by the token and marks it again, so it reports
+// success.
+func (s *Store) Keep(ctx context.Context, l idem.Lease) error {
+	return s.endLease(ctx, "keep", keepScript, l)
+}
+
+// endLease runs a script of the Release kind, fenced by l's token.
+func (s *Store) endLease(ctx context.Context, op string, sc *redis.Script, l idem.Lease) error {
 	k := s.keysFor(l.Principal, l.Key)
-	n, err := releaseScript.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
+	n, err := sc.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
 	if err != nil {
-		return wrap("release", err)
+		return wrap(op, err)
 	}
 	if n != 1 {
 		return idem.ErrLeaseLost
@@ -415,26 +443,29 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) { retu
 
 // ListStale implements idem.Store without KEYS or SCAN: it reads the
 // in-progress index of every shard (IndexShards scripts in one pipeline,
-// one round trip per Cluster primary), takes the oldest limit entries
-// locked at least olderThan ago on each primary's clock, and reads their
-// records (a second pipeline). Index entries whose record is no longer in
-// progress (it expired in progress) are removed on the way. It returns at
-// most limit records, oldest first; fewer when some of the oldest entries
-// were such leftovers or changed meanwhile.
-func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
+// one round trip per Cluster primary), which is scored by lease deadline,
+// takes the limit entries whose lease ended longest ago on each primary's
+// clock, and reads their records (a second pipeline). Uncertain records
+// (Keep) are among them, since Keep ends the lease. Index entries whose
+// record is no longer in progress (it expired in progress) are removed on
+// the way. It returns at most limit records, the longest expired first;
+// fewer when some of those entries were such leftovers or changed
+// meanwhile. Its cost is bounded by limit per shard, whatever the number of
+// records.
+func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	type entry struct {
-		shard         int
-		member        string
-		score, cutoff int64
+		shard      int
+		member     string
+		score, now int64
 	}
 	var cmds []*redis.Cmd
 	err := s.pipelinedScript(ctx, staleScript, func(p redis.Pipeliner, eval func(redis.Scripter, []string, ...any) *redis.Cmd) {
 		cmds = cmds[:0]
 		for shard := range IndexShards {
-			cmds = append(cmds, eval(p, []string{s.indexKey(shard)}, micros(olderThan), limit))
+			cmds = append(cmds, eval(p, []string{s.indexKey(shard)}, limit))
 		}
 	}, func() []*redis.Cmd { return cmds })
 	if err != nil {
@@ -456,7 +487,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 			if err != nil {
 				return nil, wrap("list stale", fmt.Errorf("%w: index score %v", ErrCorruptRecord, vals[i+1]))
 			}
-			entries = append(entries, entry{shard: shard, member: member, score: int64(score), cutoff: now - micros(olderThan)})
+			entries = append(entries, entry{shard: shard, member: member, score: int64(score), now: now})
 		}
 	}
 	slices.SortFunc(entries, func(a, b entry) int { return cmp.Compare(a.score, b.score) })
@@ -493,7 +524,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 		if err != nil {
 			return nil, wrap("list stale", err)
 		}
-		if rec.LockedAt.UnixMicro() > e.cutoff {
+		if rec.LeaseExpiresAt.UnixMicro() > e.now {
 			continue // taken over since the index was read: its lease is fresh
 		}
 		out = append(out, rec)
@@ -508,7 +539,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 			}
 		}, func() []*redis.Cmd { return pcmds })
 	}
-	slices.SortStableFunc(out, func(a, b idem.Record) int { return a.LockedAt.Compare(b.LockedAt) })
+	slices.SortStableFunc(out, func(a, b idem.Record) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
 	return out, nil
 }
 
