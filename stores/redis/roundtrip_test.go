@@ -18,7 +18,7 @@ import (
 )
 
 // TestRoundTrips counts, with a go-redis hook, what each store call sends:
-// claim 1, settle 1, replay 1, takeover 1, release 1, BeginTx 0, each one
+// claim 1, settle 1, replay 1, takeover 1, keep 1, release 1, BeginTx 0, each one
 // EVALSHA of a cached script; and a request through the engine costs the
 // claim and the settle, a replay the claim alone.
 func TestRoundTrips(t *testing.T) {
@@ -92,6 +92,10 @@ func TestRoundTrips(t *testing.T) {
 	})
 	if trips != 1 {
 		t.Fatalf("takeover: %d round trips %v, want 1", trips, cmds)
+	}
+	trips, cmds = cnt.measure(func() { mustNil(t, s.Keep(ctx, leaseOf(taker))) })
+	if trips != 1 {
+		t.Fatalf("keep: %d round trips %v, want 1", trips, cmds)
 	}
 	trips, cmds = cnt.measure(func() { mustNil(t, s.Release(ctx, leaseOf(taker))) })
 	if trips != 1 {

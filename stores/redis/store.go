@@ -61,13 +61,26 @@ func WithPrefix(p string) Option {
 	}
 }
 
-// WithWaitReplicas makes every claim that grants a key (a first claim, or a
+// WithWaitReplicas makes every claim that grants a key (a first claim, the
+// replacement of an expired record, the claim of a released one, or a
 // takeover) wait, with Redis's WAIT, until n replicas have acknowledged it,
-// for at most timeout. It travels in the same round trip as the claim, on
-// the same connection, so a claim costs one round trip plus the replication
-// delay; a replay does not wait. A claim fewer than n replicas acknowledged
-// in time is released again and Claim returns an error wrapping
-// ErrNotReplicated and idem.ErrTransient (the client sees a retryable 503).
+// for at most timeout. The claim runs on a connection of its own and WAIT
+// follows on the same connection once the claim's answer says it granted
+// the key, so such a claim costs two round trips plus the replication
+// delay. A claim that grants nothing (a replay, an in-progress conflict, a
+// fingerprint mismatch) wrote nothing, does not wait and costs one round
+// trip, whether or not the replicas answer. Settle, Release and Keep do not
+// wait. A claim on such a connection that breaks is not sent again by
+// go-redis: Claim returns the error, wrapping idem.ErrTransient.
+//
+// A granted claim fewer than n replicas acknowledged in time makes Claim
+// return an error wrapping ErrNotReplicated and idem.ErrTransient (the
+// client sees a retryable 503). A fresh claim is released again by the
+// store, so the client's retry claims afresh; a takeover is left in
+// progress under the new lease token for the caller to end, since the
+// record it took over may hold an outcome nobody knows yet: the engine
+// keeps it (Store.Keep) when Config.Reconcile is set, so that the next
+// takeover asks Reconcile again, and releases it otherwise.
 //
 // WAIT does not make a write durable: a failover can still promote a
 // replica that missed it, only less often. It narrows the window in which
@@ -213,8 +226,8 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // Claim implements idem.Store with one script run: one round trip, however
 // the claim ends (granted, taken over, or the existing record returned), and
-// a replay writes nothing. With WithWaitReplicas, WAIT goes out in the same
-// round trip.
+// a replay writes nothing. With WithWaitReplicas, a claim that granted the
+// key is followed by WAIT, and only such a claim (see WithWaitReplicas).
 //
 // req.Durable is ignored, and the store does not make claims durable: it
 // keeps no nonce, so a claim that Redis loses takes back nothing a
@@ -256,56 +269,61 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	return decodeClaim(req.Principal, req.Key, vals)
 }
 
-// claimAndWait runs the claim script and WAIT in one pipeline on one
-// connection to the primary that owns the record, and releases a granted
-// claim that too few replicas acknowledged.
+// claimAndWait runs the claim script on a connection of its own to the
+// primary that owns the record and, when the claim granted the key, WAIT on
+// that same connection (WAIT counts the replicas that acknowledged the
+// connection's own writes). A claim that granted nothing (a replay, a
+// conflict, a mismatch) wrote nothing and does not wait. A fresh claim that
+// too few replicas acknowledged is released again; a takeover is left held
+// by req.Token for the caller to end (see WithWaitReplicas).
 func (s *Store) claimAndWait(ctx context.Context, req idem.ClaimRequest, k keys, keys []string, args []any) ([]any, error) {
-	var node redis.Cmdable = s.client
-	if s.cluster != nil {
-		c, err := s.cluster.MasterForKey(ctx, k.record)
-		if err != nil {
-			return nil, err
-		}
-		node = c
+	node, err := s.primaryFor(ctx, k.record)
+	if err != nil {
+		return nil, err
 	}
-	var (
-		claim *redis.Cmd
-		wait  *redis.Cmd
-	)
-	for attempt := 0; ; attempt++ {
-		pipe := node.Pipeline()
-		if attempt == 0 {
-			claim = claimScript.EvalSha(ctx, pipe, keys, args...)
-		} else {
-			claim = claimScript.Eval(ctx, pipe, keys, args...) // not cached on the server: send the source
-		}
-		wait = pipe.Do(ctx, "wait", s.waitReplicas, s.waitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if attempt == 0 && isNoScript(claim.Err()) {
-			continue
-		}
-		break
-	}
-	vals, err := claim.Slice()
+	conn := node.Conn()
+	defer conn.Close()
+	vals, err := claimScript.Run(ctx, conn, keys, args...).Slice()
 	if err != nil {
 		if s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
 			s.cluster.ReloadState(ctx) // the slot moved: the next claim asks the right primary
 		}
 		return nil, err
 	}
-	if len(vals) > 0 && vals[0] == int64(1) {
-		acked, werr := wait.Int64()
-		if werr != nil || acked < int64(s.waitReplicas) {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.waitTimeout+time.Second)
-			defer cancel()
+	if len(vals) < 2 || vals[0] != int64(1) {
+		return vals, nil
+	}
+	acked, werr := conn.Do(ctx, "wait", s.waitReplicas, s.waitTimeout.Milliseconds()).Int64()
+	if werr == nil && acked >= int64(s.waitReplicas) {
+		return vals, nil
+	}
+	if vals[1] != int64(1) {
+		// On the claim's connection, which it holds already, unless WAIT
+		// broke it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.waitTimeout+time.Second)
+		defer cancel()
+		if releaseScript.Run(rctx, conn, keys, k.member, req.Token).Err() != nil {
 			_ = s.Release(rctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
-			if werr != nil {
-				return nil, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
-			}
-			return nil, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, acked, s.waitReplicas, s.waitTimeout)
 		}
 	}
-	return vals, nil
+	if werr != nil {
+		return nil, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
+	}
+	return nil, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, acked, s.waitReplicas, s.waitTimeout)
+}
+
+// primaryFor returns the client of the primary that owns key: the Cluster
+// primary of its slot, or the one server.
+func (s *Store) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
+	if s.cluster != nil {
+		return s.cluster.MasterForKey(ctx, key)
+	}
+	c, ok := s.client.(*redis.Client)
+	if !ok {
+		return nil, fmt.Errorf("%w: WithWaitReplicas needs a *redis.Client, Sentinel failover or *redis.ClusterClient client, not %T",
+			idem.ErrMisconfigured, s.client)
+	}
+	return c, nil
 }
 
 func isNoScript(err error) bool {
