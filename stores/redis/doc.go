@@ -16,24 +16,31 @@
 // What makes that safe is the handler's part, and it is small: make the
 // business write idempotent by its downstream key. Derive it with
 // idem.DownstreamKey(ctx, "payment") (the same for every attempt at the
-// request, takeovers included), store it in a column with a unique
-// constraint, insert with INSERT … ON CONFLICT (downstream_key) DO NOTHING,
-// and when nothing was inserted answer from the existing row. Give the
-// engine a Config.Reconcile that looks the row up by the same key, so a
-// takeover answers from what the crashed attempt committed.
+// key, takeovers included), store it in a column with a unique constraint
+// beside the request's own fields (or a hash of them), insert with
+// INSERT … ON CONFLICT (downstream_key) DO NOTHING, and when nothing was
+// inserted read the existing row and compare it with the request: the same
+// request is answered from the row; another one is answered 422
+// (idem.ProblemKeyReused), with an error so that the key is released, not
+// stored. The comparison is the engine's fingerprint check for the case
+// where Redis lost the record that holds the fingerprint. A takeover then
+// needs no Config.Reconcile: the handler run again reads and compares the
+// row. A Reconcile that answered from the row would skip the comparison
+// (it gets the stale record, not the request); one that returns nil, nil
+// lets the handler decide. The README has the handler in full.
 //
 // The failures that open the gap, what each one does, and what closes it:
 //
 //	failure                                   what happens                                    what makes it safe
 //	------------------------------------------------------------------------------------------------------------------------------
-//	the process dies after the business       the record stays in progress: 409 with          Reconcile finds the row by its downstream
-//	commit and before the settle              Retry-After until the lease expires, then a     key and its answer is stored; without it
-//	                                          retry takes the key over                        the handler runs again and the unique
-//	                                                                                          column turns its insert into a read of
-//	                                                                                          the same row
+//	the process dies after the business       the record stays in progress: 409 with          the handler runs again and the unique
+//	commit and before the settle              Retry-After until the lease expires, then a     column turns its insert into a read of
+//	                                          retry takes the key over                        the same row, which it compares with the
+//	                                                                                          request and answers from
 //	Redis restarts without persistence (or    every record is gone: a settled key runs the    the unique column again: the re-run
-//	evicts the record)                        handler again, an attempt in flight finds its   answers from the existing row. Persistence
-//	                                          record gone (409 lease lost)                    (appendonly) and maxmemory-policy
+//	evicts the record)                        handler again, an attempt in flight finds its   answers from the existing row, or 422 when
+//	                                          record gone (409 lease lost)                    the row is another request's. Persistence
+//	                                                                                          (appendonly) and maxmemory-policy
 //	                                                                                          noeviction make it rare
 //	failover to a replica that had not        two attempts hold the key at once, one on       the unique column lets one insert in; the
 //	received the claim                        each primary; the old holder's settle misses    other answers from its row. WithWaitReplicas
@@ -48,9 +55,10 @@
 //	                                                                                          first run did
 //
 // The tests play every row (a Redis of the test's own killed and started
-// empty mid-run, a crash after the business write, a failover to a server
-// that missed the claim, connections cut under each script); RELIABILITY.md
-// has the figures.
+// empty mid-run, a crash after the business write, a record lost under a
+// key reused with another body, a failover to a server that missed the
+// claim, connections cut under each script); RELIABILITY.md has the
+// figures.
 //
 // # Records, expiry and takeover
 //
