@@ -128,9 +128,11 @@
 //
 // A claim is one EVALSHA, whatever it finds (new, taken over, in progress,
 // settled). A settle is one, a release one, a keep one, BeginTx none; a
-// first request therefore costs two round trips and a replay one. Check loads the
-// scripts; after a restart or failover that emptied the script cache,
-// go-redis falls back from EVALSHA to EVAL once per script.
+// first request therefore costs two round trips and a replay one. With
+// WithWaitReplicas a claim that granted the key is followed by WAIT, one
+// more round trip; a replay still costs one. Check loads the scripts;
+// after a restart or failover that emptied the script cache, go-redis
+// falls back from EVALSHA to EVAL once per script.
 //
 // # Start-up
 //
