@@ -35,7 +35,8 @@ func NewResponseBuffer(header http.Header, limit int) *ResponseBuffer {
 
 // buffers pools the buffers ServeHTTP uses. The pool saves 4 allocations per
 // first request, 2 of them the reused header map; both are measured against
-// NewResponseBuffer per request in BENCHMARKS.md, "Tricks kept, and why".
+// NewResponseBuffer per request in docs/design-notes.md, "The engine's hot
+// path".
 var buffers = sync.Pool{New: func() any { return new(ResponseBuffer) }}
 
 // maxPooledBody keeps the buffers of large responses out of the pool.

@@ -228,7 +228,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	}
 	ev.Key = key
 
-	// Bounded resources per caller (issue 19): the principal's in-flight
+	// Bounded resources per caller: the principal's in-flight
 	// slot is held from here; an Attempt returned to the caller owns it.
 	var slotOwner *Attempt
 	if e.inFlight != nil {
@@ -310,7 +310,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 			}
 		}
 		ev.OriginalRequestID = rec.RequestID
-		// Data at rest (issue 19): a sealed body is opened, or nothing is
+		// Data at rest: a sealed body is opened, or nothing is
 		// replayed.
 		if err := e.openStored(ctx, &rec); err != nil {
 			return refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
@@ -589,7 +589,7 @@ func (a *Attempt) settle(res Result) verdict {
 	}
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
-	// Data at rest (issue 19): the body stored may be omitted or sealed.
+	// Data at rest: the body stored may be omitted or sealed.
 	storedBody, err := a.bodyToStore(sctx, res.Body)
 	if err != nil {
 		if ended := a.release(a.ctx, err); ended != nil {

@@ -13,7 +13,7 @@ import (
 // metric labels.
 type OutcomeLabel string
 
-// The outcomes of DESIGN.md, one per request.
+// The outcomes of docs/design.md, one per request.
 const (
 	OutcomeClaimed             OutcomeLabel = "claimed"              // ran and settled
 	OutcomeReplayed            OutcomeLabel = "replayed"             // a stored response was replayed

@@ -608,7 +608,7 @@ func TestObservedEventsOwnTheirStrings(t *testing.T) {
 		})
 	}
 	// The log line carries the raw key only with LogKeys, and the path
-	// without its query string (issue 19): LogKeys keeps the key's
+	// without its query string: LogKeys keeps the key's
 	// ownership under test through the logger.
 	logger := func(c *idemfiber.Config) { c.Logger, c.LogKeys = slog.New(&keepingHandler{keep: keep}), true }
 	custom := fiber.Config{RequestMethods: append(slices.Clone(fiber.DefaultMethods), "PAYOUT", "REFUND")}
