@@ -18,22 +18,27 @@ import (
 
 func TestNewAdapterValidates(t *testing.T) {
 	t.Parallel()
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	principal := func(*http.Request) (string, error) { return "alice", nil }
 	for _, tc := range []struct {
 		name      string
-		cfg       idem.Config
+		eng       *idem.Engine
 		principal func(*http.Request) (string, error)
-		want      string // "" when New succeeds
+		want      string // "" when NewAdapter succeeds
 	}{
-		{"valid", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, principal, ""},
-		{"no principal function", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, nil, "idemtest: idem: invalid config: Principal is required"},
-		{"invalid engine config", idem.Config{FingerprintKey: storetest.FingerprintKey}, principal, "idemtest: idem: invalid config: Store is required"},
+		{"valid", eng, principal, ""},
+		{"no engine", nil, principal, "idemtest: idem: invalid config: Engine is required"},
+		{"no principal function", eng, nil, "idemtest: idem: invalid config: Principal is required"},
+		{"neither", nil, nil, "idemtest: idem: invalid config: Engine is required (build it once with idem.New and share it); Principal is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := idem.NewAdapter("idemtest", tc.cfg, tc.principal)
+			a, err := idem.NewAdapter("idemtest", tc.eng, tc.principal)
 			if tc.want == "" {
-				if err != nil || a == nil || a.Engine == nil {
-					t.Fatalf("NewAdapter = %v, %v", a, err)
+				if err != nil || a == nil || a.Engine != eng {
+					t.Fatalf("NewAdapter = %v, %v, want an Adapter on the given Engine", a, err)
 				}
 				return
 			}
@@ -111,7 +116,11 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			if tc.logger {
 				cfg.Logger = slog.New(own)
 			}
-			a, err := idem.NewAdapter("idemtest", cfg, func(*http.Request) (string, error) { return tc.principal, tc.err })
+			eng, err := idem.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := idem.NewAdapter("idemtest", eng, func(*http.Request) (string, error) { return tc.principal, tc.err })
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -271,6 +271,13 @@ type Config struct {
 	// Clock measures latencies. Default time.Now. Expiry and leases always
 	// use the store's clock.
 	Clock func() time.Time
+	// SkipStoreCheck keeps New from calling the store's Check (see
+	// Checker): New then never touches the store, and a store without its
+	// table fails at the first request instead, with 500
+	// store-misconfigured. Set it when the application checks the store
+	// itself, or when New runs where the store must not be reached (a
+	// tool that only reads the configuration).
+	SkipStoreCheck bool
 }
 
 // ErrInvalidConfig is wrapped by every error New returns.
@@ -351,4 +358,31 @@ func (c *Config) validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}
+
+// checkStore asks the store to check itself (see Checker), unless
+// SkipStoreCheck is set. Only a misconfiguration is an error: anything
+// else is logged at Warn.
+func (c *Config) checkStore() error {
+	ch, ok := c.Store.(Checker)
+	if c.SkipStoreCheck || !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.StoreTimeout)
+	defer cancel()
+	err := ch.Check(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrMisconfigured):
+		return fmt.Errorf("%w: the store's check failed (run the store's Migrate, or apply its migration): %w", ErrInvalidConfig, err)
+	}
+	logger := c.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"idempotency: the store's start-up check could not finish; starting anyway, and requests are answered 503 store-unavailable until the store answers",
+		slog.String("error", err.Error()))
+	return nil
 }

@@ -37,12 +37,30 @@ type Engine struct {
 	sawAnonymous atomic.Bool
 }
 
-// New validates cfg, applies defaults and returns an Engine. It returns an
-// error wrapping ErrInvalidConfig when the configuration is inconsistent.
+// New validates cfg, applies defaults, checks the store and returns an
+// Engine. It returns an error wrapping ErrInvalidConfig when the
+// configuration is inconsistent.
+//
+// When cfg.Store is a Checker and cfg.SkipStoreCheck is not set, New calls
+// its Check with a context bounded by cfg.StoreTimeout. An error wrapping
+// ErrMisconfigured (a missing table, column or permission) fails New with
+// an error wrapping both ErrInvalidConfig and ErrMisconfigured, so a store
+// that was never migrated is found at start-up rather than by the first
+// request. Any other error, such as a database that does not answer yet,
+// is logged once at Warn (through cfg.Logger, or slog.Default() when it is
+// nil) and New returns the Engine: the store is asked again by every
+// request.
+//
+// Build one Engine per configuration and share it: every adapter's
+// middleware or interceptor, the Sweeper and Engine.Do take it, and the
+// per-route hold times and the in-flight limit are the Engine's own.
 func New(cfg Config) (*Engine, error) {
 	wall := cfg.Clock == nil
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkStore(); err != nil {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields), clockIsWall: wall}

@@ -255,6 +255,23 @@ type Store interface {
 	Stats(ctx context.Context, staleAfter time.Duration) (Stats, error)
 }
 
+// A Checker is a Store that can verify, without changing anything, that it
+// can work: its table exists with every column, the database user may use
+// it, the server is recent enough. Check returns an error wrapping
+// ErrMisconfigured when retrying cannot fix what it found, and another
+// error (usually wrapping ErrTransient) when it could not find out, such
+// as a database that does not answer.
+//
+// New calls Check once, bounded by Config.StoreTimeout, unless
+// Config.SkipStoreCheck is set: a misconfigured store fails New, and any
+// other error is logged at Warn and New goes on, so that a database that
+// is down at start-up does not keep the application from starting. Every
+// store in this module set implements it; a store that has nothing to
+// check (memstore) need not.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
 // A Syncer is a Tx whose store can commit a claim before it is durable (the
 // PostgreSQL stores commit a claim asynchronously, to save a WAL flush per
 // first request). Sync returns once the claim of the Tx's attempt is

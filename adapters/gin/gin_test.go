@@ -26,17 +26,18 @@ type fixture struct {
 	r  *gin.Engine
 }
 
-func newFixture(t *testing.T, mutate ...func(*idemgin.Config)) *fixture {
+func newFixture(t *testing.T, mutate ...func(*idem.Config)) *fixture {
 	t.Helper()
 	b := storetest.MemBackend(t)
-	cfg := idemgin.Config{
-		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
-		Principal: principal,
-	}
+	cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	mw, err := idemgin.New(cfg)
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idemgin.New(idemgin.Config{Engine: eng, Principal: principal})
 	if err != nil {
 		t.Fatal(err)
 	}

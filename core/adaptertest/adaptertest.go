@@ -28,7 +28,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		name string
 		fn   func(*testing.T, *suite)
 	}{
-		{"NewRequiresPrincipal", testNewRequiresPrincipal},
+		{"NewRequiresEngineAndPrincipal", testNewRequiresEngineAndPrincipal},
 		{"OnRouteGroupAndGlobal", testGroupAndGlobal},
 		{"BeforeAuthFailsClosed", testBeforeAuth},
 		{"PrincipalErrorIs401", testPrincipalError},

@@ -290,6 +290,15 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	l := &Ledger{Engine: engine, Table: cfg.ledgerTable, Delay: cfg.handlerDelay}
+	// The sweeper, on the consumer's engine, deletes the expired records
+	// (nothing else does) and reports the stale claims no redelivery
+	// takes over.
+	swept := make(chan struct{})
+	defer func() { <-swept }()
+	go func() {
+		defer close(swept)
+		_ = (&idem.Sweeper{Engine: engine, Logger: log}).Run(ctx)
+	}()
 
 	nc, err := nats.Connect(cfg.natsURL, nats.Name("idem-ledger"))
 	if err != nil {
