@@ -59,7 +59,7 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 	err = db.Transaction(func(tx *gorm.DB) error {
 		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
 		rows, err := tx.Raw(s.q.claimPG, s.q.lockTimeoutPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Nonce,
-			r.Retention.Microseconds(), r.Principal, r.Key).Rows()
+			r.Lease.Microseconds(), r.Retention.Microseconds(), r.Principal, r.Key).Rows()
 		if err != nil {
 			return err
 		}

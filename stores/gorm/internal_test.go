@@ -82,9 +82,10 @@ func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 
 // TestMySQLUpsertProof states the MySQL claim statement's answers on the
 // real server, with and without clientFoundRows: inserted, replaced when
-// expired, and unchanged (nothing written) for every other existing row —
-// settled, live in progress, stale in progress (that is takeStale's job),
-// another fingerprint. And the token decides, whatever the count says.
+// expired (its lease deadline and its uncertain mark included), and
+// unchanged (nothing written) for every other existing row — settled, live
+// in progress, stale or kept in progress (that is takeStale's job), another
+// fingerprint. And the token decides, whatever the count says.
 //
 // It runs under the default sql_mode and under one with MariaDB's
 // SIMULTANEOUS_ASSIGNMENT (assignments see the old row, not the values
@@ -114,28 +115,54 @@ func TestMySQLUpsertProof(t *testing.T) {
 				t.Fatalf("insert: %d rows affected, want 1", n)
 			}
 			before, _ := s.Get(ctx, "alice", key)
-			for _, r := range []idem.ClaimRequest{
-				req(key, "a", "t2", time.Hour, time.Hour),       // live in progress, same body
-				req(key, "b", "t3", time.Hour, time.Hour),       // another fingerprint
-				req(key, "a", "t4", time.Nanosecond, time.Hour), // stale lease: not the upsert's business
-			} {
-				if n := s.upsert(t, r); n != unchanged {
-					t.Fatalf("upsert on a live row (%s): %d rows affected, want %d", r.Token, n, unchanged)
+			upserts := func(what string) {
+				t.Helper()
+				for _, r := range []idem.ClaimRequest{
+					req(key, "a", "t2", time.Hour, time.Hour),       // same body
+					req(key, "b", "t3", time.Hour, time.Hour),       // another fingerprint
+					req(key, "a", "t4", time.Nanosecond, time.Hour), // a short lease asked for: the row's own decides
+				} {
+					if n := s.upsert(t, r); n != unchanged {
+						t.Fatalf("upsert on a %s row (%s): %d rows affected, want %d", what, r.Token, n, unchanged)
+					}
+				}
+				after, _ := s.Get(ctx, "alice", key)
+				if after.LeaseToken != before.LeaseToken || !after.LockedAt.Equal(before.LockedAt) || after.RequestID != before.RequestID ||
+					!after.LeaseExpiresAt.Equal(before.LeaseExpiresAt) || after.Uncertain != before.Uncertain {
+					t.Fatalf("the %s row changed: %+v → %+v", what, before, after)
 				}
 			}
-			after, _ := s.Get(ctx, "alice", key)
-			if after.LeaseToken != "t1" || !after.LockedAt.Equal(before.LockedAt) || after.RequestID != before.RequestID {
-				t.Fatalf("the row changed: %+v → %+v", before, after)
-			}
+			upserts("live")
 			// Claim agrees, whatever the count.
-			res, err := s.Claim(ctx, req(key, "a", "t5", time.Hour, time.Hour))
+			res, err := s.Claim(ctx, req(key, "a", "t5", time.Nanosecond, time.Hour))
 			if err != nil || res.Claimed || res.Record.LeaseToken != "t1" {
 				t.Fatalf("Claim on a live row: %+v %v", res, err)
 			}
-			time.Sleep(60 * time.Millisecond)
-			res, err = s.Claim(ctx, req(key, "a", "t6", 50*time.Millisecond, time.Hour))
-			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != "t6" {
-				t.Fatalf("Claim on a stale row: %+v %v", res, err)
+			// Its lease ends: still not the upsert's business.
+			if _, err := s.exec(ctx, "UPDATE "+s.dialect.qualified(s.qtable)+" SET lease_expires_at = UTC_TIMESTAMP(6) WHERE `key` = ?", key); err != nil {
+				t.Fatal(err)
+			}
+			before, _ = s.Get(ctx, "alice", key)
+			upserts("stale")
+			// Kept: uncertain, its lease ended; still untouched by the upsert,
+			// and taken over only by a claim that asks for it.
+			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t1"}); err != nil {
+				t.Fatal(err)
+			}
+			before, _ = s.Get(ctx, "alice", key)
+			if !before.Uncertain {
+				t.Fatalf("kept row = %+v, want uncertain", before)
+			}
+			upserts("kept")
+			if res, err := s.Claim(ctx, req(key, "a", "t5", time.Hour, time.Hour)); err != nil || res.Claimed {
+				t.Fatalf("Claim on a kept row without TakeOverUncertain: %+v %v", res, err)
+			}
+			ask := req(key, "a", "t6", time.Hour, time.Hour)
+			ask.TakeOverUncertain = true
+			res, err = s.Claim(ctx, ask)
+			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != "t6" || !res.Record.Uncertain ||
+				res.Record.Nonce != "n-t1" || res.Record.LeaseExpiresAt.Sub(res.Record.LockedAt) != time.Hour {
+				t.Fatalf("Claim on a kept row with TakeOverUncertain: %+v %v", res, err)
 			}
 
 			// Settle it, then replays change nothing.
@@ -174,9 +201,29 @@ func TestMySQLUpsertProof(t *testing.T) {
 			rec, _ := s.Get(ctx, "alice", short)
 			h := sha256.Sum256([]byte("other body"))
 			if rec.LeaseToken != "u2" || rec.State != idem.StateInProgress || string(rec.Fingerprint) != string(h[:]) ||
-				rec.RequestID != "r-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
-				!rec.CreatedAt.Equal(rec.LockedAt) {
+				rec.RequestID != "r-u2" || rec.Nonce != "n-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
+				rec.LeaseExpiresAt.Sub(rec.LockedAt) != time.Hour || !rec.CreatedAt.Equal(rec.LockedAt) || rec.Uncertain {
 				t.Fatalf("replaced row = %+v", rec)
+			}
+			// An expired kept row: replaced whole, no longer uncertain, with
+			// the new lease. The lease deadline and the mark are assigned
+			// before expires_at, so under the default sql_mode too their
+			// condition reads the old expires_at.
+			kept := "k-" + suffix()
+			if n := s.upsert(t, req(kept, "a", "x1", time.Hour, 30*time.Millisecond)); n != 1 {
+				t.Fatalf("insert: %d", n)
+			}
+			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: kept, Token: "x1"}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n := s.upsert(t, req(kept, "a", "x2", 2*time.Hour, time.Hour)); n != 2 {
+				t.Fatalf("upsert on an expired kept row: %d rows affected, want 2", n)
+			}
+			rec, _ = s.Get(ctx, "alice", kept)
+			if rec.LeaseToken != "x2" || rec.Uncertain || rec.Nonce != "n-x2" || rec.LeaseExpiresAt.Sub(rec.LockedAt) != 2*time.Hour ||
+				rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour {
+				t.Fatalf("replaced kept row = %+v, want x2's, not uncertain, a lease of 2h and a retention of 1h", rec)
 			}
 			// And Claim on an expired completed row claims it whole.
 			time.Sleep(10 * time.Millisecond)
