@@ -182,27 +182,34 @@ func (d dialect) bind(q string) string {
 type queries struct {
 	cols string // the record's columns, in recordRow's order
 
-	claimPG     string // PostgreSQL: insert or return the existing row, one statement
-	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
-	upsertMy    string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
-	upsertMyRet string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
-	selectNow   string // the row plus the database clock
-	takeExpired string // fenced takeover of an expired record
-	takeStale   string // fenced takeover of an in-progress record whose lease ended
-	takeFreed   string // fenced claim of a released record
-	settle      string
-	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
-	settlePins  string // PostgreSQL: the timeouts pinned before the settle, in a statement of their own
-	release     string
-	keep        string
-	get         string
-	purge       string
-	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
-	listStale   string
+	claimPG        string // PostgreSQL: insert or return the existing row, one statement, committed asynchronously
+	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idem.ClaimRequest.Durable)
+	insertLite     string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
+	upsertMy       string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
+	upsertMyRet    string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
+	selectNow      string // the row plus the database clock
+	takeExpired    string // fenced takeover of an expired record
+	takeStale      string // fenced takeover of an in-progress record whose lease ended
+	takeFreed      string // fenced claim of a released record
+	settle         string
+	settlePipe     string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
+	settlePins     string // PostgreSQL: the settings pinned before the settle, in a statement of their own
+	release        string
+	keep           string
+	get            string
+	purge          string
+	pickMy         string // MySQL: the expired batch PurgeExpired deletes by primary key
+	listStale      string
 
 	// PostgreSQL: set_config values for the lock and statement timeouts.
 	lockTimeoutPG, stmtTimeoutPG string
 }
+
+// syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
+// commit must be durable: on, or remote_apply when the session asks for
+// that, which is stronger. Any other value (off, local, remote_write, which
+// a handler may have set) is weaker than on, and becomes on.
+const syncOnPG = "CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
 
 // mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
 // run time; "" for MySQL, where Store.mysqlSession sets the session
@@ -259,16 +266,23 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// another transaction holds (a settle not yet committed), and
 	// synchronous_commit off lets the claim's own commit skip the WAL
 	// flush (this statement's transaction only): the settle's synchronous
-	// commit later flushes the WAL up to and including it, and a claim lost
-	// in a crash took its holder's transaction with it.
-	q.claimPG = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
-		" ins AS (INSERT INTO " + T + " " + insertCols +
-		" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " +
-		d.nowPlus() + ", " + d.nowPlus() +
-		" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
-		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
-		" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
+	// commit later flushes the WAL up to and including it, a claim lost
+	// in a crash took its holder's transaction with it, and a handler that
+	// needs the claim durable sooner (idem.DownstreamKey) waits for the
+	// flush through its transaction (pgTx.Sync). A Durable claim pins it
+	// on instead (syncOnPG).
+	claimPG := func(syncCommit string) string {
+		return "WITH cfg AS (SELECT set_config('synchronous_commit', " + syncCommit + ", true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
+			" ins AS (INSERT INTO " + T + " " + insertCols +
+			" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " +
+			d.nowPlus() + ", " + d.nowPlus() +
+			" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
+			" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
+			" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
+			" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
+	}
+	q.claimPG = claimPG("'off'")
+	q.claimPGDurable = claimPG(syncOnPG)
 
 	// SQLite: the same decision, in two statements that each answer for
 	// themselves: the INSERT returns a row only when it inserted one. It
@@ -340,10 +354,12 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		returning = " RETURNING " + q.cols + ", " + nowCol
 	}
 	// PostgreSQL: the writes outside a handler's transaction (takeovers,
-	// release, keep) pin their lock timeout.
+	// release, keep) pin their lock timeout, and commit synchronously
+	// whatever the server's default: a Durable claim that takes a record
+	// over is durable when Claim returns, and so is a Keep.
 	pgCfg, pgFrom := "", ""
 	if d == dialectPostgres {
-		pgCfg = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt) "
+		pgCfg = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
 		pgFrom = " FROM cfg"
 	}
 	// The takeovers are fenced by the token the caller saw and re-check
@@ -388,12 +404,17 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.keep = pgCfg + my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + pgFrom + held
 	settle := "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?, uncertain = FALSE" + held
 	if d == dialectPostgres {
-		// The settle's timeouts, pinned over whatever SET LOCAL the handler
-		// ran, in a statement before the settle: a statement_timeout set
-		// inside a statement applies from the next statement on, so a
-		// handler's '1ms' would otherwise bound the settle itself. They last
-		// to the transaction's end, so they also bound the COMMIT.
-		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)"
+		// The settle's settings, pinned over whatever SET or SET LOCAL the
+		// handler ran, in a statement before the settle: a
+		// statement_timeout set inside a statement applies from the next
+		// statement on, so a handler's '1ms' would otherwise bound the
+		// settle itself. They last to the transaction's end, so they also
+		// bound the COMMIT, and synchronous_commit makes the COMMIT wait
+		// for its WAL flush (syncOnPG) even when the handler turned it off:
+		// the outcome, and every asynchronously committed claim before it,
+		// is durable when Settle returns.
+		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)," +
+			" set_config('synchronous_commit', " + syncOnPG + ", true)"
 		q.settle = settle
 		// The same, for a batch with COMMIT behind it: a missed fence must
 		// abort the transaction, not merely report zero rows, or the COMMIT
@@ -438,7 +459,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND lease_expires_at <= " + now +
 		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
-	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
+	for _, p := range []*string{&q.claimPG, &q.claimPGDurable, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
 		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)

@@ -289,7 +289,11 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 // way. A settled record is returned as it is, and nothing is written. A
 // row locked by another transaction for longer than the lock timeout makes
 // Claim fail with an error wrapping idem.ErrTransient.
-
+//
+// On PostgreSQL a claim that inserts the record commits without waiting
+// for its WAL flush, unless req.Durable (see pgTx.Sync); on MySQL and
+// SQLite, and for every takeover, Claim returns once the claim is durable,
+// and req.Durable changes nothing.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
 	if err := s.checkClaim(req); err != nil {
 		return idem.ClaimResult{}, err
@@ -421,13 +425,18 @@ func (s *Store) lockArgs(args ...any) []any {
 	return append([]any{s.q.lockTimeoutPG}, args...)
 }
 
-// claimPostgres inserts or returns the existing row in one statement.
+// claimPostgres inserts or returns the existing row in one statement,
+// committed synchronously only when req.Durable.
 func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	pool, err := s.pool()
 	if err != nil {
 		return r, false, false, err
 	}
-	rows, err := pool.QueryContext(ctx, s.q.claimPG, s.q.lockTimeoutPG,
+	query := s.q.claimPG
+	if req.Durable {
+		query = s.q.claimPGDurable
+	}
+	rows, err := pool.QueryContext(ctx, query, s.q.lockTimeoutPG,
 		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce,
 		req.Lease.Microseconds(), req.Retention.Microseconds(), req.Principal, req.Key)
 	if err != nil {
@@ -765,28 +774,6 @@ func (s *Store) endLease(ctx context.Context, op, query string, lease idem.Lease
 		return idem.ErrLeaseLost
 	}
 	return nil
-}
-
-// Sync implements idem.Syncer. On PostgreSQL a claim commits without
-// waiting for its WAL flush (see buildQueries), so Sync commits a
-// transaction that writes WAL, with synchronous_commit on: its commit
-// waits for the flush, which covers every claim before it. One round
-// trip. MySQL and SQLite claims are durable when they commit (as their
-// settings say), and Sync does nothing there. idem.DownstreamKey calls it
-// before it hands out the first key of an attempt.
-func (s *Store) Sync(ctx context.Context) error {
-	if s.dialect != dialectPostgres {
-		return nil
-	}
-	pool, err := s.pool()
-	if err == nil {
-		// A transactional logical-decoding message (about 50 bytes of WAL)
-		// makes the commit wait for the flush: a transaction that wrote no
-		// WAL before its commit record is committed without waiting.
-		_, err = pool.ExecContext(ctx, "SELECT pg_catalog.set_config('synchronous_commit', 'on', true),"+
-			" pg_catalog.pg_logical_emit_message(true, 'idem/sync', '')")
-	}
-	return s.wrap("sync", err)
 }
 
 // Get implements idem.Store. It returns idem.ErrNotFound when no record
