@@ -604,6 +604,7 @@ func TestMariaDBClaimReturning(t *testing.T) {
 		}
 		got, err := s.Get(ctx, r.Principal, r.Key)
 		if err != nil || got.LeaseToken != res.Record.LeaseToken || !got.ExpiresAt.Equal(res.Record.ExpiresAt) ||
+			!got.LeaseExpiresAt.Equal(res.Record.LeaseExpiresAt) || got.Uncertain != res.Record.Uncertain ||
 			!got.CreatedAt.Equal(res.Record.CreatedAt) || got.State != res.Record.State || got.Nonce != res.Record.Nonce {
 			t.Fatalf("%s: the claim answered %+v, the table holds %+v (%v)", name, res.Record, got, err)
 		}
@@ -665,10 +666,9 @@ func TestMySQLMarkerToken(t *testing.T) {
 	}
 }
 
-// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
-// INSERT's answer (the clock and the token) against the row the table
-// holds, column by column, for several retentions.
-func TestSQLiteClaimRecord(t *testing.T) {
+// sqliteStore opens a fresh SQLite file and a migrated store on it.
+func sqliteStore(t *testing.T) *Store {
+	t.Helper()
 	db, err := gorm.Open(sqlite.Open(SQLiteDSN(t.TempDir()+"/idem.db", 0)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -682,12 +682,20 @@ func TestSQLiteClaimRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := s.Migrate(ctx); err != nil {
+	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
+// INSERT's answer (the clock and the token) against the row the table
+// holds, column by column, for several leases and retentions.
+func TestSQLiteClaimRecord(t *testing.T) {
+	s := sqliteStore(t)
+	ctx := context.Background()
 	for i, retention := range []time.Duration{time.Millisecond, 1234567 * time.Microsecond, 24 * time.Hour, 400 * 24 * time.Hour} {
-		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), time.Minute, retention)
+		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), retention/2, retention)
 		res, err := s.Claim(ctx, r)
 		if err != nil || !res.Claimed {
 			t.Fatalf("retention %v: %+v %v", retention, res, err)
@@ -700,11 +708,71 @@ func TestSQLiteClaimRecord(t *testing.T) {
 		if got.Principal != want.Principal || got.Key != want.Key || string(got.Fingerprint) != string(want.Fingerprint) ||
 			got.State != want.State || got.LeaseToken != want.LeaseToken || got.RequestID != want.RequestID ||
 			got.Nonce != want.Nonce || !got.CreatedAt.Equal(want.CreatedAt) || !got.LockedAt.Equal(want.LockedAt) ||
-			!got.ExpiresAt.Equal(want.ExpiresAt) || got.Response != nil || want.Response != nil {
+			!got.ExpiresAt.Equal(want.ExpiresAt) || !got.LeaseExpiresAt.Equal(want.LeaseExpiresAt) ||
+			got.Uncertain || want.Uncertain || got.Response != nil || want.Response != nil {
 			t.Fatalf("retention %v: the claim answered\n%+v\nthe table holds\n%+v", retention, want, got)
 		}
 		if !res.Now.Equal(got.CreatedAt) {
 			t.Fatalf("retention %v: now %v, created_at %v", retention, res.Now, got.CreatedAt)
 		}
+	}
+}
+
+// TestTakeoverRechecksWhatKeepChanges: Keep changes the uncertain mark and
+// the lease deadline under the holder's token, so a Keep that lands
+// between Claim's read of a stale record and its takeover leaves the
+// token and the fingerprint the takeover is fenced by as they were. Only
+// the takeover's own re-check of the mark keeps a claim without
+// TakeOverUncertain from taking the kept record over: here the read and
+// the takeover are run apart, with the Keep between them, on every dialect.
+func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
+	for _, d := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(d, func(t *testing.T) {
+			var s *Store
+			switch d {
+			case "postgres":
+				s, _ = pgStore(t, 4)
+			case "mysql":
+				s = mysqlStore(t, func(*mysqldriver.Config) {})
+			default:
+				s = sqliteStore(t)
+			}
+			ctx := context.Background()
+			held := req("race-"+suffix(), "a", "t1", 20*time.Millisecond, time.Hour)
+			if res, err := s.Claim(ctx, held); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			time.Sleep(40 * time.Millisecond)
+			seen, ok, err := s.queryRow(ctx, true, s.q.selectNow, held.Principal, held.Key)
+			if err != nil || !ok || seen.rec.Uncertain || seen.now.Before(seen.rec.LeaseExpiresAt) {
+				t.Fatalf("the read: %+v %v %v, want a stale record, not uncertain", seen, ok, err)
+			}
+			if err := s.Keep(ctx, idem.Lease{Principal: held.Principal, Key: held.Key, Token: held.Token}); err != nil {
+				t.Fatal(err)
+			}
+			next := req(held.Key, "a", "t2", time.Hour, time.Hour)
+			takeover := func(takeOverUncertain bool) bool {
+				t.Helper()
+				_, ok, err := s.takeover(ctx, s.q.takeStale, s.lockArgs(
+					next.Token, next.RequestID, next.Lease.Microseconds(), next.Retention.Microseconds(),
+					next.Principal, next.Key, seen.rec.LeaseToken, next.Fingerprint, takeOverUncertain), next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			if takeover(false) {
+				t.Fatal("a takeover without TakeOverUncertain, read before the Keep, took the kept record over")
+			}
+			if rec, err := s.Get(ctx, held.Principal, held.Key); err != nil || rec.LeaseToken != "t1" || !rec.Uncertain {
+				t.Fatalf("after the refused takeover: %+v %v, want t1's, uncertain", rec, err)
+			}
+			if !takeover(true) {
+				t.Fatal("a takeover with TakeOverUncertain did not take the kept record over")
+			}
+			if rec, err := s.Get(ctx, held.Principal, held.Key); err != nil || rec.LeaseToken != "t2" || !rec.Uncertain || rec.Nonce != "n-t1" {
+				t.Fatalf("after the takeover: %+v %v, want t2's, uncertain, with t1's nonce", rec, err)
+			}
+		})
 	}
 }
