@@ -725,6 +725,7 @@ func TestSQLiteClaimRecord(t *testing.T) {
 // the takeover's own re-check of the mark keeps a claim without
 // TakeOverUncertain from taking the kept record over: here the read and
 // the takeover are run apart, with the Keep between them, on every dialect.
+// The takeover re-checks the lease deadline the same way.
 func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
 	for _, d := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(d, func(t *testing.T) {
@@ -772,6 +773,13 @@ func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
 			}
 			if rec, err := s.Get(ctx, held.Principal, held.Key); err != nil || rec.LeaseToken != "t2" || !rec.Uncertain || rec.Nonce != "n-t1" {
 				t.Fatalf("after the takeover: %+v %v, want t2's, uncertain, with t1's nonce", rec, err)
+			}
+			// And the lease deadline is the statement's own condition too: the
+			// record it now holds has an hour left, whatever the claim asks.
+			next = req(held.Key, "a", "t3", time.Nanosecond, time.Hour)
+			seen.rec.LeaseToken = "t2"
+			if takeover(true) {
+				t.Fatal("a takeover of a record whose lease has an hour left took it over")
 			}
 		})
 	}
