@@ -15,13 +15,17 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// pgStore opens PostgreSQL on a pool of at most conns connections and a
+// pgStore opens PostgreSQL on a pool of at most conns connections, whose
+// sessions start with the run-time parameters params ("name=value"), and a
 // store on a fresh table, dropped afterwards.
-func pgStore(t *testing.T, conns int) (*Store, *gorm.DB) {
+func pgStore(t *testing.T, conns int, params ...string) (*Store, *gorm.DB) {
 	t.Helper()
 	dsn := os.Getenv("IDEM_PG_DSN")
 	if dsn == "" {
 		dsn = "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable"
+	}
+	for _, p := range params {
+		dsn += " " + p
 	}
 	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
@@ -142,6 +146,8 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Before the table's cleanup, which needs the pool's connection.
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 		syncer, ok := tx.(idem.Syncer)
 		if !ok {
 			t.Fatalf("the PostgreSQL Tx (%T) is not an idem.Syncer", tx)
@@ -187,12 +193,16 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 }
 
 // TestPostgresDurableClaimCommitsSynchronously: a trigger on the store's
-// table records synchronous_commit as each write of the store sees it. A
-// claim that inserts runs with it off, unless Durable; the takeovers (of a
-// stale claim, of a released record) and Keep, which do not hand their
-// durability to a later Sync, run with it on.
+// table records synchronous_commit as each write of the store sees it, on
+// sessions whose own default is off. A claim that inserts runs with it off,
+// unless Durable; the takeovers (of a stale claim, of a released record)
+// and Keep, which do not hand their durability to a later Sync, run with
+// it on.
 func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
-	s, db := pgStore(t, 4)
+	s, db := pgStore(t, 4, "synchronous_commit=off")
+	if got := showSync(t, db); got != "off" {
+		t.Fatalf("the sessions start with synchronous_commit %q, want off", got)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	seen := s.Table() + "_seen"
