@@ -4,10 +4,13 @@
 //
 // Every claim is decided by one atomic statement's own answer, never by a
 // read followed by a write, and every time comparison uses the database's
-// clock. A replay of a settled record writes nothing. The transaction the
-// handler gets is sealed: it cannot end it, half-commit it, or change what
-// the store's own statements do. See README.md for the statement each
-// dialect uses and why.
+// clock; staleness is each record's own lease deadline. A replay of a
+// settled record writes nothing. The transaction the handler gets is
+// sealed: it cannot end it, half-commit it, or change what the store's own
+// statements do. On PostgreSQL a claim commits without waiting for its WAL
+// flush, and the Tx is an idem.Syncer that waits for it on its own
+// connection; MySQL and SQLite claims are durable when Claim returns. See
+// README.md for the statement each dialect uses and why.
 package idemgorm
 
 import (
