@@ -90,7 +90,9 @@ type storeTx struct {
 // until Settle or Rollback ends it.
 //
 // On SQLite this takes the database's single write lock until Settle or
-// Rollback.
+// Rollback. On PostgreSQL the idem.Tx is an idem.Syncer (see pgTx.Sync);
+// on MySQL and SQLite, whose claims are durable when Claim returns, it is
+// not.
 func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
 	if s.gate != nil {
 		if err := s.gate.acquire(ctx); err != nil {
@@ -105,7 +107,11 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 		return ctx, nil, s.wrap("begin", err)
 	}
 	t.gated = s.gate != nil
-	return context.WithValue(ctx, txKey{}, t), t, nil
+	ctx = context.WithValue(ctx, txKey{}, t)
+	if s.dialect == dialectPostgres {
+		return ctx, pgTx{t}, nil
+	}
+	return ctx, t, nil
 }
 
 func (s *Store) begin(ctx context.Context, lease idem.Lease) (*storeTx, error) {
@@ -454,4 +460,84 @@ func (t *storeTx) ungate() {
 	}
 }
 
-var _ idem.Tx = (*storeTx)(nil)
+// pgTx is the idem.Tx of a PostgreSQL transaction: a storeTx that is an
+// idem.Syncer, since the claim before it may have committed without its
+// WAL flush (see buildQueries).
+type pgTx struct{ *storeTx }
+
+// PostgreSQL statements of pgTx.Sync: the first reads the WAL insert
+// position, which is past the claim's commit record (the claim returned
+// before the transaction began), and whether the flushed WAL has reached
+// it; the next ones ask again.
+const (
+	syncFirstPG = "SELECT CAST(l AS text), pg_catalog.pg_current_wal_flush_lsn() >= l FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) AS w"
+	syncPollPG  = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST($1 AS pg_lsn)"
+)
+
+// Sync backs off between its polls from syncMinWait, doubling up to
+// syncMaxWait. The WAL writer flushes asynchronously committed WAL within
+// wal_writer_delay (200 ms by default), and any synchronous commit on the
+// server flushes it sooner.
+const (
+	syncMinWait = time.Millisecond
+	syncMaxWait = 20 * time.Millisecond
+)
+
+// Sync implements idem.Syncer: it returns once the WAL is flushed past the
+// claim of the transaction's attempt, so the claim survives a database
+// crash. It runs on the transaction's own connection, never on another from
+// the pool, and writes nothing: it reads the WAL insert position, then
+// polls the flush position until it is there or ctx is done. A handler's
+// transaction that failed already cannot run it, and a failure of its
+// statements aborts the transaction as a handler's would.
+func (t pgTx) Sync(ctx context.Context) error {
+	var (
+		lsn     string
+		flushed bool
+	)
+	if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
+		return conn.QueryRowContext(ctx, syncFirstPG).Scan(&lsn, &flushed)
+	}); err != nil {
+		return err
+	}
+	for wait := syncMinWait; !flushed; wait = min(2*wait, syncMaxWait) {
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return t.store.wrap("sync", fmt.Errorf("the WAL is not flushed up to the claim (%s): %w", lsn, ctx.Err()))
+		case <-timer.C:
+		}
+		if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
+			return conn.QueryRowContext(ctx, syncPollPG, lsn).Scan(&flushed)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncQuery runs one of Sync's statements on the transaction's connection,
+// as long as the transaction is open and has not failed, and records its
+// failure as a handler statement's would be.
+func (t pgTx) syncQuery(ctx context.Context, run func(*sql.Conn) error) error {
+	t.mu.Lock()
+	closed, failed := t.closed, t.failed
+	t.mu.Unlock()
+	switch {
+	case closed:
+		return t.store.wrap("sync", errFinished)
+	case failed != nil:
+		return t.store.wrap("sync", fmt.Errorf("%w (first failure: %v)", ErrTxAborted, failed))
+	}
+	if err := run(t.conn); err != nil {
+		t.seen(err)
+		return t.store.wrap("sync", err)
+	}
+	return nil
+}
+
+var (
+	_ idem.Tx     = (*storeTx)(nil)
+	_ idem.Syncer = pgTx{}
+)
