@@ -377,12 +377,17 @@ func (c *Config) checkStore() error {
 	case errors.Is(err, ErrMisconfigured):
 		return fmt.Errorf("%w: the store's check failed (run the store's Migrate, or apply its migration): %w", ErrInvalidConfig, err)
 	}
-	logger := c.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	logger.LogAttrs(context.Background(), slog.LevelWarn,
+	c.logger().LogAttrs(context.Background(), slog.LevelWarn,
 		"idempotency: the store's start-up check could not finish; starting anyway, and requests are answered 503 store-unavailable until the store answers",
 		slog.String("error", err.Error()))
 	return nil
+}
+
+// logger is Logger, or slog.Default() when it is nil: for what an operator
+// must see whether or not the application configured a Logger.
+func (c *Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
 }

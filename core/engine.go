@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -33,8 +34,8 @@ type Engine struct {
 	// inFlight is Config.MaxInFlightPerPrincipal's limiter, nil when off.
 	inFlight *inFlightLimiter
 	// sawAnonymous is set by the first request without a principal, which
-	// is logged (see emit).
-	sawAnonymous atomic.Bool
+	// is logged (see emit); sawStream by the first streamed response.
+	sawAnonymous, sawStream atomic.Bool
 }
 
 // New validates cfg, applies defaults, checks the store and returns an
@@ -137,6 +138,10 @@ type Result struct {
 	// Overflow is true when the handler wrote more than the buffer kept
 	// (see ResponseBuffer); the response is then too large to store.
 	Overflow bool
+	// Streamed is true when the handler flushed or streamed its response
+	// (ResponseBuffer.Flush, a body stream): it reached the client whole,
+	// after the commit, which the engine logs once.
+	Streamed bool
 }
 
 // Begin authenticates, validates the key, fingerprints the body and claims
@@ -525,6 +530,11 @@ func (a *Attempt) finish() bool {
 func (a *Attempt) Finish(res Result) *Response {
 	if !a.finish() {
 		panic("idem: Attempt finished twice")
+	}
+	if res.Streamed && a.e.sawStream.CompareAndSwap(false, true) {
+		a.e.cfg.logger().WarnContext(a.ctx, "idempotency: a handler flushed or streamed its response; on an idempotent route "+
+			"the response is held until the commit and reaches the client whole, after the handler (logged once)",
+			slog.String("route", a.ev.Route))
 	}
 	v := a.settle(res)
 	resp := a.e.httpResponse(&v)

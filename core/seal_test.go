@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -482,5 +483,48 @@ func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
 				t.Fatalf("record %+v, %v; want it kept in progress", rec, err)
 			}
 		})
+	}
+}
+
+// TestStreamedResponseIsLoggedOnce: a handler that flushes (gin's
+// c.Stream, http.ResponseController) meant to stream; the response is
+// held until the commit all the same, and the engine says so once, at
+// Warn, even without a Logger.
+func TestStreamedResponseIsLoggedOnce(t *testing.T) {
+	var logged bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	for _, tc := range []struct {
+		name  string
+		flush func(*idem.ResponseBuffer)
+		warns int
+	}{
+		{"no flush", func(*idem.ResponseBuffer) {}, 0},
+		{"Flush", func(b *idem.ResponseBuffer) { b.Flush() }, 1},
+		{"ResponseController", func(b *idem.ResponseBuffer) { _ = http.NewResponseController(b).Flush() }, 1},
+	} {
+		logged.Reset()
+		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			r := httptest.NewRequest(http.MethodPost, "/events", strings.NewReader(`{}`))
+			r.Header.Set(idem.DefaultHeader, fmt.Sprint("k", i))
+			w := httptest.NewRecorder()
+			e.HandleHTTP(w, r, "alice", func(_ *http.Request, b *idem.ResponseBuffer) error {
+				_, _ = b.Write([]byte("chunk 1\n"))
+				tc.flush(b)
+				_, _ = b.Write([]byte("chunk 2\n"))
+				return nil
+			})
+			if w.Code != http.StatusOK || w.Body.String() != "chunk 1\nchunk 2\n" {
+				t.Fatalf("%s, request %d: %d %q, want the whole body", tc.name, i, w.Code, w.Body)
+			}
+		}
+		if n := strings.Count(logged.String(), "level=WARN msg=\"idempotency: a handler flushed or streamed"); n != tc.warns {
+			t.Fatalf("%s: two requests logged the warning %d times, want %d: %q", tc.name, n, tc.warns, logged.String())
+		}
 	}
 }

@@ -300,7 +300,11 @@ func TestStreamedRequestBody(t *testing.T) {
 // A streamed response body is read into the result (bounded), stored and
 // replayed.
 func TestStreamedResponseBody(t *testing.T) {
-	f := newFixture(t, fiber.Config{}, func(c *idem.Config) { c.MaxResponseBytes = 1024 })
+	var logged syncBuffer
+	f := newFixture(t, fiber.Config{}, func(c *idem.Config) {
+		c.MaxResponseBytes, c.AllowTxUnused = 1024, true
+		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+	})
 	f.app.Post("/pay/:n", authenticate, f.mw, func(c *fiber.Ctx) error {
 		n, _ := c.ParamsInt("n")
 		c.Status(http.StatusCreated)
@@ -318,6 +322,29 @@ func TestStreamedResponseBody(t *testing.T) {
 	if big.ProblemType() != string(idem.ProblemResponseTooLarge) {
 		t.Fatalf("oversized stream: %d %q", big.Status, big.Body)
 	}
+	// The handler meant to stream; it was sent whole, and the engine said
+	// so, once.
+	if n := strings.Count(logged.String(), "flushed or streamed"); n != 1 {
+		t.Fatalf("two streamed responses logged the warning %d times, want once: %q", n, logged.String())
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Concurrent first executions: each response body is copied out of a

@@ -466,7 +466,7 @@ func (m *middleware) result(c *fiber.Ctx, herr error) (res idem.Result, stored *
 		if err != nil && herr == nil {
 			res.Err = fmt.Errorf("idemfiber: read response body stream: %w", err)
 		}
-		res.Body, res.Overflow = b, len(b) > limit
+		res.Body, res.Overflow, res.Streamed = b, len(b) > limit, true
 	} else {
 		res.Body, inPlace = resp.Body(), true
 	}
