@@ -116,6 +116,29 @@ func TestContextWithFallback(t *testing.T) {
 	}
 }
 
+// Without ContextWithFallback (gin's default) *gin.Context passes no
+// request value through: the middleware stores the attempt's context under
+// idem.ContextKey, so a handler that passes c itself to a store's accessor
+// or to DownstreamKey still runs in the transaction, never around it.
+func TestContextWithoutFallback(t *testing.T) {
+	f := newFixture(t)
+	f.r.POST("/pay", authenticate, f.mw, func(c *gin.Context) {
+		if _, err := idem.DownstreamKey(c, "charge"); err != nil {
+			c.String(599, "DownstreamKey(c): %v", err)
+			return
+		}
+		if err := f.b.WriteEffect(c, "k"); err != nil {
+			c.String(599, "WriteEffect(c): %v", err)
+			return
+		}
+		c.Status(http.StatusCreated)
+	})
+	adaptertest.WantStatus(t, "*gin.Context as the context", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	if adaptertest.Effects(t, f.b, "k") != 1 {
+		t.Fatal("the write through *gin.Context did not commit")
+	}
+}
+
 // Gin writes a status set without a body only at the end of the request;
 // the buffer must get it too, or a 204 would be stored as 200.
 func TestStatusWithoutBody(t *testing.T) {

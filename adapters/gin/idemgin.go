@@ -155,6 +155,13 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 			w := &responseWriter{ResponseBuffer: buf, status: http.StatusOK, size: -1, done: origReq.Context()}
 			errs := len(c.Errors)
 			c.Writer, c.Request = w, r2
+			// *gin.Context passes only string keys through to Value unless
+			// the engine's ContextWithFallback is set: store the attempt's
+			// context under one, so that a handler passing c itself to a
+			// store's accessor (idemgorm.DB(c, db)) or to DownstreamKey
+			// finds the transaction instead of falling back.
+			c.Set(idem.ContextKey, r2.Context())
+			defer c.Set(idem.ContextKey, nil)
 			// Put the real writer back before anything else happens, a
 			// panic included: a recovery middleware further out must write
 			// to the client, not into this buffer.

@@ -36,6 +36,7 @@ type txKey struct{}
 // Transaction method on it nests with a SAVEPOINT. Return from the handler
 // to commit; return an error (or a 5xx) to roll back.
 func Tx(ctx context.Context) (*gorm.DB, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
 	t, ok := ctx.Value(txKey{}).(*storeTx)
 	if !ok || t == nil {
 		return nil, false
@@ -46,8 +47,15 @@ func Tx(ctx context.Context) (*gorm.DB, bool) {
 // DB returns the *gorm.DB a handler should use for ctx: the idempotency
 // transaction when ctx carries one (see Tx), otherwise fallback bound to
 // ctx — typically the application's own *gorm.DB, for routes or requests
-// that run without an idempotency key. It returns nil when ctx carries no
-// transaction and fallback is nil.
+// that run without an idempotency key. ctx may be the framework's own
+// context (a *gin.Context), which the adapter gave the attempt (see
+// idem.AttemptContext).
+//
+// It never falls back while an attempt is running: when ctx belongs to an
+// idempotent attempt whose store is not this one, every statement of the
+// *gorm.DB it returns fails with ErrNoTx, instead of writing outside the
+// guarantee. It returns nil when ctx carries no attempt and fallback is
+// nil.
 func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
 	if tx, ok := Tx(ctx); ok {
 		return tx
@@ -55,8 +63,17 @@ func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
 	if fallback == nil {
 		return nil
 	}
-	return fallback.WithContext(ctx)
+	db := fallback.WithContext(ctx)
+	if _, running := idem.AttemptContext(ctx); running {
+		_ = db.AddError(ErrNoTx)
+	}
+	return db
 }
+
+// ErrNoTx is the error of every statement run through the *gorm.DB that
+// DB returns for an idempotent attempt that carries no idemgorm
+// transaction (the engine runs on another store).
+var ErrNoTx = errors.New("idemgorm: this request runs in an idempotent attempt whose store is not idemgorm: DB will not fall back to the application's database, whose writes would be outside the guarantee")
 
 // storeTx is the transaction BeginTx began for one handler, on a
 // connection of its own (a *sql.Conn, not a *sql.Tx: the store runs BEGIN

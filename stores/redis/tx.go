@@ -40,6 +40,7 @@ type NoTx struct {
 // idem.Event.TxUsed: a handler that answers 2xx without asking for the
 // handle wrote, if anything, without knowing the store's terms.
 func Tx(ctx context.Context) (*NoTx, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
 	h, ok := ctx.Value(txKey{}).(*NoTx)
 	if !ok || h == nil {
 		return nil, false
