@@ -182,11 +182,12 @@ func TestPoolPinning(t *testing.T) {
 
 // TestDownstreamKeyMakesTheClaimDurable: a claim commits without waiting
 // for its WAL flush, so a database crash could still take it back with its
-// nonce. The first DownstreamKey of an attempt waits for the flush (Sync),
-// so a key never goes to a provider while the nonce it is derived from can
-// be lost: right after it returns, PostgreSQL's flushed WAL covers the
-// claim. Five attempts in a row, each checked within milliseconds of its
-// claim, well inside the WAL writer's 200 ms delay.
+// nonce. The first DownstreamKey of an attempt waits for the flush (the
+// Tx's Sync), so a key never goes to a provider while the nonce it is
+// derived from can be lost: right after it returns, PostgreSQL's flushed
+// WAL reaches past the position read right before the claim. Attempts in
+// a row, each checked within milliseconds of its claim, well inside the
+// WAL writer's 200 ms delay.
 func TestDownstreamKeyMakesTheClaimDurable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 4, nil))
@@ -195,27 +196,30 @@ func TestDownstreamKeyMakesTheClaimDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 5 {
+	for i := range 10 {
+		key := "durable-" + randHex(4)
+		before := walInsert(t, ctx, e.Pool) // before the claim's commit record
 		att, resp := engine.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice",
-			Key: "durable-" + randHex(4), ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`)})
+			Key: key, ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`)})
 		if att == nil {
 			t.Fatalf("attempt %d: %d %s", i, resp.Status, resp.Body)
 		}
 		t.Cleanup(att.Abort) // a no-op once finished; an open transaction would block the pool's Close
-		var claimed string   // at or past the claim's commit record
-		if err := e.Pool.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
-			t.Fatal(err)
-		}
 		if _, err := idem.DownstreamKey(att.Context(), "charge"); err != nil {
 			t.Fatal(err)
 		}
-		var durable bool
-		if err := e.Pool.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_flush_lsn() >= $1::pg_lsn", claimed).Scan(&durable); err != nil {
-			t.Fatal(err)
-		}
-		if !durable {
-			t.Fatalf("attempt %d: DownstreamKey returned before the claim's WAL (up to %s) was flushed", i, claimed)
+		if !flushedPast(t, ctx, e.Pool, before) {
+			t.Fatalf("attempt %d: DownstreamKey returned before the WAL was flushed past %s, read before the claim", i, before)
 		}
 		att.Finish(idem.Result{Status: http.StatusCreated})
 	}
+}
+
+// TestDownstreamKeyOnAFullPool: DownstreamKey makes the claim durable on
+// the handler's own connection, so handlers holding every connection of
+// the pool all get their keys.
+func TestDownstreamKeyOnAFullPool(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 4, nil))
+	storetest.DownstreamKeyOnAFullPool(t, e.Store, 4)
 }

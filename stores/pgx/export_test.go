@@ -11,5 +11,13 @@ func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
 func TxControlStatement(sql string) (string, bool) { return txControlStatement(sql) }
 
 // ClaimPrelude exposes the statement that goes before the claim, in the
-// same implicit transaction.
-func ClaimPrelude(s *Store) string { return s.sql.claimPrelude }
+// same implicit transaction, for a claim that is durable or not.
+func ClaimPrelude(s *Store, durable bool) string {
+	if durable {
+		return s.sql.durablePrelude
+	}
+	return s.sql.claimPrelude
+}
+
+// TakeoverSQL exposes the stale takeover's UPDATE.
+func TakeoverSQL(s *Store) string { return s.sql.takeover }
