@@ -1,5 +1,11 @@
 package idempgx
 
+import (
+	"context"
+
+	idem "github.com/idemgo/idem/core"
+)
+
 // ClaimSQL exposes the claim statement to the tests, which run it inside a
 // transaction to ask PostgreSQL whether it assigned a transaction id.
 func ClaimSQL(s *Store) string { return s.sql.claim }
@@ -21,3 +27,11 @@ func ClaimPrelude(s *Store, durable bool) string {
 
 // TakeoverSQL exposes the stale takeover's UPDATE.
 func TakeoverSQL(s *Store) string { return s.sql.takeover }
+
+// SyncTarget runs the first statement of tx's Sync and returns the WAL
+// position Sync would wait for.
+func SyncTarget(ctx context.Context, tx idem.Tx) (string, error) {
+	var target lsn
+	_, err := tx.(*storeTx).syncPoll(ctx, &target)
+	return target.String(), err
+}

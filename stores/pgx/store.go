@@ -355,6 +355,12 @@ const leaseSetting = "idem.lease"
 // the marker is not the one BeginTx set.
 const txEndedMarker = "idempgx transaction ended"
 
+// syncSetting is the transaction-local setting BeginTx puts the WAL insert
+// position into when the transaction begins: past the claim's commit
+// record, which committed before BeginTx was called, and before anything
+// the handler writes. Sync waits for the WAL to be flushed up to it.
+const syncSetting = "idem.sync_lsn"
+
 // durableCommit pins synchronous_commit, for the rest of the transaction it
 // runs in, to a commit that waits for its WAL to be flushed: 'on' (and the
 // synchronous standbys' flush, where there are any), or 'remote_apply'
@@ -394,16 +400,22 @@ func newStatements(t string, to timeouts, text bool) statements {
 	// half-sent settle took, for a client that went away (see
 	// DeadPeerTimeout). They are local: the pooled session keeps its own.
 	// pgx sends BeginQuery as one simple-protocol query, which the server
-	// parses anew on every call; SET LOCAL is a utility statement with
-	// nothing to plan or execute, where a SELECT of set_config calls is
-	// planned and run through the executor each time
-	// (bench/pgbench/callgrind.sh -variants).
+	// parses anew on every call. The settings are SET LOCAL, utility
+	// statements with nothing to plan or execute; a SELECT is planned and
+	// run through the executor each time (bench/pgbench/callgrind.sh
+	// -variants), so the query has one only for what just a function can
+	// tell: the WAL insert position Sync waits for (syncSetting). It is read
+	// here, in the first statement on the transaction's connection after
+	// the claim returned: later, the handler's own writes would be past it,
+	// and those are not flushed before some commit follows them (see
+	// storeTx.Sync).
 	s.beginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
 set local tcp_keepalives_idle = %d;
 set local tcp_keepalives_interval = %d;
 set local tcp_keepalives_count = %d;
 set local tcp_user_timeout = %d;
-set local %s = `, p.idle, p.interval, p.count, p.userTimeout, leaseSetting)
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
+set local %s = `, p.idle, p.interval, p.count, p.userTimeout, syncSetting, leaseSetting)
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
 	// '1ms' included). It is its own statement because a timeout set in a

@@ -277,14 +277,15 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	return nil
 }
 
-// syncSQL reads, on the transaction's connection, the WAL insert position
-// and the flush position, as text: one statement, the first poll of Sync.
-// syncPollSQL reads the flush position again. Both call only pg_catalog
-// functions, so nothing in the handler's session changes what they do,
-// and neither can fail in a transaction that is not aborted.
+// syncSQL reads, on the transaction's connection, the WAL position BeginTx
+// took (syncSetting, NULL if the handler removed it), the insert position
+// now and the flush position, as text: one statement, the first poll of
+// Sync. syncPollSQL reads the flush position again. Both call only
+// pg_catalog functions, so nothing in the handler's session changes what
+// they do, and neither can fail in a transaction that is not aborted.
 const (
-	syncSQL = `SELECT pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text,
-	pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
+	syncSQL = `SELECT pg_catalog.current_setting('` + syncSetting + `', true),
+	pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
 	syncPollSQL = `SELECT pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
 )
 
@@ -295,9 +296,9 @@ const (
 )
 
 // Sync implements idem.Syncer: it returns once the WAL is flushed up to
-// the insert position it reads first, which is past the claim's commit
-// record (the claim committed before the transaction began), so the
-// claim, and the nonce every downstream key is made of, survives a
+// the position BeginTx read when the transaction began, which is past the
+// claim's commit record (the claim committed before BeginTx was called),
+// so the claim, and the nonce every downstream key is made of, survives a
 // database crash. idem.DownstreamKey calls it before it hands out the
 // first key of an attempt whose claim was not Durable.
 //
@@ -310,6 +311,15 @@ const (
 // The wait ends with ctx; a statement already sent is not cancelled, as a
 // cancelled statement would abort the handler's transaction, so Sync may
 // return up to one statement after ctx ends.
+//
+// The position is BeginTx's rather than the one at the time of the call:
+// WAL the handler has written since is not flushed before some commit
+// follows it (the WAL writer flushes up to the last asynchronous commit and
+// the last completed page), so on a server where nothing else commits,
+// waiting for it would last until the background writer's periodic record
+// of running transactions, up to 15 s later (never with wal_level
+// minimal). A handler that removed syncSetting makes Sync wait for the
+// insert position at the call, which is past the claim too.
 //
 // It fails, without waiting, when the transaction is finished or aborted,
 // ended behind the handle (an error wrapping idem.ErrTxEnded), or its
@@ -365,15 +375,23 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	defer cancel()
 	var flush string
 	if *target == 0 {
+		var began *string
 		var insert string
-		if err := h.conn.QueryRow(sctx, syncSQL).Scan(&insert, &flush); err != nil {
+		if err := h.conn.QueryRow(sctx, syncSQL).Scan(&began, &insert, &flush); err != nil {
 			return false, wrap("sync", err)
 		}
 		now, err := parseLSN(insert)
 		if err != nil {
 			return false, wrap("sync", err)
 		}
+		// BeginTx's position, unless the handler changed the setting to
+		// something that is not a position BeginTx can have read.
 		*target = now
+		if began != nil {
+			if b, err := parseLSN(*began); err == nil && b > 0 && b <= now {
+				*target = b
+			}
+		}
 	} else if err := h.conn.QueryRow(sctx, syncPollSQL).Scan(&flush); err != nil {
 		return false, wrap("sync", err)
 	}
