@@ -656,7 +656,8 @@ const (
 // The claim commits without waiting for its WAL to be flushed, unless
 // req.Durable: then its commit waits, as the settle's does (see
 // Config.DurableClaims). Until the flush a database crash can take the
-// claim back; idem.DownstreamKey waits for it (storeTx.Sync).
+// claim back; idem.DownstreamKey waits for it (the Tx BeginTx returns is
+// an idem.Syncer).
 //
 // When the connection breaks under a claim statement (up to
 // maxConnRetries times) the claim runs again on another connection. That is
