@@ -126,13 +126,13 @@ func TestReplayWritesNothing(t *testing.T) {
 		}
 		return xid
 	}
-	if xid := assigned(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16)); xid != nil {
+	if xid := assigned(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16), int64(60e6)); xid != nil {
 		t.Fatalf("%d replays of the claim statement in one transaction assigned it xid %d", replays, *xid)
 	}
 
 	// Control: the locking upsert the issue warns about.
-	lockSQL := "INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, nonce, expires_at)
-		VALUES ($1, $2, $3, 'in_progress', 'x', 'x', now() + interval '1 hour')
+	lockSQL := "INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, nonce, lease_expires_at, expires_at)
+		VALUES ($1, $2, $3, 'in_progress', 'x', 'x', now(), now() + interval '1 hour')
 		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
 		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
 		RETURNING t.state`
@@ -173,7 +173,7 @@ func TestReplayWritesNothing(t *testing.T) {
 		walk(doc)
 		return records, bytes
 	}
-	if r, b := walOf(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16)); r != 0 || b != 0 {
+	if r, b := walOf(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16), int64(60e6)); r != 0 || b != 0 {
 		t.Fatalf("EXPLAIN (ANALYZE, WAL) of a replayed claim: %d WAL records, %d bytes, want none", r, b)
 	}
 	if r, b := walOf(lockSQL, req.Principal, req.Key, fp("body")); r == 0 || b == 0 {
@@ -289,6 +289,32 @@ func TestRoundTrips(t *testing.T) {
 		c.reset()
 		if err := e.Store.Release(ctx, leaseOf(r)); err != nil {
 			t.Fatal(err)
+		}
+	})
+	step("keep", 1, func() {
+		r := claimReq("alice", "keep-"+randHex(4), "body", time.Minute)
+		if _, err := e.Store.Claim(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		_ = e.Store.Keep(ctx, leaseOf(r)) // the statements' first run on the connection
+		r = claimReq("alice", "keep-"+randHex(4), "body", time.Minute)
+		if _, err := e.Store.Claim(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		c.reset()
+		if err := e.Store.Keep(ctx, leaseOf(r)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("durable claim (new key)", 1, func() {
+		r := claimReq("alice", "durable-"+randHex(4), "body", time.Minute)
+		r.Durable = true
+		_, _ = e.Store.Claim(ctx, r) // the prelude's first run on the connection
+		r = claimReq("alice", "durable-"+randHex(4), "body", time.Minute)
+		r.Durable = true
+		c.reset()
+		if res, err := e.Store.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("durable claim: %+v %v", res, err)
 		}
 	})
 	step("first request, store only (claim + BEGIN + settle/COMMIT)", 3, func() { first("rt-"+randHex(4), false) })
