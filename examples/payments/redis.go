@@ -244,3 +244,35 @@ func (r redisRepo) byKey(ctx context.Context, account, dk string) (Payment, bool
 	}
 	return rows[0].payment(), true, nil
 }
+
+func (r redisRepo) List(ctx context.Context, account string) ([]Payment, error) {
+	var rows []redisPayment
+	err := r.db.WithContext(ctx).Where("account = ?", account).Order("created_at, id").Find(&rows).Error
+	ps := make([]Payment, len(rows))
+	for i, row := range rows {
+		ps[i] = row.payment()
+	}
+	return ps, err
+}
+
+func (r redisRepo) Get(ctx context.Context, account, id string) (Payment, error) {
+	var rows []redisPayment
+	if err := r.db.WithContext(ctx).Where("account = ? AND id = ?", account, id).Limit(1).Find(&rows).Error; err != nil {
+		return Payment{}, err
+	}
+	if len(rows) == 0 {
+		return Payment{}, errNoPayment
+	}
+	return rows[0].payment(), nil
+}
+
+// keyedRepository is a Repository whose write is not undone with the
+// idempotency record (idemredis: no shared transaction). Create writes
+// through InsertOnce, which is idempotent by the request's downstream key
+// and returns the payment as stored, and calls Undo when the request fails
+// after its InsertOnce inserted the row. A row an earlier attempt wrote is
+// never undone: its 201 may have been answered already.
+type keyedRepository interface {
+	InsertOnce(ctx context.Context, p Payment) (_ Payment, inserted bool, _ error)
+	Undo(ctx context.Context, p Payment) error
+}
