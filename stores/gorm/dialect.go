@@ -52,7 +52,11 @@ func (d dialect) beginSQL() string {
 	case dialectSQLite:
 		return "BEGIN IMMEDIATE"
 	}
-	return "BEGIN"
+	// The WAL insert position right after BEGIN is past the claim's commit
+	// record (the claim returned before the transaction began) and before
+	// any write of the handler's: what pgTx.Sync waits for. Kept in the
+	// transaction, one simple-protocol round trip with BEGIN.
+	return "BEGIN; SELECT pg_catalog.set_config('" + syncLSNSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
 }
 
 // DefaultTable is the table the store uses unless WithTable names another.

@@ -192,6 +192,55 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 	}
 }
 
+// TestPostgresSyncWaitsForTheClaimOnly: the position Sync waits for is the
+// one BEGIN recorded, at or past the claim's commit and before the
+// handler's first write, never the position when DownstreamKey is called,
+// which includes the handler's uncommitted writes: on an idle server the
+// WAL writer does not flush those until a page fills or the background
+// writer logs, up to 15 s, and DownstreamKey would fail at StoreTimeout.
+func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
+	s, db := pgStore(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	var claimed string
+	if err := db.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed).Error; err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	htx, _ := Tx(txCtx)
+	var beforeWrites string
+	if err := htx.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&beforeWrites).Error; err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		if err := htx.Exec("CREATE TEMPORARY TABLE IF NOT EXISTS idem_sync_writes (v text); INSERT INTO idem_sync_writes VALUES (repeat('x', 1000))").Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ok bool
+	if err := htx.Raw(`SELECT CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) >= CAST(? AS pg_lsn)
+		AND CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) <= CAST(? AS pg_lsn)`, claimed, beforeWrites).Scan(&ok).Error; err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("Sync's position is not between the claim's (%s) and the handler's first write (%s)", claimed, beforeWrites)
+	}
+	if err := tx.(idem.Syncer).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !flushedTo(t, db, claimed) {
+		t.Fatalf("Sync returned before the WAL was flushed up to the claim (%s)", claimed)
+	}
+}
+
 // TestPostgresDurableClaimCommitsSynchronously: a trigger on the store's
 // table records synchronous_commit as each write of the store sees it, on
 // sessions whose own default is off. A claim that inserts runs with it off,

@@ -299,7 +299,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		case failed != nil:
 			return fmt.Errorf("idemgorm: settle: nothing was stored: %w: %w", ErrTxAborted, failed)
 		default:
-			return errors.New("idemgorm: settle: the handler called Rollback on the transaction; it was rolled back and nothing was stored")
+			return fmt.Errorf("idemgorm: settle: the handler called Rollback on the transaction; it was rolled back and nothing was stored: %w", ErrTxOwned)
 		}
 	}
 	body := outcome.Response.Body
@@ -482,12 +482,19 @@ func (t *storeTx) ungate() {
 // WAL flush (see buildQueries).
 type pgTx struct{ *storeTx }
 
-// PostgreSQL statements of pgTx.Sync: the first reads the WAL insert
-// position, which is past the claim's commit record (the claim returned
-// before the transaction began), and whether the flushed WAL has reached
-// it; the next ones ask again.
+// syncLSNSetting is the transaction-local setting BEGIN puts the WAL
+// insert position into (see dialect.beginSQL).
+const syncLSNSetting = "idem.sync_lsn"
+
+// PostgreSQL statements of pgTx.Sync: the first reads the position BEGIN
+// recorded, which is past the claim's commit record and before the
+// handler's own writes, and whether the flushed WAL has reached it; the
+// next ones ask again. Waiting for the position at the time of the call
+// instead would wait for the handler's uncommitted writes too, which the
+// WAL writer does not flush on an idle server until a page fills or the
+// background writer logs (up to 15 s).
 const (
-	syncFirstPG = "SELECT CAST(l AS text), pg_catalog.pg_current_wal_flush_lsn() >= l FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) AS w"
+	syncFirstPG = "SELECT CAST(l AS text), pg_catalog.pg_current_wal_flush_lsn() >= l FROM (SELECT CAST(pg_catalog.current_setting('" + syncLSNSetting + "') AS pg_lsn) AS l) AS w"
 	syncPollPG  = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST($1 AS pg_lsn)"
 )
 
