@@ -328,12 +328,20 @@ func benchEnv(b *testing.B) (*env, *counter) {
 }
 
 // BenchmarkFirstRequest: the claim, BEGIN, the handler's insert, the settle
-// with its COMMIT: one connection, sequential.
+// with its COMMIT: one connection, sequential. The claim commits
+// asynchronously (async) or, as with Config.DurableClaims, waits for its
+// WAL flush (durable): the difference is what a durable claim costs.
 func BenchmarkFirstRequest(b *testing.B) {
+	b.Run("async", func(b *testing.B) { benchmarkFirstRequest(b, false) })
+	b.Run("durable", func(b *testing.B) { benchmarkFirstRequest(b, true) })
+}
+
+func benchmarkFirstRequest(b *testing.B, durable bool) {
 	e, c := benchEnv(b)
 	ctx := context.Background()
 	run := func(key string) {
 		req := claimReq("alice", key, "body", time.Minute)
+		req.Durable = durable
 		res, err := e.Store.Claim(ctx, req)
 		if err != nil || !res.Claimed {
 			b.Fatalf("claim: %+v %v", res, err)
