@@ -241,13 +241,17 @@ type migratingStore interface {
 // is public, so no secret: a service reads its own from a secret store.
 var FingerprintKey = []byte("idem bench fingerprint key, not a secret")
 
-// newServer migrates store and puts idemhttp with it in front of the
-// payment handler, which writes through insert.
+// newServer migrates store, builds an engine on it and puts idemhttp on
+// that engine in front of the payment handler, which writes through insert.
 func newServer(ctx context.Context, store migratingStore, insert Insert) (http.Handler, error) {
 	if err := store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Config: idem.Config{Store: store, FingerprintKey: FingerprintKey}, Principal: Principal})
+	eng, err := idem.New(idem.Config{Store: store, FingerprintKey: FingerprintKey})
+	if err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.New(idemhttp.Config{Engine: eng, Principal: Principal})
 	if err != nil {
 		return nil, err
 	}

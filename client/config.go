@@ -12,8 +12,8 @@ import (
 // Defaults applied by New to zero Config fields.
 const (
 	DefaultHeader              = "Idempotency-Key"
-	DefaultMaxAttempts         = 5
-	DefaultMaxElapsed          = 30 * time.Second
+	DefaultMaxAttempts         = 8
+	DefaultMaxElapsed          = 60 * time.Second
 	DefaultBaseDelay           = 250 * time.Millisecond
 	DefaultMaxDelay            = 5 * time.Second
 	DefaultMaxRetryAfter       = 10 * time.Second
@@ -47,12 +47,18 @@ type Config struct {
 	// string ("…") can be given strconv.Quote(NewKey()).
 	NewKey func() string
 	// MaxAttempts bounds the attempts per request, the first one included;
-	// 1 turns retries off. Default 5.
+	// 1 turns retries off. Default 8: with the default MaxElapsed, enough
+	// to outlast the default lease of an idem server (40 s), so that a
+	// request whose server crashed mid-way reaches the takeover with its
+	// key instead of giving up on 409 key-in-use.
 	MaxAttempts int
 	// MaxElapsed is the time budget of a request: no wait is started that
 	// would end later than MaxElapsed after the request began. A running
 	// attempt is not cut by it; bound that with the request's context or
-	// http.Client.Timeout. Default 30s.
+	// http.Client.Timeout. Default 60s, longer than an idem server's
+	// default lease (RequestTimeout 30 s + StoreTimeout 5 s + 5 s). Against
+	// a server with a longer lease, raise it past that lease, or resume
+	// later with the same key (Info reports it; WithKey sends it again).
 	MaxElapsed time.Duration
 	// BaseDelay is the backoff ceiling before the first retry; it doubles
 	// with every retry up to MaxDelay, and the wait is drawn uniformly

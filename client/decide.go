@@ -32,12 +32,35 @@ const (
 	problemResponseTooLarge = problemBase + "response-too-large"
 )
 
+// outcomeUnknownSuffix ends the type of a problem that says the server does
+// not know whether the operation took effect (idem's is
+// problemBase + "outcome-unknown").
+const outcomeUnknownSuffix = "outcome-unknown"
+
+// ErrOutcomeUnknown is the error of a request whose answer was a problem
+// of a type ending in "outcome-unknown" (idem answers it with 409 and no
+// Retry-After): the server does not know whether the operation took
+// effect, because an attempt's work may have been done without its result
+// being recorded. The Transport does not retry it, whatever its status or
+// Retry-After, and the caller should not either, with the same key or a
+// new one: the answer will not change by itself, and a new key could do
+// the operation twice. Keep the key (Error.Key) with the order and have an
+// operator resolve the key's record on the server against the downstream
+// system (idemctl show PRINCIPAL KEY finds it); after that, a retry with
+// the same key (WithKey) gets what the resolution left. The answer's body
+// is closed; errors.Is finds ErrOutcomeUnknown through http.Client's
+// *url.Error and the *Error around it.
+var ErrOutcomeUnknown = errors.New("idemclient: the server does not know whether the operation took effect")
+
 // peekLimit bounds the bytes of a problem body read to learn its type.
 const peekLimit = 16 << 10
 
-// classifyResponse decides whether resp is the request's answer or a reason
-// to try again. The rules, in order:
+// classifyResponse decides whether resp is the request's answer, a reason
+// to try again, or an error to return instead of it. The rules, in order:
 //
+//   - A problem whose type ends in "outcome-unknown", at any 4xx or 5xx
+//     status, is ErrOutcomeUnknown: final, and returned as an error so
+//     that no caller takes it for an answer to retry.
 //   - A replay (Idempotent-Replayed: true) is the server's settled answer
 //     for the key: never retried, whatever its status.
 //   - 409 Conflict is retried: idem's key-in-use and lease-lost, and a 409
@@ -55,29 +78,35 @@ const peekLimit = 16 << 10
 // To read a problem type, classifyResponse reads at most peekLimit bytes of
 // an application/problem+json body and puts them back in front of the
 // rest, so the caller still reads the whole body.
-func classifyResponse(resp *http.Response) (retry bool) {
+func classifyResponse(resp *http.Response) (retry bool, err error) {
+	var typ string
+	if resp.StatusCode >= 400 {
+		if typ = problemType(resp); strings.HasSuffix(typ, outcomeUnknownSuffix) {
+			return false, ErrOutcomeUnknown
+		}
+	}
 	if isReplayed(resp) {
-		return false
+		return false, nil
 	}
 	switch resp.StatusCode {
 	case http.StatusConflict:
-		if t := problemType(resp); strings.HasPrefix(t, problemBase) && t != problemKeyInUse && t != problemLeaseLost {
-			return false
+		if strings.HasPrefix(typ, problemBase) && typ != problemKeyInUse && typ != problemLeaseLost {
+			return false, nil
 		}
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 	case http.StatusInternalServerError:
-		switch problemType(resp) {
+		switch typ {
 		case problemMisconfigured, problemResponseTooLarge:
-			return false
+			return false, nil
 		}
 	case http.StatusBadRequest:
-		if problemType(resp) != problemBodyUnreadable {
-			return false
+		if typ != problemBodyUnreadable {
+			return false, nil
 		}
 	default:
-		return false
+		return false, nil
 	}
-	return true
+	return true, nil
 }
 
 // retryableError reports whether an attempt that failed with err (no

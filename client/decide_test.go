@@ -51,7 +51,7 @@ func TestDecisions(t *testing.T) {
 			config:   func(c *Config) { c.MaxDelay = 600 * ms },
 			attempts: 5, sleeps: s(250*ms, 500*ms, 600*ms, 600*ms), status: 201},
 		{name: "attempts used up: the last answer", answers: []answer{resp(503)},
-			attempts: 5, sleeps: s(250*ms, 500*ms, 1000*ms, 2000*ms), status: 503},
+			attempts: 8, sleeps: s(250*ms, 500*ms, 1000*ms, 2000*ms, 4000*ms, 5000*ms, 5000*ms), status: 503},
 		{name: "MaxAttempts 1 retries nothing", answers: []answer{resp(503)}, config: func(c *Config) { c.MaxAttempts = 1 },
 			attempts: 1, status: 503},
 		{name: "jitter draws below the ceiling", answers: []answer{resp(503), resp(503), resp(201)},
@@ -99,6 +99,16 @@ func TestDecisions(t *testing.T) {
 			attempts: 2, sleeps: s(250 * ms), status: 201},
 		{name: "409 of another idem type is final", answers: []answer{problem(409, "not-in-progress")}, attempts: 1, status: 409},
 		{name: "409 replayed is final", answers: []answer{replayed(resp(409))}, attempts: 1, status: 409, replayed: true},
+		{name: "409 outcome-unknown is ErrOutcomeUnknown", answers: []answer{problem(409, "outcome-unknown"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown with Retry-After too", answers: []answer{problem(409, "outcome-unknown", "Retry-After", "1"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown of another server", answers: []answer{problem(409, "https://api.example.test/p#outcome-unknown"), resp(201)},
+			attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "500 outcome-unknown", answers: []answer{problem(500, "outcome-unknown"), resp(201)}, attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 outcome-unknown replayed", answers: []answer{replayed(problem(409, "outcome-unknown"))}, attempts: 1, errIs: ErrOutcomeUnknown},
+		{name: "409 key-in-use, then outcome-unknown", answers: []answer{inUse("1"), problem(409, "outcome-unknown"), resp(201)},
+			attempts: 2, sleeps: s(time.Second), errIs: ErrOutcomeUnknown},
 
 		// Final 4xx.
 		{name: "422 key-reused", answers: []answer{problem(422, "key-reused"), resp(201)}, attempts: 1, status: 422},
@@ -134,7 +144,7 @@ func TestDecisions(t *testing.T) {
 		{name: "cut before the body was read, then 201", answers: []answer{cut(0), cut(3), resp(201)},
 			attempts: 3, sleeps: s(250*ms, 500*ms), status: 201},
 		{name: "cuts use up the attempts", answers: []answer{cut(-1)},
-			attempts: 5, sleeps: s(250*ms, 500*ms, 1000*ms, 2000*ms)},
+			attempts: 8, sleeps: s(250*ms, 500*ms, 1000*ms, 2000*ms, 4000*ms, 5000*ms, 5000*ms)},
 		{name: "certificate error is final", answers: []answer{{err: certErr, readBody: 0}, resp(201)}, attempts: 1, errIs: certErr},
 		{name: "unknown host is final", answers: []answer{{err: &net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}}, resp(201)},
 			attempts: 1},
@@ -142,6 +152,9 @@ func TestDecisions(t *testing.T) {
 			attempts: 2, sleeps: s(250 * ms), status: 201},
 
 		// Budgets.
+		{name: "the default budget outlasts a server's default lease",
+			answers:  []answer{inUse("10"), inUse("10"), inUse("10"), inUse("10"), created},
+			attempts: 5, sleeps: s(10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second), status: 201, replayed: true},
 		{name: "MaxElapsed: a wait past it is not started", answers: []answer{inUse("3"), resp(201)},
 			config: func(c *Config) { c.MaxElapsed = 2 * time.Second }, attempts: 1, status: 409},
 		{name: "MaxElapsed counts the waits", answers: []answer{resp(503), resp(503), resp(503), resp(201)},
@@ -290,7 +303,7 @@ func TestAnswerBodyRead(t *testing.T) {
 		{name: "empty", body: "", length: 0, attempts: 1, want: ""},
 		{name: "no Content-Length: a stream, unread", body: "0123456789", length: -1, attempts: 1, want: "0123456789"},
 		{name: "over MaxBufferedResponse: unread", body: "0123456789", length: 10, limit: 5, attempts: 1, want: "0123456789"},
-		{name: "shorter than announced: retried", body: "01234", length: 10, attempts: 5, want: ""},
+		{name: "shorter than announced: retried", body: "01234", length: 10, attempts: DefaultMaxAttempts, want: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls int

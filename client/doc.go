@@ -24,9 +24,9 @@
 // attempt, a known bug of SDKs, would turn every retry into a new charge.
 // To keep one key across calls of Do (your own retry loop, or a retry
 // after your process restarted), store a key and pass it with WithKey
-// every time. The same goes for a 307 or 308 redirect that http.Client
-// follows: it is a new request to another URL, and gets a new key unless
-// the key came from WithKey.
+// every time. A redirect that http.Client follows (a 307 or 308, which
+// resend the body) is the same operation sent to another URL, and keeps
+// the key.
 //
 // It retries after transport errors (when the body can be sent again), 409
 // while another attempt with the key is running, 429, 502, 503, 504 and 500
@@ -34,12 +34,16 @@
 // up to a cap and otherwise backing off exponentially with full jitter,
 // within an attempts budget, a time budget and the context's deadline. It
 // never retries 422 (the key was used for another request), any other 4xx,
-// or a replayed answer. [Transport] lists the rules exactly.
+// or a replayed answer. A problem whose type ends in "outcome-unknown"
+// (the server does not know whether the operation took effect) is never
+// retried either: the request fails with [ErrOutcomeUnknown], for an
+// operator to resolve. [Transport] lists the rules exactly.
 //
 // # What the caller learns
 //
 // [Info] returns the key that was sent, how many attempts it took, and
 // whether the answer was replayed (Idempotent-Replayed: true), so that an
 // application can log the key next to the outcome. A request that ends
-// without an answer returns an [*Error] with the same key and attempts.
+// without an answer returns an [*Error] with the same key and attempts; its
+// message names the key by a hash, never the key itself.
 package idemclient

@@ -36,6 +36,7 @@ var fuzzAnswers = []func(ra string) answer{
 	func(string) answer { return cut(-1) },
 	func(string) answer { return replayed(resp(409)) },
 	func(string) answer { a := resp(201); a.body, a.truncated = `{"id":"pay_`, 40; return a },
+	func(ra string) answer { return problem(409, "outcome-unknown", "Retry-After", ra) },
 }
 
 var fuzzRetryAfter = []string{"", "0", "1", "30", "Thu, 01 Jan 1970 00:00:00 GMT", "junk"}
@@ -59,6 +60,7 @@ func FuzzNoSecondKey(f *testing.F) {
 	f.Add([]byte{12, 7, 17, 2, 0})
 	f.Add([]byte{0, 2, 5})
 	f.Add([]byte{0, 7, 8})
+	f.Add([]byte{0, 7, 2, 20, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) < 3 {
 			return
@@ -123,6 +125,13 @@ func FuzzNoSecondKey(f *testing.F) {
 		for i, b := range base.Bodies() {
 			if a := answers[min(i, len(answers)-1)]; a.readBody < 0 && b != sent {
 				t.Fatalf("attempt %d sent body %q, want %q", i+1, b, sent)
+			}
+		}
+		for i := range keys {
+			if a := answers[min(i, len(answers)-1)]; strings.Contains(a.body, "outcome-unknown") {
+				if i != len(keys)-1 || !errors.Is(err, ErrOutcomeUnknown) {
+					t.Fatalf("attempt %d of %d answered outcome-unknown; the request ended with %v", i+1, len(keys), err)
+				}
 			}
 		}
 		var got Result

@@ -2,6 +2,8 @@ package idemclient
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -59,26 +61,41 @@ func Info(resp *http.Response) (r Result, ok bool) {
 
 // Error is the error of a request that ended without an answer to return:
 // the last attempt's transport error, the context's error when it ended
-// during a wait, or a body that could not be read. It carries the key and
-// the attempts, for the log; http.Client returns it inside a *url.Error,
-// so reach it with errors.As. Attempts is 0 when nothing was sent.
+// during a wait, a body that could not be read, or ErrOutcomeUnknown. It
+// carries the key and the attempts; http.Client returns it inside a
+// *url.Error, so reach it with errors.As. Attempts is 0 when nothing was
+// sent.
+//
+// Its message names the key only by a hash (sha256: and the first 8 hex
+// digits of the key's SHA-256), never the key itself: a key lets whoever
+// holds it, with the caller's credentials, read the stored answer, and
+// error strings end up in logs. Whoever has the key finds its lines with
+// printf %s "$KEY" | sha256sum.
 type Error struct {
 	// Key is the idempotency key the attempts sent ("" when NewKey gave
-	// none that could be sent).
+	// none that could be sent). Error does not print it.
 	Key string
 	// Attempts is how many attempts were sent.
 	Attempts int
 	// Err is what ended the request: the last attempt's error, the
-	// context's, or what kept the first attempt from being sent.
+	// context's, ErrOutcomeUnknown, or what kept the first attempt from
+	// being sent.
 	Err error
 }
 
-// Error says the key, the attempts and the underlying error.
+// Error says the key's hash, the attempts and the underlying error.
 func (e *Error) Error() string {
 	if e.Key == "" {
 		return e.Err.Error()
 	}
-	return fmt.Sprintf("idemclient: key %s, %d attempt(s): %v", e.Key, e.Attempts, e.Err)
+	return fmt.Sprintf("idemclient: key sha256:%s, %d attempt(s): %v", keyHash(e.Key), e.Attempts, e.Err)
+}
+
+// keyHash is key as an Error's message names it: the first 8 hex digits
+// of its SHA-256.
+func keyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:4])
 }
 
 // Unwrap returns the underlying error, so errors.Is(err,

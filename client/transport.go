@@ -19,13 +19,18 @@ import (
 // For one request (one call of RoundTrip, so one http.Client.Do):
 //
 //   - The key is the request's own key header when it has one, else the
-//     key WithKey put in its context, else a fresh Config.NewKey(), chosen
-//     before the first attempt. Every attempt sends that key; no answer of
-//     the server, and no error, makes it send another (FuzzNoSecondKey).
+//     key of the request it is a redirect of (http.Client following a
+//     3xx), else the key WithKey put in its context, else a fresh
+//     Config.NewKey(), chosen before the first attempt. Every attempt
+//     sends that key; no answer of the server, and no error, makes it send
+//     another (FuzzNoSecondKey), and a redirect keeps it.
 //   - An attempt is retried after a transport error, and after the answers
 //     classifyResponse lists (409 in progress, 429, 500 unless the problem
 //     type says retrying cannot help, 502, 503, 504), never after 422 or
 //     another 4xx, and never after a replay (Idempotent-Replayed: true).
+//   - A problem of a type ending in "outcome-unknown" is never retried: it
+//     ends the request with an *Error wrapping ErrOutcomeUnknown, and its
+//     body is closed.
 //   - The wait before a retry is the answer's Retry-After (seconds or an
 //     HTTP date), at most Config.MaxRetryAfter; without one it is drawn
 //     from [0, min(MaxDelay, BaseDelay·2ⁿ⁻¹)] before the n-th retry (full
@@ -43,8 +48,9 @@ import (
 //     than failing the caller's read.
 //
 // Info tells the caller the key, the attempts and whether the answer was a
-// replay; an error is an *Error carrying the key and the attempts. A
-// Transport is safe for concurrent use.
+// replay; an error is an *Error carrying the key and the attempts (its
+// message names the key by a hash only). A Transport is safe for
+// concurrent use.
 type Transport struct {
 	cfg    Config
 	header string // cfg.Header, canonical
@@ -94,7 +100,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ctx.result.Attempts = attempt
 		var retry bool
 		if err == nil {
-			if retry = classifyResponse(resp); !retry {
+			var final error
+			if retry, final = classifyResponse(resp); final != nil {
+				discard(resp)
+				return nil, &Error{Key: key, Attempts: attempt, Err: final}
+			}
+			if !retry {
 				if err = t.readBody(resp, &ctx.body); err != nil {
 					resp = nil
 				}
@@ -168,21 +179,21 @@ func (t *Transport) backoff(n int) time.Duration {
 }
 
 // key returns the request's key and the header to send it in: the
-// request's own when it carries the key header, else a copy with the key
-// from the context or a new one added (its value kept in st).
+// request's own when it carries the key header, else a copy with a key
+// added (its value kept in st): the key of the request that a redirect
+// which http.Client follows came from, else the key from the context, else
+// a new one.
 func (t *Transport) key(req *http.Request, st *infoCtx) (string, http.Header, error) {
-	if k := req.Header.Get(t.header); k != "" {
+	if k := t.headerKey(req.Header); k != "" {
 		return k, req.Header, nil
 	}
-	for name, v := range req.Header { // a name set without canonicalising it
-		if len(v) > 0 && v[0] != "" && strings.EqualFold(name, t.header) {
-			return v[0], req.Header, nil
-		}
+	k := t.redirectKey(req)
+	if k == "" {
+		k = keyFrom(req.Context())
 	}
-	k := keyFrom(req.Context())
 	if k == "" {
 		if k = t.cfg.NewKey(); !validKey(k) {
-			return "", nil, fmt.Errorf("idemclient: Config.NewKey returned %q, not 1 to %d visible ASCII characters", k, MaxKeyLength)
+			return "", nil, fmt.Errorf("idemclient: Config.NewKey returned %d bytes, not 1 to %d visible ASCII characters", len(k), MaxKeyLength)
 		}
 	}
 	h := make(http.Header, len(req.Header)+1)
@@ -192,6 +203,33 @@ func (t *Transport) key(req *http.Request, st *infoCtx) (string, http.Header, er
 	st.keyValue[0] = k
 	h[t.header] = st.keyValue[:]
 	return k, h, nil
+}
+
+// headerKey returns the key h carries, or "".
+func (t *Transport) headerKey(h http.Header) string {
+	if k := h.Get(t.header); k != "" {
+		return k
+	}
+	for name, v := range h { // a name set without canonicalising it
+		if len(v) > 0 && v[0] != "" && strings.EqualFold(name, t.header) {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// redirectKey returns the key of the request that req is a redirect of,
+// or "": when http.Client follows a 3xx, req.Response is that answer and
+// its Request the hop before, as RoundTrip returned it, key header and
+// all. A redirect is the same operation sent to another URL, but
+// http.Client builds it from the caller's request, without the header
+// RoundTrip added: without this the key would be minted again for every
+// hop.
+func (t *Transport) redirectKey(req *http.Request) string {
+	if req.Response == nil || req.Response.Request == nil {
+		return ""
+	}
+	return t.headerKey(req.Response.Request.Header)
 }
 
 // CloseIdleConnections closes the idle connections of Config.Base, when it

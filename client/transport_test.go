@@ -2,6 +2,7 @@ package idemclient
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -598,29 +599,175 @@ func TestConfigNotShared(t *testing.T) {
 	}
 }
 
-// TestRedirect: a 307 that http.Client follows is a new request, with a
-// new key, unless the key came from WithKey; the body goes along.
+// TestRedirect: a redirect http.Client follows is the same operation at
+// another URL: every hop sends the key the first one sent, minted once,
+// and the body goes along. Info reports that key.
 func TestRedirect(t *testing.T) {
-	for _, withKey := range []bool{false, true} {
-		srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-			http.Redirect(w, r, "/v2/payments", http.StatusTemporaryRedirect)
-		}, jsonStep(201, `{}`))
-		c := &http.Client{Transport: newTransport(t, newFakeClock(), nil)}
-		ctx := context.Background()
-		if withKey {
-			ctx = WithKey(ctx, "order-7")
-		}
-		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
-		res, _, err := send(c, req)
-		if err != nil || res.StatusCode != 201 {
-			t.Fatal(res, err)
-		}
-		s := srv.Seen()
-		if len(s) != 2 || s[1].body != payBody || len(s[0].keys) != 1 || len(s[1].keys) != 1 {
-			t.Fatalf("%+v", s)
-		}
-		if same := s[0].keys[0] == s[1].keys[0]; same != withKey {
-			t.Errorf("WithKey %v: keys %q and %q", withKey, s[0].keys[0], s[1].keys[0])
-		}
+	redirect := func(code int, to string) step {
+		return func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, to, code) }
+	}
+	for _, tc := range []struct {
+		name   string
+		ctxKey string
+		steps  []step
+		hops   int
+	}{
+		{name: "307", steps: []step{redirect(307, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+		{name: "308", steps: []step{redirect(308, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+		{name: "307 then 308", steps: []step{redirect(307, "/v2/payments"), redirect(308, "/v3/payments"), jsonStep(201, `{}`)}, hops: 3},
+		{name: "307, a retried 503, then 201", steps: []step{redirect(307, "/v2/payments"), status(503), jsonStep(201, `{}`)}, hops: 3},
+		{name: "307 with WithKey", ctxKey: "order-7", steps: []step{redirect(307, "/v2/payments"), jsonStep(201, `{}`)}, hops: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.steps...)
+			var minted atomic.Int32
+			c := &http.Client{Transport: newTransport(t, newFakeClock(), func(c *Config) {
+				c.NewKey = func() string { return fmt.Sprintf("minted-%d", minted.Add(1)) }
+			})}
+			ctx := context.Background()
+			if tc.ctxKey != "" {
+				ctx = WithKey(ctx, tc.ctxKey)
+			}
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
+			res, _, err := send(c, req)
+			if err != nil || res.StatusCode != 201 {
+				t.Fatal(res, err)
+			}
+			s := srv.Seen()
+			if len(s) != tc.hops {
+				t.Fatalf("%d requests, want %d: %+v", len(s), tc.hops, s)
+			}
+			for i, r := range s {
+				if r.body != payBody {
+					t.Errorf("request %d sent body %q", i+1, r.body)
+				}
+			}
+			key := oneKey(t, srv.keys())
+			want, mints := tc.ctxKey, int32(0)
+			if want == "" {
+				want, mints = "minted-1", 1
+			}
+			if key != want || minted.Load() != mints {
+				t.Errorf("key %q, NewKey called %d times; want %q, %d", key, minted.Load(), want, mints)
+			}
+			if info, _ := Info(res); info.Key != key {
+				t.Errorf("Info key %q, sent %q", info.Key, key)
+			}
+		})
+	}
+}
+
+// TestRedirectToAnotherServer: a 307 to another server sends it the key
+// the first server got, as net/http sends a key header the caller set.
+func TestRedirectToAnotherServer(t *testing.T) {
+	second := newServer(t, jsonStep(201, `{}`))
+	first := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, second.URL+"/payments", http.StatusTemporaryRedirect)
+	})
+	c := &http.Client{Transport: newTransport(t, newFakeClock(), nil)}
+	res, _, err := post(t, c, first.URL+"/payments", payBody)
+	if err != nil || res.StatusCode != 201 {
+		t.Fatal(res, err)
+	}
+	k1, k2 := oneKey(t, first.keys()), oneKey(t, second.keys())
+	if k1 != k2 || !uuidV4.MatchString(k1) {
+		t.Errorf("keys %q and %q, want one UUIDv4", k1, k2)
+	}
+}
+
+// TestErrorHidesKey: no error the Transport returns prints the key, in
+// Error or through fmt's verbs, nor does http.Client's *url.Error around
+// it; it names the key by its hash, and keeps it in Error.Key.
+func TestErrorHidesKey(t *testing.T) {
+	const key = "order-2f9c41d7-secret"
+	hash := fmt.Sprintf("%x", sha256.Sum256([]byte(key)))[:8]
+	unknown := problemStep(409, "outcome-unknown")
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		cfg   func(*Config)
+		ctx   func(context.Context) context.Context
+	}{
+		{name: "cuts", steps: []step{hangUp}},
+		{name: "outcome unknown", steps: []step{unknown}},
+		{name: "context ended in a wait", steps: []step{status(503)}, ctx: func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return ctx
+		}},
+		{name: "minted key", steps: []step{hangUp}, cfg: func(c *Config) { c.NewKey = func() string { return key } }},
+		{name: "minted key not valid", steps: []step{status(201)}, cfg: func(c *Config) { c.NewKey = func() string { return key + " " + key } }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.steps...)
+			c := &http.Client{Transport: newTransport(t, newFakeClock(), func(c *Config) {
+				c.MaxAttempts = 2
+				if tc.cfg != nil {
+					tc.cfg(c)
+				}
+			})}
+			ctx := context.Background()
+			if tc.cfg == nil {
+				ctx = WithKey(ctx, key)
+			}
+			if tc.ctx != nil {
+				ctx = tc.ctx(ctx)
+			}
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/payments", strings.NewReader(payBody))
+			_, _, err := send(c, req)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("%v, want an *Error", err)
+			}
+			for _, msg := range []string{err.Error(), e.Error(), fmt.Sprint(err), fmt.Sprintf("%v %+v %s %q", err, err, err, err),
+				fmt.Sprintf("%v %+v %s %q", e, e, e, e)} {
+				if strings.Contains(msg, key) {
+					t.Errorf("the error prints the key: %s", msg)
+				}
+			}
+			if e.Key != "" && (e.Key != key || !strings.Contains(err.Error(), "sha256:"+hash)) {
+				t.Errorf("Error.Key %q, message %q; want the key in the field, its hash %s in the message", e.Key, err, hash)
+			}
+		})
+	}
+}
+
+// TestOutcomeUnknown: a problem of type outcome-unknown is final: one
+// request reaches the server, with or without Retry-After, and the caller
+// gets an *Error wrapping ErrOutcomeUnknown through http.Client's
+// *url.Error, with the key and the attempts.
+func TestOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		st   step
+	}{
+		{name: "409", st: problemStep(409, "outcome-unknown")},
+		{name: "409 with Retry-After", st: problemStep(409, "outcome-unknown", "Retry-After", "1")},
+		{name: "503", st: problemStep(503, "outcome-unknown")},
+		{name: "another server's type", st: func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(409)
+			_, _ = io.WriteString(w, `{"type":"https://api.example.test/problems/outcome-unknown","status":409}`)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t, tc.st, jsonStep(201, `{}`))
+			clock := newFakeClock()
+			c := &http.Client{Transport: newTransport(t, clock, nil)}
+			res, _, err := post(t, c, srv.URL+"/payments", payBody)
+			var (
+				e  *Error
+				ue *url.Error
+			)
+			if !errors.Is(err, ErrOutcomeUnknown) || !errors.As(err, &e) || !errors.As(err, &ue) {
+				t.Fatalf("%v, %v; want a *url.Error around an *Error wrapping ErrOutcomeUnknown", res, err)
+			}
+			if n := len(srv.Seen()); n != 1 || e.Attempts != 1 || e.Key != oneKey(t, srv.keys()) {
+				t.Errorf("%d requests, Error attempts %d key %q; want 1 request, its key", n, e.Attempts, e.Key)
+			}
+			if s := clock.Sleeps(); len(s) != 0 {
+				t.Errorf("waited %v", s)
+			}
+		})
 	}
 }

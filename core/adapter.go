@@ -3,16 +3,18 @@ package idem
 import (
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Adapter is what a framework adapter builds its middleware on: the Engine,
 // and the application's function that reads the authenticated principal
 // from the framework's request C (*http.Request, *gin.Context,
-// echo.Context, *fiber.Ctx).
+// echo.Context, *fiber.Ctx, a gRPC call's context.Context).
 //
-// It is for adapter authors. Applications do not use it: they call their
-// framework adapter's New (idemhttp.New, idemgin.New, idemecho.New,
-// idemfiber.New), which makes one with NewAdapter.
+// It is for adapter authors. Applications do not use it: they build one
+// Engine with New and hand it to their framework adapter's New
+// (idemhttp.New, idemgin.New, idemecho.New, idemfiber.New, idemgrpc.New),
+// which makes an Adapter with NewAdapter.
 type Adapter[C any] struct {
 	*Engine
 	principal func(C) (string, error)
@@ -24,16 +26,21 @@ type Adapter[C any] struct {
 	Route func(C) string
 }
 
-// NewAdapter checks that principal is set, builds the Engine from cfg and
-// returns both. name is the adapter's package name: it starts every error,
-// and every error wraps ErrInvalidConfig.
-func NewAdapter[C any](name string, cfg Config, principal func(C) (string, error)) (*Adapter[C], error) {
-	if principal == nil {
-		return nil, fmt.Errorf("%s: %w: Principal is required", name, ErrInvalidConfig)
+// NewAdapter returns the Adapter of eng and principal, which are both
+// required: the application builds eng once with New and shares it with
+// every adapter, the Sweeper and Engine.Do. name is the adapter's package
+// name: it starts every error, and every error wraps ErrInvalidConfig and
+// names the missing field.
+func NewAdapter[C any](name string, eng *Engine, principal func(C) (string, error)) (*Adapter[C], error) {
+	var missing []string
+	if eng == nil {
+		missing = append(missing, "Engine is required (build it once with idem.New and share it)")
 	}
-	eng, err := New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if principal == nil {
+		missing = append(missing, "Principal is required")
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s: %w: %s", name, ErrInvalidConfig, strings.Join(missing, "; "))
 	}
 	return &Adapter[C]{Engine: eng, principal: principal}, nil
 }

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -17,22 +18,27 @@ import (
 
 func TestNewAdapterValidates(t *testing.T) {
 	t.Parallel()
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	principal := func(*http.Request) (string, error) { return "alice", nil }
 	for _, tc := range []struct {
 		name      string
-		cfg       idem.Config
+		eng       *idem.Engine
 		principal func(*http.Request) (string, error)
-		want      string // "" when New succeeds
+		want      string // "" when NewAdapter succeeds
 	}{
-		{"valid", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, principal, ""},
-		{"no principal function", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()}, nil, "idemtest: idem: invalid config: Principal is required"},
-		{"invalid engine config", idem.Config{FingerprintKey: storetest.FingerprintKey}, principal, "idemtest: idem: invalid config: Store is required"},
+		{"valid", eng, principal, ""},
+		{"no engine", nil, principal, "idemtest: idem: invalid config: Engine is required"},
+		{"no principal function", eng, nil, "idemtest: idem: invalid config: Principal is required"},
+		{"neither", nil, nil, "idemtest: idem: invalid config: Engine is required (build it once with idem.New and share it); Principal is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := idem.NewAdapter("idemtest", tc.cfg, tc.principal)
+			a, err := idem.NewAdapter("idemtest", tc.eng, tc.principal)
 			if tc.want == "" {
-				if err != nil || a == nil || a.Engine == nil {
-					t.Fatalf("NewAdapter = %v, %v", a, err)
+				if err != nil || a == nil || a.Engine != eng {
+					t.Fatalf("NewAdapter = %v, %v, want an Adapter on the given Engine", a, err)
 				}
 				return
 			}
@@ -94,7 +100,9 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 	}{
 		{"principal error", "alice", errAuth, false, "k", false, http.StatusUnauthorized, idem.OutcomeUnauthenticated, true},
 		{"principal error with a Logger", "", errAuth, false, "k", true, http.StatusUnauthorized, idem.OutcomeUnauthenticated, true},
-		{"no principal, no error", "", nil, false, "k", false, http.StatusUnauthorized, idem.OutcomeUnauthenticated, false},
+		// The first request without a principal (each case has its own
+		// engine) is logged once: the middleware may run before auth.
+		{"no principal, no error", "", nil, false, "k", false, http.StatusUnauthorized, idem.OutcomeUnauthenticated, true},
 		{"principal error, optional key absent", "alice", errAuth, true, "", false, 0, idem.OutcomeNoKey, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,7 +116,11 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			if tc.logger {
 				cfg.Logger = slog.New(own)
 			}
-			a, err := idem.NewAdapter("idemtest", cfg, func(*http.Request) (string, error) { return tc.principal, tc.err })
+			eng, err := idem.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := idem.NewAdapter("idemtest", eng, func(*http.Request) (string, error) { return tc.principal, tc.err })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,8 +172,11 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 				}
 				return true
 			})
-			if logged != errAuth.Error() {
-				t.Fatalf("logged error %q, want %q", logged, errAuth)
+			if want := fmt.Sprint(tc.err); tc.err != nil && logged != want {
+				t.Fatalf("logged error %q, want %q", logged, want)
+			}
+			if tc.err == nil && !strings.Contains(got[0].Message, "place it after") {
+				t.Fatalf("logged %q, want the hint that the middleware may run before auth", got[0].Message)
 			}
 		})
 	}

@@ -25,6 +25,7 @@ type ResponseBuffer struct {
 	size        int
 	limit       int
 	wroteHeader bool
+	flushed     bool // the handler asked to flush: it meant to stream
 }
 
 // NewResponseBuffer returns a buffer whose header map is a clone of header
@@ -35,7 +36,8 @@ func NewResponseBuffer(header http.Header, limit int) *ResponseBuffer {
 
 // buffers pools the buffers ServeHTTP uses. The pool saves 4 allocations per
 // first request, 2 of them the reused header map; both are measured against
-// NewResponseBuffer per request in BENCHMARKS.md, "Tricks kept, and why".
+// NewResponseBuffer per request in docs/design-notes.md, "The engine's hot
+// path".
 var buffers = sync.Pool{New: func() any { return new(ResponseBuffer) }}
 
 // maxPooledBody keeps the buffers of large responses out of the pool.
@@ -125,9 +127,13 @@ func (b *ResponseBuffer) WriteString(s string) (int, error) {
 }
 
 // Flush does nothing: the response is sent only after the commit. Frameworks
-// call Flush on their own, so it must not fail; handlers that flush through
-// http.ResponseController get ErrStreaming from FlushError instead.
-func (b *ResponseBuffer) Flush() {}
+// call Flush on their own (gin's c.Stream, echo's Response.Flush), so it
+// must not fail; handlers that flush through http.ResponseController get
+// ErrStreaming from FlushError instead. Either way the Result says the
+// handler meant to stream (Result.Streamed), and the engine logs once that
+// streaming on an idempotent route sends the response whole, after the
+// handler.
+func (b *ResponseBuffer) Flush() { b.flushed = true }
 
 // ErrStreaming is what http.ResponseController's Flush returns on an
 // idempotent route: a streamed response cannot be stored and replayed, and
@@ -136,7 +142,10 @@ var ErrStreaming = errors.New("idem: streaming is not supported on an idempotent
 
 // FlushError refuses to stream with ErrStreaming; http.ResponseController
 // calls it.
-func (b *ResponseBuffer) FlushError() error { return ErrStreaming }
+func (b *ResponseBuffer) FlushError() error {
+	b.flushed = true
+	return ErrStreaming
+}
 
 // Status returns the recorded status, or 0 if nothing was written.
 func (b *ResponseBuffer) Status() int { return b.status }
@@ -152,7 +161,7 @@ func (b *ResponseBuffer) Size() int { return b.size }
 // entries untouched. Adapters call it before a framework's error handler
 // renders a returned error, so the error response replaces a partial one.
 func (b *ResponseBuffer) Reset() {
-	b.status, b.wroteHeader, b.size = 0, false, 0
+	b.status, b.wroteHeader, b.size, b.flushed = 0, false, 0, false
 	b.body.Reset()
 }
 
@@ -169,6 +178,7 @@ func (b *ResponseBuffer) Result(err error) Result {
 		Body:     b.body.Bytes(),
 		Err:      err,
 		Overflow: b.size > b.limit,
+		Streamed: b.flushed,
 	}
 }
 

@@ -228,11 +228,14 @@ type Config struct {
 	// logs are read by more people than the database. Event.Key always
 	// carries the raw key.
 	LogKeys bool
-	// WarnTxUnused logs a warning when a handler answers 2xx without
-	// having used the store's transaction: its writes, if any, went around
-	// the guarantee (through the pool instead of the transaction).
-	// Event.TxUsed says the same for every request.
-	WarnTxUnused bool
+	// AllowTxUnused turns off the warning the engine logs when a handler
+	// answers 2xx without having used the store's transaction: its writes,
+	// if any, went around the guarantee (through the pool instead of the
+	// transaction), and a retry after a failure writes them again. Set it
+	// for an engine whose handlers write nothing in the store's
+	// transaction on purpose. Event.TxUsed says the same for every
+	// request either way.
+	AllowTxUnused bool
 	// OmitStoredBody stores the status and the allow-listed headers of a
 	// response, not its body, for endpoints whose clients re-read the
 	// resource (at its Location) instead of relying on the replayed body.
@@ -268,6 +271,13 @@ type Config struct {
 	// Clock measures latencies. Default time.Now. Expiry and leases always
 	// use the store's clock.
 	Clock func() time.Time
+	// SkipStoreCheck keeps New from calling the store's Check (see
+	// Checker): New then never touches the store, and a store without its
+	// table fails at the first request instead, with 500
+	// store-misconfigured. Set it when the application checks the store
+	// itself, or when New runs where the store must not be reached (a
+	// tool that only reads the configuration).
+	SkipStoreCheck bool
 }
 
 // ErrInvalidConfig is wrapped by every error New returns.
@@ -348,4 +358,36 @@ func (c *Config) validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}
+
+// checkStore asks the store to check itself (see Checker), unless
+// SkipStoreCheck is set. Only a misconfiguration is an error: anything
+// else is logged at Warn.
+func (c *Config) checkStore() error {
+	ch, ok := c.Store.(Checker)
+	if c.SkipStoreCheck || !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.StoreTimeout)
+	defer cancel()
+	err := ch.Check(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrMisconfigured):
+		return fmt.Errorf("%w: the store's check failed (run the store's Migrate, or apply its migration): %w", ErrInvalidConfig, err)
+	}
+	c.logger().LogAttrs(context.Background(), slog.LevelWarn,
+		"idempotency: the store's start-up check could not finish; starting anyway, and requests are answered 503 store-unavailable until the store answers",
+		slog.String("error", err.Error()))
+	return nil
+}
+
+// logger is Logger, or slog.Default() when it is nil: for what an operator
+// must see whether or not the application configured a Logger.
+func (c *Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
 }

@@ -21,7 +21,7 @@ import (
 // see an ordinary timer context wherever their answer could differ.
 //
 // Against context.WithDeadline it saves 8 of 46 allocations on a first
-// request (BENCHMARKS.md, "Tricks kept, and why").
+// request (docs/design-notes.md, "The engine's hot path").
 type deadlineCtx struct {
 	parent   context.Context
 	deadline time.Time

@@ -7,18 +7,23 @@
 //
 // # What an application writes
 //
-// Three things, and nothing else from this package is needed to start:
+// Four things, and nothing else from this package is needed to start:
 //
 //  1. A store, which keeps the records and owns the transaction the handler
 //     writes in: idempgx.New(pool) for PostgreSQL through pgx,
 //     idemgorm.New(db) for GORM (PostgreSQL, MySQL/MariaDB, SQLite), or
 //     memstore.New() for tests. Create its table with the store's Migrate.
-//  2. The middleware of your framework's adapter (idemhttp, idemgin,
-//     idemecho, idemfiber), configured with a [Config] and a Principal
-//     function, and placed after your authentication on the routes that
-//     must be idempotent. Config is validated when the middleware is built:
-//     a misconfiguration fails at start-up, not on the first request.
-//  3. Handlers that write through the store's transaction, which the
+//  2. One [Engine], built once with [New] from a [Config]. New validates
+//     the Config and asks the store to check itself ([Checker]), so a
+//     misconfiguration or a store that was never migrated fails at
+//     start-up, not on the first request.
+//  3. The middleware of your framework's adapter (idemhttp, idemgin,
+//     idemecho, idemfiber; idemgrpc for gRPC), given that Engine and a
+//     Principal function, and placed after your authentication on the
+//     routes that must be idempotent. Every middleware, the [Sweeper] and
+//     [Engine.Do] share the one Engine: its per-route hold times and its
+//     in-flight limit are its own.
+//  4. Handlers that write through the store's transaction, which the
 //     store's accessor takes from the request's context
 //     (idempgx.Tx(ctx), idemgorm.Tx(ctx)). The store commits it together
 //     with the stored response after the handler returns; the handler does

@@ -11,9 +11,48 @@ import (
 
 type attemptKey struct{}
 
+// ContextKey is the key, a string, under which an adapter stores the
+// attempt's context in a framework context that does not pass the
+// request's values through: gin's *gin.Context answers Value for a string
+// key from its own keys (c.Set), and for any other key only when the Gin
+// engine's ContextWithFallback is set. With it, the stores' accessors
+// (idempgx.Tx, idemgorm.DB, idemredis.Tx, memstore.TxFrom), LeaseFrom and
+// DownstreamKey find the attempt whichever context the handler passes: the
+// request's, or the framework's own.
+const ContextKey = "github.com/idemgo/idem/core.AttemptContext"
+
+// AttemptContext returns the context of the attempt that ctx runs in: ctx
+// itself when it carries the attempt (the request's context or one derived
+// from it), or the attempt's context an adapter stored in ctx under
+// ContextKey (a *gin.Context). ok is false outside an attempt, and ctx is
+// then returned as it is. Stores' accessors call it before they look up
+// their transaction, so that a handler never falls back to running outside
+// the transaction because it passed the framework's context.
+func AttemptContext(ctx context.Context) (context.Context, bool) {
+	if _, ok := ctx.Value(attemptKey{}).(*Attempt); ok {
+		return ctx, true
+	}
+	if ac, ok := ctx.Value(ContextKey).(context.Context); ok && ac != nil {
+		if _, ok := ac.Value(attemptKey{}).(*Attempt); ok {
+			return ac, true
+		}
+	}
+	return ctx, false
+}
+
+// attemptOf returns the attempt ctx runs in (see AttemptContext).
+func attemptOf(ctx context.Context) (*Attempt, bool) {
+	ac, ok := AttemptContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	a, ok := ac.Value(attemptKey{}).(*Attempt)
+	return a, ok
+}
+
 // LeaseFrom returns the lease of the attempt running with ctx, if any.
 func LeaseFrom(ctx context.Context) (Lease, bool) {
-	a, ok := ctx.Value(attemptKey{}).(*Attempt)
+	a, ok := attemptOf(ctx)
 	if !ok {
 		return Lease{}, false
 	}
@@ -55,7 +94,7 @@ var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 // The key is 64 lowercase hex characters and reveals neither the principal
 // nor the client's key.
 func DownstreamKey(ctx context.Context, step string) (string, error) {
-	a, ok := ctx.Value(attemptKey{}).(*Attempt)
+	a, ok := attemptOf(ctx)
 	if !ok {
 		return "", ErrNoAttempt
 	}

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/core/internal/jsoncanon"
@@ -31,14 +33,35 @@ type Engine struct {
 	keyMissing, keyInvalid Problem
 	// inFlight is Config.MaxInFlightPerPrincipal's limiter, nil when off.
 	inFlight *inFlightLimiter
+	// sawAnonymous is set by the first request without a principal, which
+	// is logged (see emit); sawStream by the first streamed response.
+	sawAnonymous, sawStream atomic.Bool
 }
 
-// New validates cfg, applies defaults and returns an Engine. It returns an
-// error wrapping ErrInvalidConfig when the configuration is inconsistent.
+// New validates cfg, applies defaults, checks the store and returns an
+// Engine. It returns an error wrapping ErrInvalidConfig when the
+// configuration is inconsistent.
+//
+// When cfg.Store is a Checker and cfg.SkipStoreCheck is not set, New calls
+// its Check with a context bounded by cfg.StoreTimeout. An error wrapping
+// ErrMisconfigured (a missing table, column or permission) fails New with
+// an error wrapping both ErrInvalidConfig and ErrMisconfigured, so a store
+// that was never migrated is found at start-up rather than by the first
+// request. Any other error, such as a database that does not answer yet,
+// is logged once at Warn (through cfg.Logger, or slog.Default() when it is
+// nil) and New returns the Engine: the store is asked again by every
+// request.
+//
+// Build one Engine per configuration and share it: every adapter's
+// middleware or interceptor, the Sweeper and Engine.Do take it, and the
+// per-route hold times and the in-flight limit are the Engine's own.
 func New(cfg Config) (*Engine, error) {
 	wall := cfg.Clock == nil
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkStore(); err != nil {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, stored: make(map[string]bool, len(cfg.StoredHeaders)), ignore: jsoncanon.SplitPaths(cfg.IgnoreFields), clockIsWall: wall}
@@ -53,7 +76,7 @@ func New(cfg Config) (*Engine, error) {
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
 	e.keyInvalid = NewProblem(ProblemKeyInvalid)
-	e.keyInvalid.Detail = fmt.Sprintf("The %s header must be 1 to %d visible ASCII characters, bare or as a quoted string.",
+	e.keyInvalid.Detail = fmt.Sprintf("The %s header must be one field line holding 1 to %d visible ASCII characters, bare or as a quoted string; a key with a comma or semicolon must be quoted.",
 		cfg.Header, cfg.MaxKeyLength)
 	return e, nil
 }
@@ -85,10 +108,12 @@ type Request struct {
 	// returned, if any. Begin answers it like an empty Principal, 401, and
 	// records it in the Event's Err (see Adapter.Principal).
 	PrincipalErr error
-	// Key is the raw value of the idempotency key header: "" only when the
-	// header is absent. A header present with an empty value must be
-	// passed as white space (" "), which Begin answers 400 key-invalid
-	// rather than running the handler without a key.
+	// Key is the value of the idempotency key header, its field lines
+	// combined as KeyField combines them: "" only when the header is
+	// absent. A header present with an empty value must be passed as white
+	// space (" "), which Begin answers 400 key-invalid rather than running
+	// the handler without a key; several field lines become a list, which
+	// is refused the same way.
 	Key string
 	// ContentType is the request's Content-Type header.
 	ContentType string
@@ -113,6 +138,10 @@ type Result struct {
 	// Overflow is true when the handler wrote more than the buffer kept
 	// (see ResponseBuffer); the response is then too large to store.
 	Overflow bool
+	// Streamed is true when the handler flushed or streamed its response
+	// (ResponseBuffer.Flush, a body stream): it reached the client whole,
+	// after the commit, which the engine logs once.
+	Streamed bool
 }
 
 // Begin authenticates, validates the key, fingerprints the body and claims
@@ -222,7 +251,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	}
 	ev.Key = key
 
-	// Bounded resources per caller (issue 19): the principal's in-flight
+	// Bounded resources per caller: the principal's in-flight
 	// slot is held from here; an Attempt returned to the caller owns it.
 	var slotOwner *Attempt
 	if e.inFlight != nil {
@@ -304,7 +333,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 			}
 		}
 		ev.OriginalRequestID = rec.RequestID
-		// Data at rest (issue 19): a sealed body is opened, or nothing is
+		// Data at rest: a sealed body is opened, or nothing is
 		// replayed.
 		if err := e.openStored(ctx, &rec); err != nil {
 			return refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
@@ -502,6 +531,11 @@ func (a *Attempt) Finish(res Result) *Response {
 	if !a.finish() {
 		panic("idem: Attempt finished twice")
 	}
+	if res.Streamed && a.e.sawStream.CompareAndSwap(false, true) {
+		a.e.cfg.logger().WarnContext(a.ctx, "idempotency: a handler flushed or streamed its response; on an idempotent route "+
+			"the response is held until the commit and reaches the client whole, after the handler (logged once)",
+			slog.String("route", a.ev.Route))
+	}
 	v := a.settle(res)
 	resp := a.e.httpResponse(&v)
 	a.ev.Status = resp.Status
@@ -583,7 +617,7 @@ func (a *Attempt) settle(res Result) verdict {
 	}
 	sctx := a.storeContext(a.ctx, now)
 	defer a.sctx.cancel()
-	// Data at rest (issue 19): the body stored may be omitted or sealed.
+	// Data at rest: the body stored may be omitted or sealed.
 	storedBody, err := a.bodyToStore(sctx, res.Body)
 	if err != nil {
 		if ended := a.release(a.ctx, err); ended != nil {
@@ -604,6 +638,16 @@ func (a *Attempt) settle(res Result) verdict {
 			// outcome: releasing would let a retry run it again. The claim
 			// is kept for Reconcile or an operator.
 			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, a.keepLease(sctx))))
+		case errors.Is(err, ErrTxOwned):
+			// The handler called Commit or Rollback on the handle: the
+			// store refused it and rolled everything back. A bug in the
+			// handler, not a store failure, and retrying does not help.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
+			defer cancel()
+			if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+				err = errors.Join(err, rerr)
+			}
+			return done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: err})
 		case a.mustKeep():
 			// Reconcile said the effect happened, and storing it failed:
 			// kept, not released, for the next takeover to ask again.

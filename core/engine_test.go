@@ -78,8 +78,8 @@ func TestRetryAfterFollowsTheHolder(t *testing.T) {
 		advance time.Duration
 		want    string
 	}{
-		{0, "11"},                      // the holder may run for its whole deadline
-		{2500 * time.Millisecond, "9"}, // 8.5s of deadline left, rounded up
+		{0, "1"},                       // no route, no history: soon, not the whole deadline
+		{2500 * time.Millisecond, "1"}, // still running within its deadline
 		{9 * time.Second, "9"},         // past the deadline: until the lease expires (20-11.5 = 8.5)
 		{8 * time.Second, "1"},         // never below 1
 	} {

@@ -159,8 +159,9 @@ func ExampleConfig_reconcile() {
 	// Output: 201 {"charge":"ch_1"} charges: 1
 }
 
-// ExampleSweeper deletes records past their retention. Run it in the
-// background with Sweeper.Run; one sweep is shown here.
+// ExampleSweeper deletes records past their retention. It sweeps the
+// engine the requests went through: give it the application's one Engine.
+// Run it in the background with Sweeper.Run; one sweep is shown here.
 func ExampleSweeper() {
 	now := time.Unix(1_750_000_000, 0)
 	store := memstore.New(memstore.WithClock(func() time.Time { return now }))
@@ -169,7 +170,7 @@ func ExampleSweeper() {
 		serve(engine, key, func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} })
 	}
 	now = now.Add(2 * time.Hour)
-	sweeper := idem.Sweeper{Store: store, BatchSize: 100}
+	sweeper := idem.Sweeper{Engine: engine, BatchSize: 100}
 	res, err := sweeper.Sweep(context.Background())
 	fmt.Println(res.Purged, err, store.Len())
 	// Output: 3 <nil> 0

@@ -32,7 +32,7 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 // maxBodyHint caps what a declared Content-Length may reserve before its
 // bytes arrive: past it the buffer grows with what is read. A client that
 // declares 1 MiB and sends 1 byte costs at most this much, not 1 MiB
-// (issue 19: 400 such connections took the heap to 433 MB).
+// (TestSlowBodyFloodHeap holds 400 such connections to a small heap).
 const maxBodyHint = 16 << 10
 
 // readBody is ReadBody with a size hint: a declared Content-Length within
@@ -121,9 +121,8 @@ func Fingerprint(key []byte, method, path, principal, contentType string, body [
 // and outer pads once it has been Reset (FIPS 198-1, section 6), so a
 // pooled one skips the two pad blocks of every fingerprint: three SHA-256
 // blocks instead of five for a small body, a quarter of its instructions
-// (BenchmarkFingerprint/JSON55B 14,835 → 11,093 Ir/op; BENCHMARKS.md,
-// "Instructions per request"). The pool also saves the fingerprint the
-// allocations of its buffer and MAC ("Tricks kept, and why").
+// (docs/design-notes.md, "The engine's hot path"). The pool also saves the
+// fingerprint the allocations of its buffer and MAC.
 // TestFingerprintVectors holds the bytes to what the hand-prepared pads
 // made before.
 type fingerprintKey struct {

@@ -12,21 +12,19 @@ func (restoredBody) Close() error { return nil }
 
 // HTTPRequest returns the engine's view of r for principal. Adapters for
 // frameworks built on net/http (net/http itself, Gin, Echo) use it so that
-// every one of them reads the same headers the same way. Its Route is
+// every one of them reads the same headers the same way: the key from every
+// field line of Config.Header (see KeyField), so that several are refused as
+// ambiguous rather than the first one used. Its Route is
 // r.Pattern, the ServeMux pattern that matched ("POST /payments/{id}"),
 // empty when no ServeMux has routed r yet; an adapter for a framework with
 // its own router sets Route after (see Adapter.Route).
 func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
-	key := r.Header.Get(e.cfg.Header)
-	if key == "" && len(r.Header.Values(e.cfg.Header)) > 0 {
-		key = blankKey // present but empty: a 400, not "no key"
-	}
 	return Request{
 		Method:        r.Method,
 		Path:          r.URL.RequestURI(),
 		Route:         r.Pattern,
 		Principal:     principal,
-		Key:           key,
+		Key:           KeyField(r.Header.Values(e.cfg.Header)),
 		ContentType:   r.Header.Get("Content-Type"),
 		RequestID:     r.Header.Get(e.cfg.RequestIDHeader),
 		Body:          r.Body,

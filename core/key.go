@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // DefaultMaxKeyLength is the longest key accepted unless Config says otherwise.
@@ -12,21 +13,31 @@ const DefaultMaxKeyLength = 255
 var (
 	// ErrKeyMissing means the request carried no idempotency key.
 	ErrKeyMissing = errors.New("idem: idempotency key missing")
-	// ErrKeyInvalid means the key header could not be parsed or is not
-	// 1 to max visible ASCII characters.
+	// ErrKeyInvalid means the key header could not be parsed, is
+	// ambiguous (several keys, parameters), or is not 1 to max visible
+	// ASCII characters.
 	ErrKeyInvalid = errors.New("idem: idempotency key invalid")
 )
 
-// ParseKey parses the value of an Idempotency-Key header. It accepts the
-// Structured Field string form of RFC 9651 ("abc", with \" and \\ escapes)
-// and the bare form (abc) that most clients send; both name the key abc.
-// Optional white space around the value is ignored. The key must be 1 to
-// maxLen visible ASCII characters (0x21–0x7E); maxLen <= 0 means
-// DefaultMaxKeyLength. Only an empty raw value (no header) returns
-// ErrKeyMissing; anything else that is not a key, including a value of only
-// white space or the empty string "", returns an error wrapping
-// ErrKeyInvalid: with Config.KeyOptional, a blank key must not let the
-// request run without deduplication.
+// ParseKey parses the value of an Idempotency-Key header. The field is one
+// RFC 9651 Structured Field Item, a string ("abc", with \" and \\ escapes,
+// which may hold , and ; between the quotes: "a,b" is the key a,b); ParseKey
+// also accepts the bare form (abc) that most clients send, naming the same
+// key. Optional white space around the value is ignored. The key must be 1
+// to maxLen visible ASCII characters (0x21–0x7E); maxLen <= 0 means
+// DefaultMaxKeyLength.
+//
+// An ambiguous value is refused, so that no reading of it picks one key and
+// runs the request: a list ("a", "b" or a, b, which is also what several
+// field lines combine into, see KeyField), an Inner List (("a" "b")), or
+// parameters ("a";x=1, a;x). So a bare key cannot contain , or ; nor start
+// with (; send such a key quoted.
+//
+// Only an empty raw value (no header) returns ErrKeyMissing; anything else
+// that is not a key, including a value of only white space or the empty
+// string "", returns an error wrapping ErrKeyInvalid with the reason: with
+// Config.KeyOptional, a blank key must not let the request run without
+// deduplication.
 func ParseKey(raw string, maxLen int) (string, error) {
 	if maxLen <= 0 {
 		maxLen = DefaultMaxKeyLength
@@ -44,6 +55,8 @@ func ParseKey(raw string, maxLen int) (string, error) {
 		if key, err = parseSFString(raw); err != nil {
 			return "", err
 		}
+	} else if err := checkBare(raw); err != nil {
+		return "", err
 	}
 	if len(key) == 0 {
 		return "", fmt.Errorf("%w: empty", ErrKeyInvalid)
@@ -79,7 +92,7 @@ func parseSFString(s string) (string, error) {
 			buf = append(buf, s[i])
 		case c == '"':
 			if i != len(s)-1 {
-				return "", fmt.Errorf("%w: characters after the closing quote", ErrKeyInvalid)
+				return "", afterString(trimOWS(s[i+1:]))
 			}
 			if buf == nil {
 				return s[1:i], nil
@@ -96,6 +109,42 @@ func parseSFString(s string) (string, error) {
 	return "", fmt.Errorf("%w: missing closing quote", ErrKeyInvalid)
 }
 
+// afterString returns the error for rest, what follows the closing quote
+// of a key (without the white space after the quote).
+func afterString(rest string) error {
+	switch rest[0] {
+	case ',':
+		return errKeyList
+	case ';':
+		return errKeyParams
+	}
+	return fmt.Errorf("%w: characters after the closing quote", ErrKeyInvalid)
+}
+
+// checkBare refuses a bare key that a Structured Field parser would read as
+// more than one key, as an Inner List, or as a key with parameters.
+func checkBare(key string) error {
+	if key[0] == '(' {
+		return errKeyInnerList
+	}
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case ',':
+			return errKeyList
+		case ';':
+			return errKeyParams
+		}
+	}
+	return nil
+}
+
+// The reasons for refusing an ambiguous key.
+var (
+	errKeyList      = fmt.Errorf("%w: a list of keys (several field lines, or a comma outside quotes)", ErrKeyInvalid)
+	errKeyInnerList = fmt.Errorf("%w: an Inner List (a parenthesis outside quotes)", ErrKeyInvalid)
+	errKeyParams    = fmt.Errorf("%w: parameters after the key (a semicolon outside quotes)", ErrKeyInvalid)
+)
+
 func trimOWS(s string) string {
 	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
 		s = s[1:]
@@ -104,6 +153,26 @@ func trimOWS(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// KeyField returns what an adapter passes as Request.Key (or Call.Key) for
+// the values of the key header as the request carried them, one per field
+// line (http.Header.Values, gRPC metadata's Get): "" when there is none;
+// the value itself when there is one, or " " when that value is empty, so
+// that a header sent empty is refused as blank, not read as missing; and
+// several joined with ", ", as RFC 9110 §5.3 combines field lines, into the
+// list that ParseKey refuses as ambiguous.
+func KeyField(lines []string) string {
+	switch len(lines) {
+	case 0:
+		return ""
+	case 1:
+		if lines[0] == "" {
+			return blankKey
+		}
+		return lines[0]
+	}
+	return strings.Join(lines, ", ")
 }
 
 // blankKey is Request.Key for a key header that is present with an empty

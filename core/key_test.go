@@ -17,6 +17,7 @@ func TestParseKey(t *testing.T) {
 		max     int
 		want    string
 		wantErr error
+		reason  string // in the error, for the ambiguous forms
 	}{
 		{raw: "abc", want: "abc"},
 		{raw: `"abc"`, want: "abc"},
@@ -42,13 +43,44 @@ func TestParseKey(t *testing.T) {
 		{raw: `"ab"c"`, wantErr: idem.ErrKeyInvalid},
 		{raw: `"a\nb"`, wantErr: idem.ErrKeyInvalid},
 		{raw: `"a\`, wantErr: idem.ErrKeyInvalid},
-		{raw: `"abc";x=1`, wantErr: idem.ErrKeyInvalid},
+		{raw: `"abc";x=1`, wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		// A quoted key may hold what is ambiguous outside the quotes.
+		{raw: `"a,b"`, want: "a,b"},
+		{raw: `"a;x=1"`, want: "a;x=1"},
+		{raw: `"(a)"`, want: "(a)"},
+		{raw: `" a,b "`, wantErr: idem.ErrKeyInvalid}, // the spaces inside the quotes are not visible ASCII
+		{raw: "a(b)", want: "a(b)"},                   // a parenthesis after the first character is no Inner List
+		// Ambiguous values: lists (what several field lines combine
+		// into), Inner Lists, parameters, bare , ; and (.
+		{raw: "k1, k2", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `"k1", "k2"`, wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `"k1","k2"`, wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `"k1" ,"k2"`, wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `"k1", k2`, wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `"k1",`, wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: "a,b", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: "a,", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: ",a", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: ",", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: ", ", wantErr: idem.ErrKeyInvalid, reason: "list"},
+		{raw: `("a" "b")`, wantErr: idem.ErrKeyInvalid, reason: "Inner List"},
+		{raw: `("a")`, wantErr: idem.ErrKeyInvalid, reason: "Inner List"},
+		{raw: "(a)", wantErr: idem.ErrKeyInvalid, reason: "Inner List"},
+		{raw: "(", wantErr: idem.ErrKeyInvalid, reason: "Inner List"},
+		{raw: `"a";x=1`, wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		{raw: `"a" ;x`, wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		{raw: "a;x", wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		{raw: "a;x=1", wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		{raw: "a;", wantErr: idem.ErrKeyInvalid, reason: "parameters"},
+		{raw: ";", wantErr: idem.ErrKeyInvalid, reason: "parameters"},
 	}
 	for _, tc := range tests {
 		got, err := idem.ParseKey(tc.raw, tc.max)
 		if tc.wantErr != nil {
 			if !errors.Is(err, tc.wantErr) {
 				t.Errorf("ParseKey(%q) = %q, %v; want error %v", tc.raw, got, err, tc.wantErr)
+			} else if !strings.Contains(err.Error(), tc.reason) {
+				t.Errorf("ParseKey(%q): %v; want the reason %q", tc.raw, err, tc.reason)
 			}
 			continue
 		}
@@ -58,11 +90,56 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
+// TestKeyField: the field lines an adapter hands over become one value,
+// which ParseKey reads as the request's key, refuses, or reads as missing.
+func TestKeyField(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		lines   []string
+		want    string
+		key     string // ParseKey's key, when it accepts the value
+		wantErr error
+	}{
+		{lines: nil, want: "", wantErr: idem.ErrKeyMissing},
+		{lines: []string{}, want: "", wantErr: idem.ErrKeyMissing},
+		{lines: []string{"k1"}, want: "k1", key: "k1"},
+		{lines: []string{`"a,b"`}, want: `"a,b"`, key: "a,b"},
+		{lines: []string{""}, want: " ", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"k1", "k2"}, want: "k1, k2", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"k1", "k1"}, want: "k1, k1", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{`"k1"`, `"k2"`}, want: `"k1", "k2"`, wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"k1", ""}, want: "k1, ", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"", "k1"}, want: ", k1", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"", ""}, want: ", ", wantErr: idem.ErrKeyInvalid},
+		{lines: []string{"a", "b", "c"}, want: "a, b, c", wantErr: idem.ErrKeyInvalid},
+	}
+	for _, tc := range tests {
+		got := idem.KeyField(tc.lines)
+		if got != tc.want {
+			t.Errorf("KeyField(%q) = %q, want %q", tc.lines, got, tc.want)
+			continue
+		}
+		key, err := idem.ParseKey(got, 0)
+		if tc.wantErr != nil {
+			if !errors.Is(err, tc.wantErr) {
+				t.Errorf("ParseKey(KeyField(%q)) = %q, %v; want error %v", tc.lines, key, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || key != tc.key {
+			t.Errorf("ParseKey(KeyField(%q)) = %q, %v; want %q", tc.lines, key, err, tc.key)
+		}
+	}
+}
+
 // FuzzParseKey checks ParseKey never panics, only returns visible-ASCII keys
-// within the limit, and agrees with httpsfv on every quoted form.
+// within the limit, refuses what httpsfv reads as a list of other than one
+// member, an Inner List or parameters, refuses every value of several field
+// lines (KeyField), and agrees with httpsfv on every quoted form.
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, `"a\\b"`, `""`, `"`, `"\`, ` "x" `, "a b", `"a b"`,
-		strings.Repeat("k", 256), "\x00", "ü", `"abc";p=1`, `"abc" , "def"`} {
+		strings.Repeat("k", 256), "\x00", "ü", `"abc";p=1`, `"abc" , "def"`,
+		"a,b", "a, b", `"a,b"`, `"a;b"`, `("a" "b")`, "(a)", "a;x", `"a";x=1`, "1,2", ":YQ==:, b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -80,7 +157,28 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("ParseKey(%q) error %v wraps neither sentinel", raw, err)
 		}
 		trimmed := strings.Trim(raw, " \t")
+		if list, lerr := httpsfv.UnmarshalList([]string{trimmed}); lerr == nil && err == nil {
+			if len(list) != 1 {
+				t.Fatalf("ParseKey accepted %q as %q; httpsfv reads a list of %d members", raw, key, len(list))
+			}
+			switch m := list[0].(type) {
+			case httpsfv.InnerList:
+				t.Fatalf("ParseKey accepted %q as %q; httpsfv reads an Inner List", raw, key)
+			case httpsfv.Item:
+				if len(m.Params.Names()) != 0 {
+					t.Fatalf("ParseKey accepted %q as %q; httpsfv reads parameters %v", raw, key, m.Params.Names())
+				}
+			}
+		}
+		for _, lines := range [][]string{{raw, raw}, {raw, "k"}, {"k", raw}} {
+			if k, err := idem.ParseKey(idem.KeyField(lines), 0); !errors.Is(err, idem.ErrKeyInvalid) {
+				t.Fatalf("ParseKey of the field lines %q = %q, %v; want ErrKeyInvalid", lines, k, err)
+			}
+		}
 		if !strings.HasPrefix(trimmed, `"`) {
+			if err == nil && (key != trimmed || strings.ContainsAny(key, ",;") || key[0] == '(') {
+				t.Fatalf("ParseKey(%q) accepted the bare key %q", raw, key)
+			}
 			return
 		}
 		// Differential check against the RFC 9651 library for quoted forms.

@@ -13,7 +13,7 @@ import (
 // metric labels.
 type OutcomeLabel string
 
-// The outcomes of DESIGN.md, one per request.
+// The outcomes of docs/design.md, one per request.
 const (
 	OutcomeClaimed             OutcomeLabel = "claimed"              // ran and settled
 	OutcomeReplayed            OutcomeLabel = "replayed"             // a stored response was replayed
@@ -37,6 +37,7 @@ const (
 	OutcomeInFlightLimited     OutcomeLabel = "in_flight_limited" // 429: the principal's MaxInFlightPerPrincipal reached
 	OutcomeReplayUnreadable    OutcomeLabel = "replay_unreadable" // the stored body did not open (Config.BodySealer)
 	OutcomeUnknown             OutcomeLabel = "outcome_unknown"   // 409: the record's outcome is unknown and no Reconcile is set
+	OutcomeTxOwned             OutcomeLabel = "tx_owned"          // the handler called Commit or Rollback on the handle: rolled back
 )
 
 // Outcomes lists every label, for observers that pre-register metrics.
@@ -45,7 +46,7 @@ var Outcomes = []OutcomeLabel{
 	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
 	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
 	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown,
+	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown, OutcomeTxOwned,
 }
 
 // Event describes one request's passage through the engine. It carries the
@@ -105,23 +106,25 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	logger, level := e.cfg.Logger, slog.LevelInfo
 	switch ev.Outcome {
-	case OutcomeStoreError, OutcomeTxEnded, OutcomeUnknown:
+	case OutcomeStoreError, OutcomeTxEnded, OutcomeUnknown, OutcomeTxOwned:
 		level = slog.LevelError
 	case OutcomeLeaseLost, OutcomeResponseTooLarge, OutcomeResponseInvalid:
 		level = slog.LevelWarn
 	}
-	unusedTx := e.cfg.WarnTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&
+	unusedTx := !e.cfg.AllowTxUnused && !ev.TxUsed && ev.Status >= 200 && ev.Status < 300 &&
 		(ev.Outcome == OutcomeClaimed || ev.Outcome == OutcomeStaleReclaimed)
 	// A principal function that fails (an auth backend down, a token it
 	// cannot read) turns every request away with 401; a request that
-	// simply has no principal is the client's business.
+	// simply has no principal is the client's business, but the first one
+	// an engine sees may be a middleware placed before authentication.
 	principalFailed := ev.Outcome == OutcomeUnauthenticated && ev.Err != nil
-	if unusedTx || principalFailed {
+	firstAnonymous := ev.Outcome == OutcomeUnauthenticated && ev.Err == nil && e.sawAnonymous.CompareAndSwap(false, true)
+	if unusedTx || principalFailed || firstAnonymous {
 		level = slog.LevelWarn
 	}
 	if logger == nil {
 		// What an operator must see is logged even without a Logger.
-		if level < slog.LevelError && !unusedTx && !principalFailed {
+		if level < slog.LevelWarn {
 			return
 		}
 		logger = slog.Default()
@@ -129,9 +132,14 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	msg := "idempotency"
 	switch {
 	case unusedTx:
-		msg = "idempotency: the handler answered 2xx without using the store's transaction; its writes are outside the guarantee"
+		msg = "idempotency: the handler answered 2xx without using the store's transaction; its writes are outside the guarantee (Config.AllowTxUnused turns this off)"
 	case principalFailed:
 		msg = "idempotency: the principal function failed; the request was answered 401"
+	case firstAnonymous:
+		msg = "idempotency: a request reached the middleware without a principal and was answered 401; " +
+			"if it was authenticated, the idempotency middleware runs before the authentication middleware: place it after (logged once)"
+	case ev.Outcome == OutcomeTxOwned:
+		msg = "idempotency: the handler called Commit or Rollback on the store's transaction; nothing was stored: return from the handler to commit, return an error to roll back"
 	}
 	attrs := []slog.Attr{
 		slog.String("outcome", string(ev.Outcome)),
@@ -148,7 +156,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		}
 	}
 	if ev.RequestID != "" {
-		attrs = append(attrs, slog.String("request_id", ev.RequestID))
+		attrs = append(attrs, slog.String("request_id", BoundRequestID(ev.RequestID)))
 	}
 	if ev.ClaimLatency > 0 {
 		attrs = append(attrs, slog.Duration("claim_latency", ev.ClaimLatency))

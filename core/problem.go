@@ -35,6 +35,7 @@ const (
 	ProblemTooManyInFlight  ProblemType = ProblemTypeBase + "too-many-in-flight"
 	ProblemReplayUnreadable ProblemType = ProblemTypeBase + "replay-unreadable"
 	ProblemOutcomeUnknown   ProblemType = ProblemTypeBase + "outcome-unknown"
+	ProblemTxOwned          ProblemType = ProblemTypeBase + "transaction-owned"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -63,7 +64,7 @@ var problems = map[ProblemType]Problem{
 	ProblemKeyMissing: {Status: http.StatusBadRequest, Title: "Idempotency key missing",
 		Detail: "This operation requires an Idempotency-Key header."},
 	ProblemKeyInvalid: {Status: http.StatusBadRequest, Title: "Idempotency key invalid",
-		Detail: "The Idempotency-Key header must be 1 to 255 visible ASCII characters, bare or as a quoted string."},
+		Detail: "The Idempotency-Key header must be one field line holding 1 to 255 visible ASCII characters, bare or as a quoted string; a key with a comma or semicolon must be quoted."},
 	ProblemKeyInUse: {Status: http.StatusConflict, Title: "Idempotency key in use",
 		Detail: "A request with this idempotency key is still being processed. Retry after the time in Retry-After."},
 	ProblemKeyReused: {Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused",
@@ -93,6 +94,9 @@ var problems = map[ProblemType]Problem{
 			"The key is kept until it is reconciled or an operator resolves it; it is not run again."},
 	ProblemMisconfigured: {Status: http.StatusInternalServerError, Title: "Idempotency store misconfigured",
 		Detail: "The idempotency store is not set up correctly (a missing table, column or permission). Nothing was stored; retrying will not help until it is fixed."},
+	ProblemTxOwned: {Status: http.StatusInternalServerError, Title: "Handler ended the transaction",
+		Detail: "The handler tried to commit or roll back the request's transaction, which the idempotency store owns. Nothing was stored and everything was rolled back. " +
+			"This is a bug in the handler: a retry fails the same way until it is fixed."},
 	ProblemOutcomeUnknown: {Status: http.StatusConflict, Title: "Outcome unknown",
 		Detail: "An earlier attempt with this idempotency key may have taken effect without its result being stored, so the request is not run again. " +
 			"Retrying will not help until an operator resolves the key; do not retry with a new key before checking whether the first attempt took effect."},

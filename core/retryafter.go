@@ -15,13 +15,18 @@ import (
 // durations of the attempts that held a key, and answers with the holder's
 // lock time plus their 90th percentile, minus now: capped by the worst case
 // (the deadline, or the lease once the deadline has passed), and at least
-// one second. A route with fewer than minHoldSamples durations, or beyond
-// the first maxHoldRoutes routes, gets the worst case, as does a request
-// without a route.
+// one second. A route with fewer than minHoldSamples durations (a route
+// that has just started serving, after every deploy), beyond the first
+// maxHoldRoutes routes, or a request without a route, gets coldRetryAfter
+// while its holder may still be running: most handlers take well under a
+// second, and a 409 costs the server one indexed read, so an early retry is
+// cheap where the worst case would make a client wait half a minute for a
+// call that takes one.
 const (
 	holdSamples    = 64
 	minHoldSamples = 8
 	maxHoldRoutes  = 512
+	coldRetryAfter = time.Second
 )
 
 // holdTimes is the per-route record of how long attempts held their key. Its
@@ -98,6 +103,8 @@ func (e *Engine) retryAfter(route string, lockedAt, now time.Time) int {
 		remaining = e.cfg.Lease - elapsed
 	} else if p90, ok := e.holds.p90(route); ok {
 		remaining = min(remaining, p90-elapsed)
+	} else {
+		remaining = min(remaining, coldRetryAfter)
 	}
 	secs := int(math.Ceil(remaining.Seconds()))
 	return max(secs, 1)

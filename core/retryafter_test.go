@@ -100,9 +100,10 @@ func routed(key string) idem.Request {
 	return r
 }
 
-// TestRetryAfterBounds: the likely finish is floored at 1s when the holder
-// runs longer than its route usually does, and a route without enough
-// history gets the worst case.
+// TestRetryAfterBounds: a route without enough history (a cold route, as
+// after every deploy) gets a retry in a second, not the worst case; a warm
+// route gets its holders' likely finish, floored at 1s when the holder runs
+// longer than its route usually does.
 func TestRetryAfterBounds(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
@@ -110,8 +111,8 @@ func TestRetryAfterBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	retryAfter := func() string {
-		_, resp := e.Begin(context.Background(), routed("held"))
+	retryAfter := func(key string) string {
+		_, resp := e.Begin(context.Background(), routed(key))
 		if resp == nil || resp.Status != http.StatusConflict {
 			t.Fatalf("%+v, want 409", resp)
 		}
@@ -119,22 +120,24 @@ func TestRetryAfterBounds(t *testing.T) {
 	}
 	for i := range 7 { // one short of the history needed
 		att, _ := e.Begin(context.Background(), routed("warm-"+strconv.Itoa(i)))
-		clk.Add(time.Second)
+		clk.Add(3 * time.Second)
 		att.Finish(idem.Result{Status: http.StatusCreated})
 	}
 	held, _ := e.Begin(context.Background(), routed("held"))
 	defer held.Abort()
-	if got := retryAfter(); got != "35" {
-		t.Errorf("7 durations known: Retry-After %s, want the worst case 35", got)
+	if got := retryAfter("held"); got != "1" {
+		t.Errorf("7 durations known: Retry-After %s, want 1 (a cold route), not the worst case 35", got)
 	}
 	att, _ := e.Begin(context.Background(), routed("warm-7"))
-	clk.Add(time.Second)
+	clk.Add(3 * time.Second)
 	att.Finish(idem.Result{Status: http.StatusCreated})
-	if got := retryAfter(); got != "1" {
-		t.Errorf("8 durations of 1s, holder 1s in: Retry-After %s, want 1", got)
+	fresh, _ := e.Begin(context.Background(), routed("fresh"))
+	defer fresh.Abort()
+	if got := retryAfter("fresh"); got != "3" {
+		t.Errorf("8 durations of 3s, holder just begun: Retry-After %s, want 3", got)
 	}
 	clk.Add(5 * time.Second)
-	if got := retryAfter(); got != "1" {
+	if got := retryAfter("fresh"); got != "1" {
 		t.Errorf("holder 5s past its route's usual: Retry-After %s, want the floor 1", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -202,6 +203,8 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	att, _ := ok.Begin(context.Background(), request("alice", "fine"))
+	tx, _ := memstore.TxFrom(att.Context())
+	tx.OnCommit(func() {})
 	att.Finish(idem.Result{Status: 201})
 	if logged.Len() != 0 {
 		t.Fatalf("a normal request logged %q without a Logger", logged.String())
@@ -219,22 +222,94 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 
 func TestWarnTxUnused(t *testing.T) {
 	t.Parallel()
+	for _, allow := range []bool{false, true} {
+		var logged bytes.Buffer
+		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: allow,
+			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, used := range []bool{true, false} {
+			logged.Reset()
+			att, _ := e.Begin(context.Background(), request("alice", fmt.Sprint("k", used)))
+			if used {
+				tx, _ := memstore.TxFrom(att.Context())
+				tx.OnCommit(func() {})
+			}
+			att.Finish(idem.Result{Status: 201})
+			// Loud by default: a 2xx that never touched the transaction
+			// warns unless AllowTxUnused says it is meant.
+			if warned, want := strings.Contains(logged.String(), "level=WARN"), !used && !allow; warned != want {
+				t.Fatalf("AllowTxUnused %v, handler used the transaction %v: warned %v, want %v; log %q", allow, used, warned, want, logged.String())
+			}
+		}
+	}
+}
+
+// TestFirstAnonymousRequestIsLogged: a request without a principal is the
+// client's business, but the first one may be a middleware placed before
+// authentication: it is logged once, at Warn, even without a Logger.
+func TestFirstAnonymousRequestIsLogged(t *testing.T) {
+	t.Parallel()
 	var logged bytes.Buffer
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), WarnTxUnused: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, used := range []bool{true, false} {
-		logged.Reset()
-		att, _ := e.Begin(context.Background(), request("alice", fmt.Sprint("k", used)))
-		if used {
-			tx, _ := memstore.TxFrom(att.Context())
-			tx.OnCommit(func() {})
+	for range 3 {
+		if _, resp := e.Begin(context.Background(), request("", "k")); resp.Status != http.StatusUnauthorized {
+			t.Fatalf("anonymous: %d, want 401", resp.Status)
 		}
-		att.Finish(idem.Result{Status: 201})
-		if warned := strings.Contains(logged.String(), "level=WARN"); warned == used {
-			t.Fatalf("handler used the transaction: %v; log %q", used, logged.String())
-		}
+	}
+	if n := strings.Count(logged.String(), "place it after"); n != 1 {
+		t.Fatalf("the hint was logged %d times, want once; log %q", n, logged.String())
+	}
+	if !strings.Contains(logged.String(), "level=WARN") {
+		t.Fatalf("the hint is not a warning: %q", logged.String())
+	}
+}
+
+// ownedStore is a memstore whose Settle reports that the handler called
+// Rollback on the handle, as the SQL stores do.
+type ownedStore struct{ *memstore.Store }
+
+func (s ownedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+	ctx, tx, err := s.Store.BeginTx(ctx, l)
+	return ctx, ownedTx{tx}, err
+}
+
+type ownedTx struct{ idem.Tx }
+
+func (t ownedTx) Settle(ctx context.Context, _ idem.Outcome) error {
+	_ = t.Tx.Rollback(ctx)
+	return fmt.Errorf("idemtest: settle: the handler rolled back: %w", idem.ErrTxOwned)
+}
+
+// TestHandlerThatEndsTheTransactionIsNotToldToRetry: a handler that called
+// Rollback (pgx's defer tx.Rollback habit) or Commit on the handle gets a
+// problem of its own that does not say retrying is safe, logged as the
+// handler's doing, and the key is released: nothing committed.
+func TestHandlerThatEndsTheTransactionIsNotToldToRetry(t *testing.T) {
+	t.Parallel()
+	var logged bytes.Buffer
+	store := ownedStore{memstore.New()}
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "k"))
+	resp := att.Finish(idem.Result{Status: 201, Body: []byte(`{}`)})
+	if resp.Status != 500 || !bytes.Contains(resp.Body, []byte(idem.ProblemTxOwned)) || bytes.Contains(resp.Body, []byte("safe")) {
+		t.Fatalf("answered %d %s, want 500 %s that does not call retrying safe", resp.Status, resp.Body, idem.ProblemTxOwned)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		t.Fatalf("Retry-After %q for a bug a retry repeats", ra)
+	}
+	if !strings.Contains(logged.String(), "outcome=tx_owned") || !strings.Contains(logged.String(), "the handler called Commit or Rollback") {
+		t.Fatalf("log %q, want the handler named as the cause", logged.String())
+	}
+	if _, free := storetest.Free(t, store, "alice", "k"); !free {
+		t.Fatal("the key was not released")
 	}
 }
 
@@ -408,5 +483,48 @@ func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
 				t.Fatalf("record %+v, %v; want it kept in progress", rec, err)
 			}
 		})
+	}
+}
+
+// TestStreamedResponseIsLoggedOnce: a handler that flushes (gin's
+// c.Stream, http.ResponseController) meant to stream; the response is
+// held until the commit all the same, and the engine says so once, at
+// Warn, even without a Logger.
+func TestStreamedResponseIsLoggedOnce(t *testing.T) {
+	var logged bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	for _, tc := range []struct {
+		name  string
+		flush func(*idem.ResponseBuffer)
+		warns int
+	}{
+		{"no flush", func(*idem.ResponseBuffer) {}, 0},
+		{"Flush", func(b *idem.ResponseBuffer) { b.Flush() }, 1},
+		{"ResponseController", func(b *idem.ResponseBuffer) { _ = http.NewResponseController(b).Flush() }, 1},
+	} {
+		logged.Reset()
+		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			r := httptest.NewRequest(http.MethodPost, "/events", strings.NewReader(`{}`))
+			r.Header.Set(idem.DefaultHeader, fmt.Sprint("k", i))
+			w := httptest.NewRecorder()
+			e.HandleHTTP(w, r, "alice", func(_ *http.Request, b *idem.ResponseBuffer) error {
+				_, _ = b.Write([]byte("chunk 1\n"))
+				tc.flush(b)
+				_, _ = b.Write([]byte("chunk 2\n"))
+				return nil
+			})
+			if w.Code != http.StatusOK || w.Body.String() != "chunk 1\nchunk 2\n" {
+				t.Fatalf("%s, request %d: %d %q, want the whole body", tc.name, i, w.Code, w.Body)
+			}
+		}
+		if n := strings.Count(logged.String(), "level=WARN msg=\"idempotency: a handler flushed or streamed"); n != tc.warns {
+			t.Fatalf("%s: two requests logged the warning %d times, want %d: %q", tc.name, n, tc.warns, logged.String())
+		}
 	}
 }

@@ -44,7 +44,9 @@ type Stats struct {
 	// Expired too).
 	InProgress, Completed, Failed, Released Count
 	// Stale counts the in-progress records whose lease was taken at least
-	// staleAfter before Now: the records ListStale(staleAfter) lists.
+	// staleAfter before Now. When every lease is staleAfter long (one
+	// engine's Lease) these are the records ListStale lists, which judges
+	// each by its own LeaseExpiresAt.
 	Stale Count
 	// OldestLockedAt is when the oldest in-progress record's lease was
 	// taken (store clock); zero when no record is in progress.

@@ -64,7 +64,10 @@ var (
 	// transaction-control statement such as COMMIT): the store owns it and
 	// ends it after the handler returns, together with the stored outcome.
 	// Stores return it, or an error wrapping it, and refuse before anything
-	// reaches the database.
+	// reaches the database. When the handler called Commit or Rollback on
+	// the handle, Tx.Settle stores nothing and returns an error wrapping
+	// it, and the engine answers 500 transaction-owned: a bug in the
+	// handler, which a retry repeats.
 	ErrTxOwned = errors.New("idem: the transaction belongs to the idempotency store; return from the handler to commit, or return an error to roll back")
 	// ErrTxEnded is wrapped by the error Tx.Settle returns when the
 	// handler's transaction ended under the handler by a route the store
@@ -250,6 +253,23 @@ type Store interface {
 	// operators and gauges, not for deciding a claim: it may read the
 	// whole store. A figure the store cannot count is NotCounted.
 	Stats(ctx context.Context, staleAfter time.Duration) (Stats, error)
+}
+
+// A Checker is a Store that can verify, without changing anything, that it
+// can work: its table exists with every column, the database user may use
+// it, the server is recent enough. Check returns an error wrapping
+// ErrMisconfigured when retrying cannot fix what it found, and another
+// error (usually wrapping ErrTransient) when it could not find out, such
+// as a database that does not answer.
+//
+// New calls Check once, bounded by Config.StoreTimeout, unless
+// Config.SkipStoreCheck is set: a misconfigured store fails New, and any
+// other error is logged at Warn and New goes on, so that a database that
+// is down at start-up does not keep the application from starting. Every
+// store in this module set implements it; a store that has nothing to
+// check (memstore) need not.
+type Checker interface {
+	Check(ctx context.Context) error
 }
 
 // A Syncer is a Tx whose store can commit a claim before it is durable (the

@@ -6,7 +6,7 @@
 #   scripts/release.sh --check    the checks make lint runs: requires agree, go mod tidy changes nothing
 #   scripts/release.sh --tag      the dry run's checks, then git tag for every module
 #
-# All modules move in lockstep (DESIGN.md, "Layout"): every go.mod that needs
+# All modules move in lockstep (docs/design.md, "Layout"): every go.mod that needs
 # a sibling requires it at the same release version, with a replace to its
 # folder for development, and that version is the one being released. The
 # checks, in order:

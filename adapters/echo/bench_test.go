@@ -16,11 +16,11 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem
 func BenchmarkMiddleware(b *testing.B) {
-	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
+	adaptertest.Benchmarks(b, func(eng *idem.Engine) http.Handler {
 		e := echo.New()
 		chain := []echo.MiddlewareFunc{idemechotest.Authenticate}
-		if cfg != nil {
-			mw, err := idemecho.New(idemecho.Config{Config: *cfg, Principal: idemechotest.Principal})
+		if eng != nil {
+			mw, err := idemecho.New(idemecho.Config{Engine: eng, Principal: idemechotest.Principal})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -25,17 +25,18 @@ type fixture struct {
 	e  *echo.Echo
 }
 
-func newFixture(t *testing.T, mutate ...func(*idemecho.Config)) *fixture {
+func newFixture(t *testing.T, mutate ...func(*idem.Config)) *fixture {
 	t.Helper()
 	b := storetest.MemBackend(t)
-	cfg := idemecho.Config{
-		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
-		Principal: principal,
-	}
+	cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	mw, err := idemecho.New(cfg)
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idemecho.New(idemecho.Config{Engine: eng, Principal: principal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestOuterMiddlewareSeesFinalResponse(t *testing.T) {
 // With an optional key and none sent, the handler's error goes on to Echo
 // unchanged.
 func TestOptionalKeyPassesErrorOn(t *testing.T) {
-	f := newFixture(t, func(c *idemecho.Config) { c.KeyOptional = true })
+	f := newFixture(t, func(c *idem.Config) { c.KeyOptional = true })
 	f.e.POST("/pay", func(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusConflict, "plain conflict")
 	}, authenticate, f.mw)

@@ -18,11 +18,11 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem
 func BenchmarkMiddleware(b *testing.B) {
-	adaptertest.RoundTripBenchmarks(b, func(cfg *idem.Config) adaptertest.RoundTrip {
+	adaptertest.RoundTripBenchmarks(b, func(eng *idem.Engine) adaptertest.RoundTrip {
 		app := fiber.New(fiber.Config{DisableStartupMessage: true})
 		app.Use(idemfibertest.Authenticate)
-		if cfg != nil {
-			mw, err := idemfiber.New(idemfiber.Config{Config: *cfg, Principal: idemfibertest.Principal})
+		if eng != nil {
+			mw, err := idemfiber.New(idemfiber.Config{Engine: eng, Principal: idemfibertest.Principal})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -33,17 +33,18 @@ type fixture struct {
 	app *fiber.App
 }
 
-func newFixture(t *testing.T, appCfg fiber.Config, mutate ...func(*idemfiber.Config)) *fixture {
+func newFixture(t *testing.T, appCfg fiber.Config, mutate ...func(*idem.Config)) *fixture {
 	t.Helper()
 	b := storetest.MemBackend(t)
-	cfg := idemfiber.Config{
-		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
-		Principal: principal,
-	}
+	cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	mw, err := idemfiber.New(cfg)
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idemfiber.New(idemfiber.Config{Engine: eng, Principal: principal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestReusedBuffers(t *testing.T) {
 // Set-Cookie goes out with the first response only; headers fasthttp
 // manages are never part of the stored result, even when listed.
 func TestHeadersOfTheResult(t *testing.T) {
-	f := newFixture(t, fiber.Config{ServerHeader: "fiber-test"}, func(c *idemfiber.Config) {
+	f := newFixture(t, fiber.Config{ServerHeader: "fiber-test"}, func(c *idem.Config) {
 		c.StoredHeaders = append([]string{"Content-Length", "Server", "Connection", "Date", "Transfer-Encoding"}, idem.DefaultStoredHeaders...)
 	})
 	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
@@ -259,7 +260,7 @@ func TestHeadersOfTheResult(t *testing.T) {
 // MaxBodyBytes for the fingerprint and handed to the handler whole.
 func TestStreamedRequestBody(t *testing.T) {
 	f := newFixture(t, fiber.Config{StreamRequestBody: true, ReadBufferSize: 4096, BodyLimit: 1 << 20},
-		func(c *idemfiber.Config) { c.MaxBodyBytes = 64 << 10 })
+		func(c *idem.Config) { c.MaxBodyBytes = 64 << 10 })
 	f.app.Post("/pay", authenticate, f.mw, func(c *fiber.Ctx) error {
 		return c.Status(http.StatusCreated).SendString(fmt.Sprint(len(c.Body())))
 	})
@@ -299,7 +300,11 @@ func TestStreamedRequestBody(t *testing.T) {
 // A streamed response body is read into the result (bounded), stored and
 // replayed.
 func TestStreamedResponseBody(t *testing.T) {
-	f := newFixture(t, fiber.Config{}, func(c *idemfiber.Config) { c.MaxResponseBytes = 1024 })
+	var logged syncBuffer
+	f := newFixture(t, fiber.Config{}, func(c *idem.Config) {
+		c.MaxResponseBytes, c.AllowTxUnused = 1024, true
+		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+	})
 	f.app.Post("/pay/:n", authenticate, f.mw, func(c *fiber.Ctx) error {
 		n, _ := c.ParamsInt("n")
 		c.Status(http.StatusCreated)
@@ -317,6 +322,29 @@ func TestStreamedResponseBody(t *testing.T) {
 	if big.ProblemType() != string(idem.ProblemResponseTooLarge) {
 		t.Fatalf("oversized stream: %d %q", big.Status, big.Body)
 	}
+	// The handler meant to stream; it was sent whole, and the engine said
+	// so, once.
+	if n := strings.Count(logged.String(), "flushed or streamed"); n != 1 {
+		t.Fatalf("two streamed responses logged the warning %d times, want once: %q", n, logged.String())
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Concurrent first executions: each response body is copied out of a
@@ -474,7 +502,7 @@ func TestStoreGetsItsOwnStrings(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var store *keepingStore
-			f := newFixture(t, tc.app, func(c *idemfiber.Config) {
+			f := newFixture(t, tc.app, func(c *idem.Config) {
 				store = &keepingStore{Store: c.Store}
 				c.Store, c.StoredHeaders = store, tc.stored
 			})
@@ -602,21 +630,21 @@ func TestObservedEventsOwnTheirStrings(t *testing.T) {
 		got  []seen
 		keep = func(s seen) { mu.Lock(); got = append(got, s); mu.Unlock() }
 	)
-	observer := func(c *idemfiber.Config) {
+	observer := func(c *idem.Config) {
 		c.Observer = idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
 			keep(seen{ev.Method, ev.Path, ev.Principal, ev.Key, ev.RequestID})
 		})
 	}
 	// The log line carries the raw key only with LogKeys, and the path
-	// without its query string (issue 19): LogKeys keeps the key's
+	// without its query string: LogKeys keeps the key's
 	// ownership under test through the logger.
-	logger := func(c *idemfiber.Config) { c.Logger, c.LogKeys = slog.New(&keepingHandler{keep: keep}), true }
+	logger := func(c *idem.Config) { c.Logger, c.LogKeys = slog.New(&keepingHandler{keep: keep}), true }
 	custom := fiber.Config{RequestMethods: append(slices.Clone(fiber.DefaultMethods), "PAYOUT", "REFUND")}
 	for _, tc := range []struct {
 		name    string
 		methods []string // request i uses methods[i%len(methods)]
 		app     fiber.Config
-		observe func(*idemfiber.Config)
+		observe func(*idem.Config)
 	}{
 		{"observer", []string{http.MethodPost, http.MethodPut}, fiber.Config{}, observer},
 		{"observer, custom methods", []string{"PAYOUT", "REFUND"}, custom, observer},

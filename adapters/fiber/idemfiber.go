@@ -1,18 +1,85 @@
 // Package idemfiber is the idem middleware for Fiber v2.
 //
-// Place it after authentication, on the routes or groups that must be
-// idempotent: it reads the principal through Config.Principal (typically
-// what the auth middleware stored with c.Locals), and a request without one
-// is refused with 401 before anything is claimed.
+// Build the engine once with idem.New and hand it to the middleware, the
+// idem.Sweeper and anything calling Engine.Do. Place the middleware after
+// authentication, on the routes or groups that must be idempotent: it reads
+// the principal through Config.Principal (typically what the auth
+// middleware stored with c.Locals), and a request without one is refused
+// with 401 before anything is claimed. A service's main, with PostgreSQL
+// and Prometheus (Example runs the same on memstore):
 //
-//	mw, err := idemfiber.New(idemfiber.Config{
-//		Config: idem.Config{Store: store, FingerprintKey: key},
-//		Principal: func(c *fiber.Ctx) (string, error) {
-//			account, _ := c.Locals("account").(string)
-//			return account, nil
-//		},
-//	})
-//	app.Post("/payments", authenticate, mw, createPayment)
+//	func main() {
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+//		defer stop()
+//
+//		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		defer pool.Close()
+//		store, err := idempgx.New(pool) // or idemgorm.New(db)
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		// Migrate creates the table; when your migration tool applies the
+//		// store's migration, call store.Check(ctx) instead.
+//		if err := store.Migrate(ctx); err != nil {
+//			log.Fatal(err)
+//		}
+//		// At least 32 random bytes (openssl rand -hex 32) from your secret
+//		// store, the same on every instance.
+//		key, err := hex.DecodeString(os.Getenv("IDEM_FINGERPRINT_KEY"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		metrics, err := idemprom.New(prometheus.DefaultRegisterer, idemprom.Options{})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// One engine for the process: every middleware and interceptor, the
+//		// Sweeper and Engine.Do share it. New fails on an invalid Config or a
+//		// store without its table.
+//		eng, err := idem.New(idem.Config{Store: store, FingerprintKey: key, Observer: metrics})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		idempotent, err := idemfiber.New(idemfiber.Config{
+//			Engine: eng,
+//			Principal: func(c *fiber.Ctx) (string, error) {
+//				account, _ := c.Locals("account").(string) // what requireAccount stored
+//				return account, nil
+//			},
+//		})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// Only the sweeper deletes expired records and resolves the stale
+//		// claims no client retries.
+//		go (&idem.Sweeper{Engine: eng, Observer: metrics}).Run(ctx)
+//
+//		// StreamRequestBody: see the package documentation.
+//		app := fiber.New(fiber.Config{StreamRequestBody: true, ReadTimeout: 10 * time.Second})
+//		app.Use(recover.New()) // outermost: a panic releases the key, then reaches it
+//		// After authentication: keys are claimed per principal, which
+//		// requireAccount sets; before it, every request is answered 401.
+//		api := app.Group("/", requireAccount, idempotent)
+//		api.Post("/payments", createPayment)
+//
+//		go func() {
+//			if err := app.Listen(":8080"); err != nil {
+//				log.Fatal(err)
+//			}
+//		}()
+//		<-ctx.Done()
+//		// Running handlers get their RequestTimeout, then StoreTimeout to
+//		// commit.
+//		c := eng.Config()
+//		if err := app.ShutdownWithTimeout(c.RequestTimeout + c.StoreTimeout); err != nil {
+//			log.Print(err)
+//		}
+//	}
 //
 // Handlers reach the store's transaction through c.UserContext() with the
 // store's accessor (idempgx.Tx, idemgorm.DB).
@@ -46,14 +113,20 @@ import (
 	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
 	idem "github.com/idemgo/idem/core"
 	"github.com/valyala/fasthttp"
 )
 
-// Config configures the middleware: the engine's Config plus how to read the
-// authenticated principal.
+// Config configures the middleware: the engine it runs on and how to read
+// the authenticated principal.
 type Config struct {
-	idem.Config
+	// Engine runs the idempotency state machine. Required. Build it once
+	// with idem.New and share it across every middleware and interceptor,
+	// the idem.Sweeper and Engine.Do: the per-route hold times behind
+	// Retry-After and the MaxInFlightPerPrincipal limit are the engine's
+	// own, so a second engine over the same store keeps a second set.
+	Engine *idem.Engine
 	// Principal returns the authenticated caller of the request, as the auth
 	// middleware before this one left it (c.Locals, a JWT claim). An empty
 	// result or an error answers 401 and claims nothing; the error goes into
@@ -62,7 +135,9 @@ type Config struct {
 	Principal func(c *fiber.Ctx) (string, error)
 }
 
-// New validates cfg and returns the middleware.
+// New returns the middleware running on cfg.Engine. It fails with an error
+// wrapping idem.ErrInvalidConfig, naming the field, when Engine or
+// Principal is nil.
 //
 // The handlers after it run with c.UserContext() carrying the attempt's
 // context (the store's transaction and the request deadline, derived from
@@ -72,7 +147,7 @@ type Config struct {
 // outcome is released, not stored; the middleware then returns nil. A
 // panic releases the key and goes on to the recover middleware.
 func New(cfg Config) (fiber.Handler, error) {
-	a, err := idem.NewAdapter("idemfiber", cfg.Config, cfg.Principal)
+	a, err := idem.NewAdapter("idemfiber", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -204,12 +279,15 @@ var bodyReaders = sync.Pool{New: func() any { return new(bytes.Reader) }}
 // when no one receives Events, only enter the fingerprint.
 func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	principal, perr := m.Principal(c)
-	key, id := c.Get(m.cfg.Header), c.Get(m.cfg.RequestIDHeader)
-	if key == "" && len(c.Request().Header.PeekAll(m.cfg.Header)) > 0 {
-		// Present but empty (c.Get cannot tell): key-invalid, never "no
-		// key", which KeyOptional would run without idempotency.
-		key = " "
+	// Every field line of the key header, not the first alone that c.Get
+	// reads: several are refused as ambiguous, and one present but empty
+	// is refused as blank, never run without idempotency (idem.KeyField).
+	var one [1]string
+	lines := one[:0]
+	for _, v := range c.Request().Header.PeekAll(m.cfg.Header) {
+		lines = append(lines, utils.UnsafeString(v)) // copied into kept below
 	}
+	key, id := idem.KeyField(lines), c.Get(m.cfg.RequestIDHeader)
 	var kept strings.Builder
 	kept.Grow(len(principal) + len(key) + len(id))
 	kept.WriteString(principal)
@@ -388,7 +466,7 @@ func (m *middleware) result(c *fiber.Ctx, herr error) (res idem.Result, stored *
 		if err != nil && herr == nil {
 			res.Err = fmt.Errorf("idemfiber: read response body stream: %w", err)
 		}
-		res.Body, res.Overflow = b, len(b) > limit
+		res.Body, res.Overflow, res.Streamed = b, len(b) > limit, true
 	} else {
 		res.Body, inPlace = resp.Body(), true
 	}

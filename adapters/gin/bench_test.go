@@ -16,11 +16,11 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem
 func BenchmarkMiddleware(b *testing.B) {
-	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
+	adaptertest.Benchmarks(b, func(eng *idem.Engine) http.Handler {
 		r := gin.New()
 		chain := []gin.HandlerFunc{idemgintest.Authenticate}
-		if cfg != nil {
-			mw, err := idemgin.New(idemgin.Config{Config: *cfg, Principal: idemgintest.Principal})
+		if eng != nil {
+			mw, err := idemgin.New(idemgin.Config{Engine: eng, Principal: idemgintest.Principal})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,10 +1,17 @@
 package idemgin_test
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log"
+	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	idemgin "github.com/idemgo/idem/adapters/gin"
@@ -24,46 +31,115 @@ func requireAccount(c *gin.Context) {
 	c.Next()
 }
 
-// The middleware goes after authentication; the handler reaches the
-// store's transaction through c.Request.Context().
+// createPayment writes in the store's transaction, which it reaches
+// through c.Request.Context(): with pgx, tx, _ := idempgx.Tx(ctx); with
+// GORM, db := idemgorm.DB(ctx, db). What it writes there commits together
+// with the stored response, or not at all.
+func createPayment(c *gin.Context) {
+	tx, _ := memstore.TxFrom(c.Request.Context())
+	tx.OnCommit(func() { fmt.Println("payment row committed") })
+	c.JSON(http.StatusCreated, gin.H{"id": "pay_1"})
+}
+
+// Example is a service's main, on memstore: the store, one engine, the
+// middleware after authentication, the sweeper, an observer and a graceful
+// shutdown. The comments say what production uses instead.
 func Example() {
 	gin.SetMode(gin.ReleaseMode)
-	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
-	idempotent, err := idemgin.New(idemgin.Config{
-		Config:    idem.Config{FingerprintKey: fingerprintKey, Store: store},
-		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// With PostgreSQL: store, err := idempgx.New(pool), then
+	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
+	// applies idempgx's migration. memstore has nothing to migrate.
+	store := memstore.New()
+
+	// One engine for the process: every middleware, the Sweeper and
+	// Engine.Do share it. New checks the store: one without its table
+	// fails here, not at the first request.
+	eng, err := idem.New(idem.Config{
+		Store:          store,
+		FingerprintKey: fingerprintKey,
+		// In production: idemprom.New(prometheus.DefaultRegisterer, idemprom.Options{}),
+		// or Logger: slog.Default() for one line per request.
+		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { fmt.Println("observed:", ev.Outcome, ev.Route) }),
 	})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
+	idempotent, err := idemgin.New(idemgin.Config{
+		Engine:    eng,
+		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil }, // what requireAccount stored
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Only the sweeper deletes expired records and resolves the stale
+	// claims no client retries.
+	sweeper := &idem.Sweeper{Engine: eng}
+	swept := make(chan error, 1)
+	go func() { swept <- sweeper.Run(ctx) }()
 
 	r := gin.New()
-	r.Use(gin.Recovery())                           // outermost: it sees the real writer again on a panic
-	api := r.Group("/", requireAccount, idempotent) // 1. authenticate, 2. claim the key
-	api.POST("/payments", func(c *gin.Context) {    // 3. handle
-		// With pgx: tx, ok := idempgx.Tx(c.Request.Context()); with GORM:
-		// db := idemgorm.DB(c.Request.Context(), db). Writes made there commit
-		// together with the stored response, or not at all.
-		tx, _ := memstore.TxFrom(c.Request.Context())
-		tx.OnCommit(func() { fmt.Println("payment row committed") })
-		c.JSON(http.StatusCreated, gin.H{"id": "pay_1"})
-	})
+	r.Use(gin.Recovery()) // outermost: it sees the real writer again on a panic
+	// After authentication: keys are claimed per principal, which
+	// requireAccount sets; before it, every request would be 401.
+	api := r.Group("/", requireAccount, idempotent)
+	api.POST("/payments", createPayment)
 
-	for range 2 {
-		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1000}`))
-		req.Header.Set("Authorization", "Bearer alice")
-		req.Header.Set("Idempotency-Key", "7f3a")
-		w := httptest.NewRecorder()
-		r.ServeHTTP(w, req)
-		fmt.Println(w.Code, w.Body.String(), "replayed:", w.Header().Get(idem.ReplayedHeader) == "true")
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // in production: your port
+	if err != nil {
+		log.Fatal(err)
 	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	for range 2 { // a client and its retry
+		fmt.Println(post("http://"+ln.Addr().String()+"/payments", "alice", "7f3a"))
+	}
+
+	stop() // in production: SIGTERM
+	<-ctx.Done()
+	// Running handlers get their RequestTimeout, then StoreTimeout to
+	// commit.
+	c := eng.Config()
+	shutdown, cancel := context.WithTimeout(context.Background(), c.RequestTimeout+c.StoreTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		log.Print(err)
+	}
+	fmt.Println(<-served, <-swept)
 	// Output:
 	// payment row committed
+	// observed: claimed /payments
 	// 201 {"id":"pay_1"} replayed: false
+	// observed: replayed /payments
 	// 201 {"id":"pay_1"} replayed: true
+	// http: Server closed context canceled
+}
+
+// post sends a payment as account under the idempotency key and returns
+// the status, the body and whether it was a replay.
+func post(url, account, key string) string {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1000}`))
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+account)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("%d %s replayed: %v", resp.StatusCode, strings.TrimSpace(string(body)), resp.Header.Get(idem.ReplayedHeader) == "true")
 }
 
 // fingerprintKey stands for the service's idem.Config.FingerprintKey: in
 // production, at least 32 random bytes read from a secret store, the same
-// on every instance.
+// on every instance (hex.DecodeString(os.Getenv("IDEM_FINGERPRINT_KEY"))).
 var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -26,17 +26,18 @@ type fixture struct {
 	r  *gin.Engine
 }
 
-func newFixture(t *testing.T, mutate ...func(*idemgin.Config)) *fixture {
+func newFixture(t *testing.T, mutate ...func(*idem.Config)) *fixture {
 	t.Helper()
 	b := storetest.MemBackend(t)
-	cfg := idemgin.Config{
-		Config:    idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second},
-		Principal: principal,
-	}
+	cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: b.Store, RequestTimeout: 5 * time.Second, StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	mw, err := idemgin.New(cfg)
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idemgin.New(idemgin.Config{Engine: eng, Principal: principal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +111,29 @@ func TestContextWithFallback(t *testing.T) {
 		c.Status(http.StatusCreated)
 	})
 	adaptertest.WantStatus(t, "fallback", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
+	if adaptertest.Effects(t, f.b, "k") != 1 {
+		t.Fatal("the write through *gin.Context did not commit")
+	}
+}
+
+// Without ContextWithFallback (gin's default) *gin.Context passes no
+// request value through: the middleware stores the attempt's context under
+// idem.ContextKey, so a handler that passes c itself to a store's accessor
+// or to DownstreamKey still runs in the transaction, never around it.
+func TestContextWithoutFallback(t *testing.T) {
+	f := newFixture(t)
+	f.r.POST("/pay", authenticate, f.mw, func(c *gin.Context) {
+		if _, err := idem.DownstreamKey(c, "charge"); err != nil {
+			c.String(599, "DownstreamKey(c): %v", err)
+			return
+		}
+		if err := f.b.WriteEffect(c, "k"); err != nil {
+			c.String(599, "WriteEffect(c): %v", err)
+			return
+		}
+		c.Status(http.StatusCreated)
+	})
+	adaptertest.WantStatus(t, "*gin.Context as the context", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)
 	if adaptertest.Effects(t, f.b, "k") != 1 {
 		t.Fatal("the write through *gin.Context did not commit")
 	}

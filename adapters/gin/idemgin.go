@@ -1,16 +1,84 @@
 // Package idemgin is the idem middleware for Gin.
 //
-// Place it after authentication, on the routes or groups that must be
-// idempotent: it reads the principal through Config.Principal (typically
-// what the auth middleware stored with c.Set), and a request without one is
-// refused with 401 before anything is claimed.
+// Build the engine once with idem.New and hand it to the middleware, the
+// idem.Sweeper and anything calling Engine.Do. Place the middleware after
+// authentication, on the routes or groups that must be idempotent: it reads
+// the principal through Config.Principal (typically what the auth
+// middleware stored with c.Set), and a request without one is refused with
+// 401 before anything is claimed. A service's main, with PostgreSQL and
+// Prometheus (Example runs the same on memstore):
 //
-//	mw, err := idemgin.New(idemgin.Config{
-//		Config:    idem.Config{Store: store, FingerprintKey: key},
-//		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
-//	})
-//	api := r.Group("/", authenticate)
-//	api.POST("/payments", mw, createPayment)
+//	func main() {
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+//		defer stop()
+//
+//		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		defer pool.Close()
+//		store, err := idempgx.New(pool) // or idemgorm.New(db)
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		// Migrate creates the table; when your migration tool applies the
+//		// store's migration, call store.Check(ctx) instead.
+//		if err := store.Migrate(ctx); err != nil {
+//			log.Fatal(err)
+//		}
+//		// At least 32 random bytes (openssl rand -hex 32) from your secret
+//		// store, the same on every instance.
+//		key, err := hex.DecodeString(os.Getenv("IDEM_FINGERPRINT_KEY"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		metrics, err := idemprom.New(prometheus.DefaultRegisterer, idemprom.Options{})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// One engine for the process: every middleware and interceptor, the
+//		// Sweeper and Engine.Do share it. New fails on an invalid Config or a
+//		// store without its table.
+//		eng, err := idem.New(idem.Config{Store: store, FingerprintKey: key, Observer: metrics})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		idempotent, err := idemgin.New(idemgin.Config{
+//			Engine:    eng,
+//			Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil }, // what requireAccount stored
+//		})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// Only the sweeper deletes expired records and resolves the stale
+//		// claims no client retries.
+//		go (&idem.Sweeper{Engine: eng, Observer: metrics}).Run(ctx)
+//
+//		r := gin.New()
+//		r.Use(gin.Recovery()) // outermost: it sees the real writer again on a panic
+//		// After authentication: keys are claimed per principal, which
+//		// requireAccount sets; before it, every request is answered 401.
+//		api := r.Group("/", requireAccount, idempotent)
+//		api.POST("/payments", createPayment)
+//
+//		srv := &http.Server{Addr: ":8080", Handler: r, ReadHeaderTimeout: 10 * time.Second}
+//		go func() {
+//			if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+//				log.Fatal(err)
+//			}
+//		}()
+//		<-ctx.Done()
+//		// Running handlers get their RequestTimeout, then StoreTimeout to
+//		// commit.
+//		c := eng.Config()
+//		shutdown, cancel := context.WithTimeout(context.Background(), c.RequestTimeout+c.StoreTimeout)
+//		defer cancel()
+//		if err := srv.Shutdown(shutdown); err != nil {
+//			log.Print(err)
+//		}
+//	}
 //
 // Handlers reach the store's transaction through c.Request.Context() with
 // the store's accessor (idempgx.Tx, idemgorm.DB). The *gin.Context itself
@@ -35,10 +103,15 @@ import (
 	idem "github.com/idemgo/idem/core"
 )
 
-// Config configures the middleware: the engine's Config plus how to read the
-// authenticated principal.
+// Config configures the middleware: the engine it runs on and how to read
+// the authenticated principal.
 type Config struct {
-	idem.Config
+	// Engine runs the idempotency state machine. Required. Build it once
+	// with idem.New and share it across every middleware and interceptor,
+	// the idem.Sweeper and Engine.Do: the per-route hold times behind
+	// Retry-After and the MaxInFlightPerPrincipal limit are the engine's
+	// own, so a second engine over the same store keeps a second set.
+	Engine *idem.Engine
 	// Principal returns the authenticated caller of the request, as the auth
 	// middleware before this one left it (c.Get, a JWT claim). An empty result
 	// or an error answers 401 and claims nothing; the error goes into the Event
@@ -51,7 +124,9 @@ type Config struct {
 // before, or without, the commit.
 var ErrHijack = errors.New("idemgin: hijacking the connection is refused on an idempotent route: the response is buffered until the outcome is committed")
 
-// New validates cfg and returns the middleware.
+// New returns the middleware running on cfg.Engine. It fails with an error
+// wrapping idem.ErrInvalidConfig, naming the field, when Engine or
+// Principal is nil.
 //
 // The handlers after it run with c.Writer buffering the whole response and
 // c.Request carrying the attempt's context (the store's transaction and the
@@ -61,7 +136,7 @@ var ErrHijack = errors.New("idemgin: hijacking the connection is refused on an i
 // replay, a 409, a 422, a 400 or 401 problem) the rest of the chain is
 // aborted.
 func New(cfg Config) (gin.HandlerFunc, error) {
-	a, err := idem.NewAdapter("idemgin", cfg.Config, cfg.Principal)
+	a, err := idem.NewAdapter("idemgin", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -80,6 +155,13 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 			w := &responseWriter{ResponseBuffer: buf, status: http.StatusOK, size: -1, done: origReq.Context()}
 			errs := len(c.Errors)
 			c.Writer, c.Request = w, r2
+			// *gin.Context passes only string keys through to Value unless
+			// the engine's ContextWithFallback is set: store the attempt's
+			// context under one, so that a handler passing c itself to a
+			// store's accessor (idemgorm.DB(c, db)) or to DownstreamKey
+			// finds the transaction instead of falling back.
+			c.Set(idem.ContextKey, r2.Context())
+			defer c.Set(idem.ContextKey, nil)
 			// Put the real writer back before anything else happens, a
 			// panic included: a recovery middleware further out must write
 			// to the client, not into this buffer.

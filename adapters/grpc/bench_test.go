@@ -29,9 +29,13 @@ func (echoServer) Act(_ context.Context, r *testpb.ActRequest) (*testpb.ActReply
 
 func benchInterceptor(b *testing.B) grpc.UnaryServerInterceptor {
 	b.Helper()
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(50_000_000)),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
 	i, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(50_000_000)),
-			Logger: slog.New(slog.DiscardHandler)},
+		Engine:    eng,
 		Principal: func(context.Context) (string, error) { return "acct_1", nil },
 	})
 	if err != nil {

@@ -5,15 +5,91 @@
 // deterministic error) together with the method's writes, and answers every
 // retry with the stored result without running the method again.
 //
-// Chain it after authentication, which must leave the principal where
-// Config.Principal finds it; a call without one is refused with
-// Unauthenticated and nothing is claimed:
+// Build the engine once with idem.New and hand it to the interceptor, the
+// HTTP middleware of the same service, the idem.Sweeper and anything
+// calling Engine.Do. Chain the interceptor after authentication, which
+// must leave the principal where Config.Principal finds it; a call without
+// one is refused with Unauthenticated and nothing is claimed. A service's
+// main, with PostgreSQL and Prometheus (Example runs the same on memstore):
 //
-//	idempotent, err := idemgrpc.New(idemgrpc.Config{
-//		Config:    idem.Config{Store: store, FingerprintKey: key},
-//		Principal: func(ctx context.Context) (string, error) { return auth.Account(ctx), nil },
-//	})
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authenticate, idempotent))
+//	func main() {
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+//		defer stop()
+//
+//		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		defer pool.Close()
+//		store, err := idempgx.New(pool) // or idemgorm.New(db)
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		// Migrate creates the table; when your migration tool applies the
+//		// store's migration, call store.Check(ctx) instead.
+//		if err := store.Migrate(ctx); err != nil {
+//			log.Fatal(err)
+//		}
+//		// At least 32 random bytes (openssl rand -hex 32) from your secret
+//		// store, the same on every instance.
+//		key, err := hex.DecodeString(os.Getenv("IDEM_FINGERPRINT_KEY"))
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		metrics, err := idemprom.New(prometheus.DefaultRegisterer, idemprom.Options{})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// One engine for the process: every middleware and interceptor, the
+//		// Sweeper and Engine.Do share it. New fails on an invalid Config or a
+//		// store without its table.
+//		eng, err := idem.New(idem.Config{Store: store, FingerprintKey: key, Observer: metrics})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		idempotent, err := idemgrpc.New(idemgrpc.Config{
+//			Engine: eng,
+//			Principal: func(ctx context.Context) (string, error) {
+//				account, _ := ctx.Value(accountKey{}).(string) // what auth left in the context
+//				return account, nil
+//			},
+//			Idempotent:     func(m string) bool { return m == paymentsv1.Payments_CreatePayment_FullMethodName },
+//			StoredMetadata: []string{"x-payment-id"}, // header and trailer metadata kept for replays
+//		})
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//
+//		// Only the sweeper deletes expired records and resolves the stale
+//		// claims no client retries.
+//		go (&idem.Sweeper{Engine: eng, Observer: metrics}).Run(ctx)
+//
+//		// After authentication: keys are claimed per principal, which auth
+//		// leaves in the context; before it, every call is answered
+//		// Unauthenticated.
+//		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recovery, auth, idempotent))
+//		paymentsv1.RegisterPaymentsServer(srv, &payments{})
+//		ln, err := net.Listen("tcp", ":9090")
+//		if err != nil {
+//			log.Fatal(err)
+//		}
+//		go func() {
+//			if err := srv.Serve(ln); err != nil {
+//				log.Fatal(err)
+//			}
+//		}()
+//		<-ctx.Done()
+//		// Running calls get their RequestTimeout, then StoreTimeout to commit.
+//		c := eng.Config()
+//		stopped := make(chan struct{})
+//		go func() { srv.GracefulStop(); close(stopped) }()
+//		select {
+//		case <-stopped:
+//		case <-time.After(c.RequestTimeout + c.StoreTimeout):
+//			srv.Stop()
+//		}
+//	}
 //
 // Methods reach the store's transaction through their context with the
 // store's accessor (idempgx.Tx(ctx), idemgorm.Tx(ctx)).
@@ -47,9 +123,11 @@
 //	principal, key or request unusable (400, 413)       InvalidArgument
 //	key held by another attempt (409)                   Aborted, RetryInfo
 //	key used with another request (422)                 FailedPrecondition
+//	an earlier attempt's outcome unknown, no Reconcile
+//	to ask: an operator must resolve the key (409)      FailedPrecondition
 //	replay not authorised (403)                         PermissionDenied
 //	store unavailable, commit failed (503, 500)         Unavailable, RetryInfo
-//	method past Config.RequestTimeout (503)             DeadlineExceeded, RetryInfo
+//	method past idem.Config.RequestTimeout (503)        DeadlineExceeded, RetryInfo
 //	lease lost to a takeover (409)                      Aborted, RetryInfo
 //	principal past MaxInFlightPerPrincipal (429)        ResourceExhausted, RetryInfo
 //	store misconfigured, reply too large,
@@ -62,8 +140,16 @@
 // the key, not the request, that refuses it (the gRPC definition of
 // FailedPrecondition); a client must not retry it unchanged.
 //
-// A Config.Reconcile for gRPC methods settles a takeover with Stored(reply,
-// err), the outcome in the form the interceptor stores.
+// The engine's Config.Reconcile settles a gRPC method's takeover with
+// Stored(reply, err), the outcome in the form the interceptor stores. The
+// Sweeper asks the same Reconcile about the stale claims no client
+// retries, but settles its answer as an HTTP response (the engine's
+// Config.Classify and StoredHeaders), in which form a gRPC method's reply
+// does not replay. On an engine whose Reconcile answers gRPC methods, give
+// the Sweeper the store and the lease rather than the engine
+// (idem.Sweeper{Store: store, Lease: eng.Config().Lease}): it then purges
+// and reports stale claims, and each client's retry reconciles its own
+// through the interceptor.
 //
 // Only unary methods are covered: a stream cannot be stored and replayed.
 package idemgrpc
@@ -100,16 +186,20 @@ const Encoding = "application/protobuf"
 // own errors carry.
 const ErrorDomain = "idem.idemgo.github.com"
 
-// Config configures the interceptor: the engine's Config plus how to read
-// the authenticated principal.
+// Config configures the interceptor: the engine it runs on, how to read
+// the authenticated principal, and which methods and metadata it covers.
 //
 // Of the engine's Config, Header and RequestIDHeader name the metadata keys
 // (lower-cased: "idempotency-key", "x-request-id"); StoredHeaders is not
-// used (see StoredMetadata); Classify, when set, receives the method's
-// gRPC code as its status (int(codes.Code)) and the method's error, and
-// defaults to DefaultClassifier, not idem.DefaultClassifier.
+// used (see StoredMetadata), nor is Classify (see Classify), so the same
+// engine serves the HTTP middleware and the interceptor.
 type Config struct {
-	idem.Config
+	// Engine runs the idempotency state machine. Required. Build it once
+	// with idem.New and share it across every middleware and interceptor,
+	// the idem.Sweeper and Engine.Do: the per-route hold times behind
+	// Retry-After and the MaxInFlightPerPrincipal limit are the engine's
+	// own, so a second engine over the same store keeps a second set.
+	Engine *idem.Engine
 	// Principal returns the authenticated caller, as the auth interceptor
 	// before this one left it in ctx. An empty result or an error answers
 	// Unauthenticated and claims nothing. Required.
@@ -123,6 +213,11 @@ type Config struct {
 	// client gets all the metadata the method set; a replay only these.
 	// Default none.
 	StoredMetadata []string
+	// Classify decides which outcomes of a method are stored: it receives
+	// the method's gRPC code as its status (int(codes.Code)) and the
+	// method's error. Default DefaultClassifier. The engine's
+	// Config.Classify, which judges HTTP statuses, is not used.
+	Classify idem.Classifier
 }
 
 // DefaultClassifier decides by gRPC code (status is int(codes.Code)): OK
@@ -141,13 +236,15 @@ func DefaultClassifier(status int, _ error) idem.Disposition {
 	return idem.Release
 }
 
-// New validates cfg and returns the unary server interceptor.
+// New returns the unary server interceptor running on cfg.Engine. It fails
+// with an error wrapping idem.ErrInvalidConfig, naming the field, when
+// Engine or Principal is nil or StoredMetadata names an unusable key.
 func New(cfg Config) (grpc.UnaryServerInterceptor, error) {
 	classify := cfg.Classify
 	if classify == nil {
 		classify = DefaultClassifier
 	}
-	a, err := idem.NewAdapter("idemgrpc", cfg.Config, cfg.Principal)
+	a, err := idem.NewAdapter("idemgrpc", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -186,19 +283,10 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	keys := md.Get(i.keyMD)
-	if len(keys) > 1 {
-		return nil, i.problemStatus(&idem.CallError{Problem: idem.ProblemKeyInvalid}).Err()
-	}
-	key := ""
-	if len(keys) == 1 {
-		key = keys[0]
-		if strings.TrimSpace(key) == "" {
-			// Present but empty: key-invalid, never "no key", which
-			// KeyOptional would run without idempotency (idem.Request.Key).
-			key = " "
-		}
-	}
+	// Every value of the key: several are refused as ambiguous, and one
+	// present but empty is refused as blank, never run without
+	// idempotency (idem.KeyField).
+	key := idem.KeyField(md.Get(i.keyMD))
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: the request of %s is not a proto message", info.FullMethod)
@@ -240,7 +328,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		rec.forward(ctx)
 		return reply, herr
 	}
-	// A replay, or the outcome Config.Reconcile settled a takeover with.
+	// A replay, or the outcome the engine's Reconcile settled a takeover
+	// with.
 	out := metadata.MD{}
 	for k, v := range res.Header {
 		switch {
@@ -288,9 +377,9 @@ func (i *interceptor) response(reply any, herr error, rec *recorder) (idem.Respo
 
 // Stored returns the outcome of a method as idemgrpc stores it: reply's
 // proto encoding with code OK, or err's google.rpc.Status with its code.
-// A Config.Reconcile for gRPC methods returns it to settle a takeover with
-// what the crashed attempt's effect became (its reply, or the error its
-// outcome should replay as).
+// The engine's Config.Reconcile returns it to settle a gRPC method's
+// takeover with what the crashed attempt's effect became (its reply, or
+// the error its outcome should replay as).
 func Stored(reply proto.Message, err error) (*idem.Response, error) {
 	resp, rerr := (&interceptor{}).response(reply, err, &recorder{})
 	if err == nil && rerr != nil {
@@ -364,6 +453,7 @@ var codeOf = map[idem.ProblemType]codes.Code{
 	idem.ProblemTxEnded:          codes.Internal,
 	idem.ProblemTooManyInFlight:  codes.ResourceExhausted,
 	idem.ProblemReplayUnreadable: codes.Internal,
+	idem.ProblemOutcomeUnknown:   codes.FailedPrecondition,
 }
 
 // Code returns the gRPC code the interceptor answers the library's case p

@@ -2,6 +2,8 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,15 +27,110 @@ func TestSuite(t *testing.T) {
 	idemgrpctest.Run(t, func(t testing.TB) storetest.Backend { return storetest.MemBackend(t) })
 }
 
+// TestNewValidates: New refuses a Config without an engine or a principal
+// function, or with an unusable StoredMetadata key, naming the field.
+func TestNewValidates(t *testing.T) {
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	principal := func(context.Context) (string, error) { return "alice", nil }
+	for _, tc := range []struct {
+		name string
+		cfg  idemgrpc.Config
+		want string // "" when New succeeds
+	}{
+		{"valid", idemgrpc.Config{Engine: eng, Principal: principal}, ""},
+		{"no engine", idemgrpc.Config{Principal: principal}, "idemgrpc: idem: invalid config: Engine is required"},
+		{"no principal function", idemgrpc.Config{Engine: eng}, "idemgrpc: idem: invalid config: Principal is required"},
+		{"upper-case metadata key", idemgrpc.Config{Engine: eng, Principal: principal, StoredMetadata: []string{"X-Payment-Id"}}, "idemgrpc: idem: invalid config: StoredMetadata"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i, err := idemgrpc.New(tc.cfg)
+			if tc.want == "" {
+				if err != nil || i == nil {
+					t.Fatalf("New = %v", err)
+				}
+				return
+			}
+			if i != nil || !errors.Is(err, idem.ErrInvalidConfig) || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("New error %q, want ErrInvalidConfig starting %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestClassifyIsTheInterceptors: the interceptor classifies a method's
+// outcome by its gRPC code with Config.Classify (DefaultClassifier), never
+// with the engine's Config.Classify, which judges HTTP statuses for the
+// HTTP middleware that shares the engine.
+func TestClassifyIsTheInterceptors(t *testing.T) {
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
+		Classify: func(status int, err error) idem.Disposition {
+			t.Errorf("the engine's classifier was asked about status %d", status)
+			return idem.Release
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []codes.Code
+	for _, tc := range []struct {
+		name, key string
+		classify  idem.Classifier
+		code      codes.Code // what the method answers
+		runs      int        // how often it runs for two calls
+	}{
+		{"default: OK is stored", "k-ok", nil, codes.OK, 1},
+		{"default: Unavailable is released", "k-released", nil, codes.Unavailable, 2},
+		{"own: Unavailable is stored", "k-own", func(status int, err error) idem.Disposition {
+			asked = append(asked, codes.Code(status))
+			return idem.Fail
+		}, codes.Unavailable, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			idempotent, err := idemgrpc.New(idemgrpc.Config{Engine: eng, Classify: tc.classify,
+				Principal: func(context.Context) (string, error) { return "alice", nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs := 0
+			handler := func(ctx context.Context, req any) (any, error) {
+				runs++
+				if tc.code != codes.OK {
+					return nil, status.Error(tc.code, "answered")
+				}
+				return &testpb.ActReply{}, nil
+			}
+			info := &grpc.UnaryServerInfo{FullMethod: testpb.TestService_Act_FullMethodName}
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", tc.key))
+			for range 2 {
+				if _, err := idempotent(ctx, &testpb.ActRequest{EffectId: "pay_1"}, info, handler); status.Code(err) != tc.code {
+					t.Fatalf("call: %v, want %v", err, tc.code)
+				}
+			}
+			if runs != tc.runs {
+				t.Fatalf("the method ran %d times, want %d", runs, tc.runs)
+			}
+		})
+	}
+	if len(asked) != 1 || asked[0] != codes.Unavailable {
+		t.Fatalf("Config.Classify was asked about %v, want [Unavailable]", asked)
+	}
+}
+
 // TestReconcileTakeover: a claim whose holder died is taken over after its
 // lease; Config.Reconcile settles it with Stored, the client gets that
 // reply, and the method never runs.
 func TestReconcileTakeover(t *testing.T) {
 	store := memstore.New()
 	reconciled := &testpb.ActReply{EffectId: "pay_1", Attempt: "from the provider"}
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
+		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return idemgrpc.Stored(reconciled, nil) }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
-			Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return idemgrpc.Stored(reconciled, nil) }},
+		Engine:    eng,
 		Principal: func(context.Context) (string, error) { return "alice", nil },
 	})
 	if err != nil {
@@ -67,9 +164,13 @@ func TestReconcileTakeover(t *testing.T) {
 // full method name, a bounded set, never by anything the client sent.
 func TestEventRouteIsTheFullMethod(t *testing.T) {
 	var routes []string
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
+		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })})
+	if err != nil {
+		t.Fatal(err)
+	}
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
-			Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })},
+		Engine:    eng,
 		Principal: func(context.Context) (string, error) { return "alice", nil },
 	})
 	if err != nil {

@@ -15,15 +15,15 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem
 func BenchmarkMiddleware(b *testing.B) {
-	adaptertest.Benchmarks(b, func(cfg *idem.Config) http.Handler {
+	adaptertest.Benchmarks(b, func(eng *idem.Engine) http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Location", adaptertest.BenchLocation)
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(adaptertest.BenchReply)
 		})
-		if cfg != nil {
-			mw, err := idemhttp.New(idemhttp.Config{Config: *cfg, Principal: idemhttptest.Principal})
+		if eng != nil {
+			mw, err := idemhttp.New(idemhttp.Config{Engine: eng, Principal: idemhttptest.Principal})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,9 +3,15 @@ package idemhttp_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log"
+	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	idemhttp "github.com/idemgo/idem/adapters/nethttp"
 	idem "github.com/idemgo/idem/core"
@@ -27,51 +33,118 @@ func requireAccount(next http.Handler) http.Handler {
 	})
 }
 
-// The middleware goes after authentication, here around a group of routes
-// (a ServeMux mounted under /api/); the handler reaches the store's
-// transaction through r.Context().
+// createPayment writes in the store's transaction, which it reaches
+// through r.Context(): with pgx, tx, _ := idempgx.Tx(ctx); with GORM,
+// db := idemgorm.DB(ctx, db). What it writes there commits together with
+// the stored response, or not at all.
+func createPayment(w http.ResponseWriter, r *http.Request) {
+	tx, _ := memstore.TxFrom(r.Context())
+	tx.OnCommit(func() { fmt.Println("payment row committed") })
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprint(w, `{"id":"pay_1"}`)
+}
+
+// Example is a service's main, on memstore: the store, one engine, the
+// middleware after authentication, the sweeper, an observer and a graceful
+// shutdown. The comments say what production uses instead.
 func Example() {
-	store := memstore.New() // in production: idempgx.New(pool) or idemgorm.New(db)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// With PostgreSQL: store, err := idempgx.New(pool), then
+	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
+	// applies idempgx's migration. memstore has nothing to migrate.
+	store := memstore.New()
+
+	// One engine for the process: every middleware, the Sweeper and
+	// Engine.Do share it. New checks the store: one without its table
+	// fails here, not at the first request.
+	eng, err := idem.New(idem.Config{
+		Store:          store,
+		FingerprintKey: fingerprintKey,
+		// In production: idemprom.New(prometheus.DefaultRegisterer, idemprom.Options{}),
+		// or Logger: slog.Default() for one line per request.
+		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { fmt.Println("observed:", ev.Outcome, ev.Route) }),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, err := idemhttp.New(idemhttp.Config{
-		Config: idem.Config{FingerprintKey: fingerprintKey, Store: store},
+		Engine: eng,
 		Principal: func(r *http.Request) (string, error) {
-			account, _ := r.Context().Value(accountKey{}).(string)
+			account, _ := r.Context().Value(accountKey{}).(string) // what requireAccount stored
 			return account, nil
 		},
 	})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 
-	api := http.NewServeMux() // the group: every route under /api/
-	api.HandleFunc("POST /api/payments", func(w http.ResponseWriter, r *http.Request) {
-		// With pgx: tx, ok := idempgx.Tx(r.Context()); with GORM:
-		// db := idemgorm.DB(r.Context(), db). Writes made there commit
-		// together with the stored response, or not at all.
-		tx, _ := memstore.TxFrom(r.Context())
-		tx.OnCommit(func() { fmt.Println("payment row committed") })
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprint(w, `{"id":"pay_1"}`)
-	})
+	// Only the sweeper deletes expired records and resolves the stale
+	// claims no client retries.
+	sweeper := &idem.Sweeper{Engine: eng}
+	swept := make(chan error, 1)
+	go func() { swept <- sweeper.Run(ctx) }()
+
 	mux := http.NewServeMux()
-	mux.Handle("/api/", requireAccount(idempotent(api))) // 1. authenticate, 2. claim the key, 3. route
+	// After authentication: keys are claimed per principal, which
+	// requireAccount sets; before it, every request would be 401. Around
+	// a group of routes, wrap a ServeMux the same way.
+	mux.Handle("POST /payments", requireAccount(idempotent(http.HandlerFunc(createPayment))))
 
-	for range 2 {
-		req := httptest.NewRequest(http.MethodPost, "/api/payments", strings.NewReader(`{"amount":1000}`))
-		req.Header.Set("Authorization", "Bearer alice")
-		req.Header.Set("Idempotency-Key", "7f3a")
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, req)
-		fmt.Println(w.Code, w.Body.String(), "replayed:", w.Header().Get(idem.ReplayedHeader) == "true")
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // in production: your port
+	if err != nil {
+		log.Fatal(err)
 	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	for range 2 { // a client and its retry
+		fmt.Println(post("http://"+ln.Addr().String()+"/payments", "alice", "7f3a"))
+	}
+
+	stop() // in production: SIGTERM
+	<-ctx.Done()
+	// Running handlers get their RequestTimeout, then StoreTimeout to
+	// commit.
+	c := eng.Config()
+	shutdown, cancel := context.WithTimeout(context.Background(), c.RequestTimeout+c.StoreTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		log.Print(err)
+	}
+	fmt.Println(<-served, <-swept)
 	// Output:
 	// payment row committed
+	// observed: claimed POST /payments
 	// 201 {"id":"pay_1"} replayed: false
+	// observed: replayed POST /payments
 	// 201 {"id":"pay_1"} replayed: true
+	// http: Server closed context canceled
+}
+
+// post sends a payment as account under the idempotency key and returns
+// the status, the body and whether it was a replay.
+func post(url, account, key string) string {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1000}`))
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+account)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("%d %s replayed: %v", resp.StatusCode, strings.TrimSpace(string(body)), resp.Header.Get(idem.ReplayedHeader) == "true")
 }
 
 // fingerprintKey stands for the service's idem.Config.FingerprintKey: in
 // production, at least 32 random bytes read from a secret store, the same
-// on every instance.
+// on every instance (hex.DecodeString(os.Getenv("IDEM_FINGERPRINT_KEY"))).
 var fingerprintKey = []byte("example only: read yours from a secret store")

@@ -1,14 +1,16 @@
 -- idempgx's first request as PostgreSQL sees it (the statements of
 -- stores/pgx/store.go newStatements and tx.go, with the default lock and
--- statement timeouts; keep them in step): the claim's INSERT and SELECT
--- pipelined behind the statement that pins the session settings they
--- depend on; BEGIN with the keepalive settings and the lease marker; the
--- payment INSERT; the marker check with the pinned settings, the fenced
--- settle and COMMIT pipelined: four round trips. Table from the pgx store's
--- Migrate (idem_bench.pgx_keys). pgbench -M prepared sends each statement
--- through the extended protocol, where idempgx sends BEGIN and its SET LOCALs
--- as one simple-protocol query: the script leaves out that query's parsing.
--- callgrind.sh -variants counts the stores' own statements instead.
+-- statement timeouts and idem's default lease of 40 s; keep them in step):
+-- the claim's INSERT and SELECT pipelined behind the statement that pins
+-- the session settings they depend on; BEGIN with the keepalive settings,
+-- the WAL position Sync waits for and the lease marker; the payment INSERT;
+-- the marker check with the pinned settings (synchronous_commit included),
+-- the fenced settle and COMMIT pipelined: four round trips. Table from the
+-- pgx store's Migrate (idem_bench.pgx_keys). pgbench -M prepared sends each
+-- statement through the extended protocol, where idempgx sends BEGIN, its
+-- SET LOCALs and its SELECT as one simple-protocol query: the script leaves
+-- out that query's parsing. callgrind.sh -variants counts the stores' own
+-- statements instead.
 \set k random(1, 2000000000)
 \startpipeline
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
@@ -16,10 +18,11 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
 	pg_catalog.set_config('synchronous_commit', 'off', true);
 INSERT INTO "idem_bench"."pgx_keys" (principal, key, fingerprint, state, lease_token, request_id, nonce,
-	created_at, locked_at, expires_at)
-VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 86400000000::bigint * interval '1 microsecond')
+	created_at, locked_at, lease_expires_at, expires_at, uncertain)
+VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 40000000::bigint * interval '1 microsecond',
+	now() + 86400000000::bigint * interval '1 microsecond', false)
 ON CONFLICT (principal, key) DO NOTHING;
-SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at, status, headers, body, now() FROM "idem_bench"."pgx_keys" WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id;
+SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body, now() FROM "idem_bench"."pgx_keys" WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id;
 \endpipeline
 \startpipeline
 begin isolation level read committed read write;
@@ -27,6 +30,7 @@ set local tcp_keepalives_idle = 4;
 set local tcp_keepalives_interval = 1;
 set local tcp_keepalives_count = 4;
 set local tcp_user_timeout = 8000;
+select pg_catalog.set_config('idem.sync_lsn', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
 set local idem.lease = '0123456789abcdef0123456789abcdef';
 \endpipeline
 INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
@@ -35,10 +39,13 @@ VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
+	pg_catalog.set_config('synchronous_commit',
+		CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
+			THEN 'remote_apply' ELSE 'on' END, true),
 	CASE WHEN pg_catalog.current_setting('idem.lease', true) IS NOT DISTINCT FROM '0123456789abcdef0123456789abcdef' THEN 1
 	ELSE ('idempgx transaction ended: idem.lease is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::int END;
 WITH u AS (
-	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201,
+	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201, uncertain = false,
 		headers = '\x01020c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e084c6f636174696f6e011e2f7061796d656e74732f7061795f30313233343536373839616263646566'::bytea,
 		body = '\x7b226964223a227061795f30313233343536373839616263646566222c22616d6f756e74223a313030302c2263757272656e6379223a22455552222c226465736372697074696f6e223a22636f66666565222c22737461747573223a22737563636565646564227d'::bytea
 	WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND lease_token = 'tok' AND state = 'in_progress'

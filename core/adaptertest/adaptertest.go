@@ -28,7 +28,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		name string
 		fn   func(*testing.T, *suite)
 	}{
-		{"NewRequiresPrincipal", testNewRequiresPrincipal},
+		{"NewRequiresEngineAndPrincipal", testNewRequiresEngineAndPrincipal},
 		{"OnRouteGroupAndGlobal", testGroupAndGlobal},
 		{"BeforeAuthFailsClosed", testBeforeAuth},
 		{"PrincipalErrorIs401", testPrincipalError},
@@ -40,9 +40,11 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"ChangedBodyIs422", testChangedBody},
 		{"CanonicalJSONReplays", testCanonicalJSON},
 		{"MissingAndInvalidKeysAre400", testBadKeys},
+		{"AmbiguousKeysAre400", testAmbiguousKeys},
 		{"NoPrincipalIs401AndClaimsNothing", testNoPrincipal},
 		{"ClientErrorIsStoredAndReplayed", testClientErrorStored},
 		{"ServerErrorIsReleased", testServerErrorReleased},
+		{"UncertainOutcomeIs409", testUncertainIs409},
 		{"HandlerErrorIsReleased", testHandlerErrorReleased},
 		{"HandlerErrorIsClassified", testHandlerErrorClassified},
 		{"PanicIsReleased", testPanicReleased},
@@ -303,6 +305,60 @@ func testBadKeys(t *testing.T, s *suite) {
 	}
 	if _, err := s.b.Store.Get(context.Background(), "alice", "has space"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("an invalid key was stored: %v", err)
+	}
+}
+
+// testAmbiguousKeys: a key field that does not name one key (several field
+// lines, a list, an Inner List, parameters) is refused with 400
+// key-invalid, whichever line or member the adapter might have taken: the
+// handler does not run and no reading of the field is claimed.
+func testAmbiguousKeys(t *testing.T, s *suite) {
+	p := &payments{b: s.b}
+	base := s.serve(t, s.config(), p.handle)
+	for _, tc := range []struct {
+		name  string
+		lines []string // the field lines of the key header
+		keys  []string // the keys some reading of them names
+	}{
+		{"two field lines", []string{"k-line-1", "k-line-2"}, []string{"k-line-1", "k-line-2", "k-line-1, k-line-2"}},
+		{"two quoted field lines", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
+		{"an empty and a full field line", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
+		{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
+		{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
+		{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
+		{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
+		{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
+		{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
+		{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(paymentBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer alice")
+			req.Header[idem.DefaultHeader] = tc.lines
+			runs := p.runs.Load()
+			r, err := roundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			WantProblem(t, fmt.Sprintf("key field lines %q", tc.lines), r, http.StatusBadRequest, idem.ProblemKeyInvalid)
+			if p.runs.Load() != runs {
+				t.Fatalf("key field lines %q: the handler ran", tc.lines)
+			}
+			for _, key := range tc.keys {
+				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
+					t.Fatalf("key field lines %q: %q was claimed: %v", tc.lines, key, err)
+				}
+			}
+		})
+	}
+	// The same characters inside one sf-string are one key.
+	WantStatus(t, "a quoted key holding , and ;", send(t, base, "alice", `"k-one,key;x=1"`, paymentBody), http.StatusCreated)
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-one,key;x=1"); err != nil {
+		t.Fatalf("the quoted key was not stored as k-one,key;x=1: %v", err)
 	}
 }
 

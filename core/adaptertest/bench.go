@@ -27,9 +27,9 @@ const BenchLocation = "/payments/pay_1"
 // BenchServe builds the handler an adapter's benchmarks measure: the
 // framework's router with the harness's auth middleware (bearer principal,
 // as in Harness) and a trivial handler that answers 201 with BenchReply,
-// Content-Type application/json and Location BenchLocation. When cfg is not nil the adapter's
-// middleware, configured with *cfg, runs between the two.
-type BenchServe func(cfg *idem.Config) http.Handler
+// Content-Type application/json and Location BenchLocation. When eng is
+// not nil the adapter's middleware, running on eng, sits between the two.
+type BenchServe func(eng *idem.Engine) http.Handler
 
 // RoundTrip runs one benchmark request through a server in process: a POST
 // of BenchBody to /payments as "Authorization: Bearer acct_1", with
@@ -40,14 +40,14 @@ type RoundTrip func(key string) (status int, replayed bool)
 // RoundTripServe is BenchServe for a framework that is not built on
 // net/http (Fiber): it returns a RoundTrip through the framework's own
 // in-process entry point.
-type RoundTripServe func(cfg *idem.Config) RoundTrip
+type RoundTripServe func(eng *idem.Engine) RoundTrip
 
 // Benchmarks measures what an adapter adds to a request, in process and
 // without a socket (see RoundTripBenchmarks), for a framework built on
 // net/http.
 func Benchmarks(b *testing.B, serve BenchServe) {
-	RoundTripBenchmarks(b, func(cfg *idem.Config) RoundTrip {
-		h := serve(cfg)
+	RoundTripBenchmarks(b, func(eng *idem.Engine) RoundTrip {
+		h := serve(eng)
 		return func(key string) (int, bool) {
 			r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(BenchBody))
 			r.Header.Set("Content-Type", "application/json")
@@ -72,7 +72,11 @@ func RoundTripBenchmarks(b *testing.B, serve RoundTripServe) {
 		if observed {
 			cfg.Observer = idem.ObserverFunc(func(context.Context, idem.Event) {})
 		}
-		return serve(&cfg)
+		eng, err := idem.New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return serve(eng)
 	}
 	run := func(b *testing.B, rt RoundTrip, key func(i int) string, replay bool) {
 		b.ReportAllocs()

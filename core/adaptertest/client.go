@@ -70,6 +70,11 @@ func SendContext(ctx context.Context, method, url, principal, key, body string, 
 	for i := 0; i+1 < len(extra); i += 2 {
 		req.Header.Set(extra[i], extra[i+1])
 	}
+	return roundTrip(req)
+}
+
+// roundTrip sends req and reads the whole response.
+func roundTrip(req *http.Request) (Response, error) {
 	resp, err := client.Do(req)
 	if err != nil {
 		return Response{}, err

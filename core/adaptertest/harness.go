@@ -68,7 +68,8 @@ const (
 
 // Setup is one server the suite asks a Harness for.
 type Setup struct {
-	// Config configures the adapter's middleware.
+	// Config configures the engine the adapter's middleware runs on: the
+	// harness builds it with Engine.
 	Config idem.Config
 	// Handler answers every route.
 	Handler Handler
@@ -80,6 +81,9 @@ type Setup struct {
 	// NoPrincipal leaves the adapter's Config without a principal
 	// function: New must refuse it.
 	NoPrincipal bool
+	// NoEngine leaves the adapter's Config without an engine: New must
+	// refuse it.
+	NoEngine bool
 	// Header, when set, is added to the response by a middleware on every
 	// route that runs before Authenticate and the adapter's (CORS, request
 	// ids).
@@ -89,16 +93,16 @@ type Setup struct {
 // Harness adapts one framework to the suite.
 type Harness struct {
 	// Serve starts a server on 127.0.0.1 for s and returns its base URL.
-	// The handler runs behind the adapter's middleware configured with
-	// s.Config, placed as s.Placement says, with an authentication
+	// The handler runs behind the adapter's middleware, on the engine
+	// Engine builds from s.Config, placed as s.Placement says, with an authentication
 	// middleware before it (Authenticate) that takes the principal from
 	// "Authorization: Bearer <principal>" (see Principal) and stores it in
 	// the framework's idiom (c.Set, c.Locals, a context value); the
 	// adapter's principal function (see PrincipalFunc) reads it back.
 	// Outermost, Serve recovers panics the way the framework's usual
 	// recovery middleware does. It registers the server's shutdown with
-	// t.Cleanup. When the adapter's New fails, Serve starts nothing and
-	// returns its error.
+	// t.Cleanup. When Engine or the adapter's New fails, Serve starts
+	// nothing and returns its error.
 	Serve func(t testing.TB, s Setup) (baseURL string, err error)
 }
 
@@ -111,6 +115,16 @@ func Principal(authorization string) string {
 		return ""
 	}
 	return strings.TrimSpace(p)
+}
+
+// Engine returns the engine a harness configures the adapter with for s:
+// idem.New(s.Config), or nil when s.NoEngine. Its error is New's, which
+// Serve returns.
+func Engine(s Setup) (*idem.Engine, error) {
+	if s.NoEngine {
+		return nil, nil
+	}
+	return idem.New(s.Config)
 }
 
 // PrincipalFunc returns the principal function a harness configures the

@@ -20,22 +20,29 @@ import (
 // its place among the framework's middleware, and what it keeps of the
 // response and the transaction around it.
 
-// testNewRequiresPrincipal: the adapter's New refuses a Config without a
-// principal function or with an invalid engine configuration.
-func testNewRequiresPrincipal(t *testing.T, s *suite) {
+// testNewRequiresEngineAndPrincipal: the adapter's New refuses a Config
+// without an engine or without a principal function, naming the field,
+// and the harness passes on idem.New's refusal of an invalid engine
+// configuration.
+func testNewRequiresEngineAndPrincipal(t *testing.T, s *suite) {
 	for _, tc := range []struct {
-		name    string
-		setup   Setup
-		invalid bool
+		name  string
+		setup Setup
+		want  string // in New's error, which wraps ErrInvalidConfig; "" when it succeeds
 	}{
-		{"valid", Setup{Config: s.config()}, false},
-		{"no principal function", Setup{Config: s.config(), NoPrincipal: true}, true},
-		{"invalid engine config", Setup{Config: idem.Config{FingerprintKey: storetest.FingerprintKey}}, true},
+		{"valid", Setup{Config: s.config()}, ""},
+		{"no engine", Setup{Config: s.config(), NoEngine: true}, "Engine is required"},
+		{"no principal function", Setup{Config: s.config(), NoPrincipal: true}, "Principal is required"},
+		{"no engine, no principal function", Setup{Config: s.config(), NoEngine: true, NoPrincipal: true}, "Engine is required"},
+		{"invalid engine config", Setup{Config: idem.Config{FingerprintKey: storetest.FingerprintKey}}, "Store is required"},
 	} {
 		tc.setup.Handler = (&payments{b: s.b}).handle
 		_, err := s.h.Serve(t, tc.setup)
-		if tc.invalid != errors.Is(err, idem.ErrInvalidConfig) || (!tc.invalid && err != nil) {
-			t.Errorf("%s: New = %v, want ErrInvalidConfig: %v", tc.name, err, tc.invalid)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: New = %v, want success", tc.name, err)
+		case tc.want != "" && (!errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: New = %v, want ErrInvalidConfig naming %q", tc.name, err, tc.want)
 		}
 	}
 }

@@ -16,8 +16,8 @@ import (
 
 // TestPrincipalShare: one principal filling its share of the records or of
 // the bytes gets ErrFull; every other principal's claims and settles still
-// succeed (issue 19: 50 keys of one customer made every other customer's
-// next request a 503).
+// succeed: 50 keys of one customer must not make every other customer's
+// next request a 503.
 func TestPrincipalShare(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -296,8 +296,11 @@ type Tx struct {
 	used     bool
 }
 
-// TxFrom returns the memstore transaction carried by ctx, if any.
+// TxFrom returns the memstore transaction carried by ctx, if any; ctx may
+// be a framework's own context an adapter stored the attempt in (see
+// idem.AttemptContext).
 func TxFrom(ctx context.Context) (*Tx, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
 	tx, ok := ctx.Value(txKey{}).(*Tx)
 	return tx, ok
 }

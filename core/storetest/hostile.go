@@ -203,9 +203,10 @@ func hostileCases(dialect string) []hostileCase {
 		{name: "CommitThen500", needs: "endhandle", handler: writeThen(500, endHandle(true)), wantStatus: 500},
 		{name: "CommitThen201", needs: "endhandle", handler: writeThen(201, endHandle(true)), wantStatus: 201},
 		// Rollback is refused too, and the work it meant to undo is not
-		// committed: a 2xx after it turns into a commit-failed 500.
+		// committed: a 2xx after it turns into a 500 that names the
+		// handler's doing (transaction-owned), not a store failure.
 		{name: "RollbackThen201", needs: "endhandle", handler: writeThen(201, endHandle(false)),
-			wantStatus: 500, wantType: idem.ProblemCommitFailed},
+			wantStatus: 500, wantType: idem.ProblemTxOwned},
 		// Ending the transaction behind the store and then failing must
 		// not release the key either: the first write may have committed.
 		{name: "EndTxAroundThen500", needs: "endaround", ended: true, mayRelease: true, wantStatus: 500,
@@ -231,9 +232,11 @@ func hostileCases(dialect string) []hostileCase {
 			return nil
 		}
 		// The refused statement is a failed statement: the transaction is
-		// aborted, so the 2xx the handler answers anyway is not stored.
+		// aborted, so the 2xx the handler answers anyway is not stored, and
+		// the answer names the handler's doing (transaction-owned): it
+		// tried to end the store's transaction, which a retry repeats.
 		cases = append(cases, hostileCase{name: "Refuse " + stmt, needs: "sql", handler: writeThen(201, refuse),
-			wantStatus: 500, wantType: idem.ProblemCommitFailed})
+			wantStatus: 500, wantType: idem.ProblemTxOwned})
 	}
 	if dialect != "" {
 		// The table's row: a write, COMMIT, another write, a 500.

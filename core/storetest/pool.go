@@ -15,7 +15,7 @@ import (
 )
 
 // PoolPinning proves that one principal cannot pin a store's connection
-// pool and make every other principal queue behind it (issue 19). store's
+// pool and make every other principal queue behind it. store's
 // pool must hold exactly poolSize connections, each claimed request holding
 // one for its handler's run (a SQL store's transaction).
 //

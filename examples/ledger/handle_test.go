@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 )
@@ -113,5 +118,69 @@ func TestHandleDecisions(t *testing.T) {
 	step("after the holder let go", h6, b6, 2, Ack, "recorded")
 	if n := rows("evt_bad") + rows("evt_4") + rows("evt_6"); n != 1 {
 		t.Fatalf("rows %d, want 1 (evt_6 only)", n)
+	}
+
+	// Rows the database refuses for good: terminated at the first
+	// delivery, released (a fixed database may take a republished event).
+	// The ledger takes at most 1,000,000 per entry from here on.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD CHECK (amount <= 1000000)`, ledgerTable)); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string, h nats.Header, b []byte, sqlstate string) {
+		t.Helper()
+		for delivered := uint64(1); delivered <= 2; delivered++ {
+			action, _, why := l.Handle(ctx, h, b, delivered, 100*time.Millisecond)
+			if action != Term || !strings.HasPrefix(why, "refused by the database: ") || !strings.Contains(why, "SQLSTATE "+sqlstate) {
+				t.Fatalf("%s, delivery %d: %v %q; want Term, SQLSTATE %s", what, delivered, action, why, sqlstate)
+			}
+		}
+		var n int
+		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE key = $1 AND state <> 'released'", idemTable), h.Get(EventIDHeader)).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%s: %d records (%v), want the key released", what, n, err)
+		}
+	}
+	h7, b7 := msg("evt_7", "acct_1", `{"payment_id":"pay_7","amount":2000000,"currency":"EUR"}`)
+	refused("an amount over the ledger's limit (check violation)", h7, b7, "23514")
+	h8, b8 := msg("evt_8", "acct_1", `{"payment_id":"pay_\u0000","amount":100,"currency":"EUR"}`)
+	refused("a NUL in a text column (data exception)", h8, b8, "22021")
+	if n := rows("evt_7") + rows("evt_8"); n != 0 {
+		t.Fatalf("rows %d of refused events, want 0", n)
+	}
+}
+
+// TestRefusedForGood: which handler errors terminate an event and which
+// are retried.
+func TestRefusedForGood(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("writing the ledger row: %w", &pgconn.PgError{Code: code}) }
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{pg("22021"), true}, // a NUL in text
+		{pg("22003"), true}, // numeric out of range
+		{pg("22001"), true}, // string too long
+		{pg("23505"), true}, // unique violation
+		{pg("23514"), true}, // check violation
+		{pg("23502"), true}, // not null violation
+		{pg("23503"), true}, // foreign key violation
+		{pg("54000"), true}, // index row too large
+		{pg("40001"), false},
+		{pg("40P01"), false},
+		{pg("55P03"), false},
+		{pg("57014"), false},
+		{pg("57P01"), false}, // admin shutdown
+		{pg("08006"), false},
+		{pg("53300"), false}, // too many connections
+		{pg("42P01"), false}, // the table missing: an operator's fix
+		{pg("42501"), false}, // a privilege missing: likewise
+		{pg("XX000"), false},
+		{pg(""), false},
+		{io.ErrUnexpectedEOF, false},
+		{context.DeadlineExceeded, false},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, false},
+	} {
+		if got := refusedForGood(tc.err); got != tc.want {
+			t.Errorf("refusedForGood(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

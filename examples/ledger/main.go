@@ -8,7 +8,20 @@
 // one PostgreSQL transaction through idem's call API (Engine.Do on
 // idempgx); the ack goes out only after that commit. A redelivery (a crash
 // before the ack, a lost ack, a Nak, the producer publishing twice) finds
-// the record completed and is acked without writing again. See README.md.
+// the record completed and is acked without writing again.
+//
+// A message is delivered at most -max-deliver times. One that can never be
+// recorded (an invalid payload, an id reused for another event, a ledger
+// row the database refuses: SQLSTATE class 22, 23 or 54) is terminated at
+// once; one that failed for a reason that can pass (the database
+// unreachable, a serialization failure, a deadlock, a lock or statement
+// timeout) is Nak'ed with a backoff and tried again until the deliveries
+// run out. Either way JetStream publishes an advisory,
+// $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer> or
+// $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>, and the
+// consumer keeps them in the stream -dead-stream (default <stream>_DEAD):
+// each names the dead event's stream_seq, and the event itself stays in
+// the stream. See README.md, "Dead events".
 //
 //	go run ./examples/ledger -dsn postgres://postgres@127.0.0.1:5432/test
 package main
@@ -28,6 +41,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,11 +63,20 @@ func main() {
 
 type config struct {
 	natsURL, dsn, stream, subject, consumer, ledgerTable, idemTable string
+	deadStream                                                      string
 	fingerprintKey                                                  string
 	requestTimeout, lease                                           time.Duration
 	ackWait, nakDelay                                               time.Duration
 	handlerDelay                                                    time.Duration
+	maxDeliver                                                      int
 }
+
+// defaultMaxDeliver is -max-deliver's default. With -nak-delay's default
+// backoff (200ms doubled per delivery, up to 10s) the last of 10
+// deliveries comes about 40s after the first: long enough to ride out a
+// database failover, short enough that a poison event the consumer took
+// for transient stops within a minute.
+const defaultMaxDeliver = 10
 
 func parseConfig(args []string) (config, error) {
 	var c config
@@ -65,6 +88,9 @@ func parseConfig(args []string) (config, error) {
 	fs.StringVar(&c.consumer, "consumer", "ledger", "durable pull consumer name")
 	fs.StringVar(&c.ledgerTable, "ledger-table", "ledger_entries", "ledger table (created if absent)")
 	fs.StringVar(&c.idemTable, "idem-table", "ledger_idempotency", "idempotency records table (created if absent)")
+	fs.StringVar(&c.deadStream, "dead-stream", "", "JetStream stream that keeps the advisories of dead events, terminated or out of deliveries "+
+		"(created if absent; default the -stream name and _DEAD)")
+	fs.IntVar(&c.maxDeliver, "max-deliver", defaultMaxDeliver, "deliveries of one message at most, the first included; then it is dead")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 2*time.Second, "deadline of one event's handler")
 	fs.DurationVar(&c.lease, "lease", 0, "claim lease (default: request timeout + store timeout + 1s)")
 	fs.DurationVar(&c.ackWait, "ack-wait", 10*time.Second, "redelivery of an unacked message after")
@@ -79,6 +105,14 @@ func parseConfig(args []string) (config, error) {
 		err := fmt.Errorf("ledger: -fingerprint-key (or IDEM_FINGERPRINT_KEY) must be at least %d bytes, the same for every consumer", idem.MinFingerprintKeyBytes)
 		fmt.Fprintln(fs.Output(), err)
 		return c, err
+	}
+	if c.maxDeliver < 1 {
+		err := fmt.Errorf("ledger: -max-deliver must be at least 1, got %d", c.maxDeliver)
+		fmt.Fprintln(fs.Output(), err)
+		return c, err
+	}
+	if c.deadStream == "" {
+		c.deadStream = c.stream + "_DEAD"
 	}
 	if c.lease == 0 {
 		c.lease = c.requestTimeout + time.Second + time.Second
@@ -156,7 +190,8 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (event_id, account, payment_id, amount, currency) VALUES ($1, $2, $3, $4, $5)`, l.Table),
 			header.Get(EventIDHeader), header.Get(AccountHeader), ev.PaymentID, ev.Amount, ev.Currency)
 		if err != nil {
-			return idem.Response{}, err // transient: rolled back, released, Nak
+			// Rolled back and released; Nak or Term as refusedForGood says.
+			return idem.Response{}, fmt.Errorf("writing the ledger row: %w", err)
 		}
 		if l.Delay > 0 {
 			time.Sleep(l.Delay)
@@ -179,6 +214,8 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		// an operator, and the event must wait for them, not be dropped.
 		d := max(ce.RetryAfter, backoff(nakDelay, delivered))
 		return Nak, d, string(ce.Problem)
+	case err != nil && refusedForGood(err):
+		return Term, 0, "refused by the database: " + err.Error()
 	case err != nil:
 		return Nak, backoff(nakDelay, delivered), "released: " + err.Error()
 	case res.State == idem.StateFailed:
@@ -190,6 +227,29 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		return Ack, 0, "recorded"
 	}
 	return Nak, backoff(nakDelay, delivered), "released"
+}
+
+// refusedForGood reports whether err, the handler's, is PostgreSQL refusing
+// the ledger row itself, so that every redelivery of the event would be
+// refused again: SQLSTATE class 22 (data exception: a value the column
+// cannot hold, a NUL in a text), 23 (integrity constraint violation: a
+// unique, check, not-null or foreign key constraint) and 54 (program limit
+// exceeded: a value too large for an index). Anything else can pass and is
+// retried: no PostgreSQL error at all (the connection refused or cut, a
+// timeout), class 40 (40001 serialization failure, 40P01 deadlock), 55P03
+// (lock timeout), 57014 (statement timeout or cancel), class 08 and 53
+// (connection, resources), and class 42 (a missing table or privilege),
+// which an operator fixes while the event waits.
+func refusedForGood(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }
 
 // backoff doubles base per delivery, up to 10s.
@@ -230,6 +290,15 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	l := &Ledger{Engine: engine, Table: cfg.ledgerTable, Delay: cfg.handlerDelay}
+	// The sweeper, on the consumer's engine, deletes the expired records
+	// (nothing else does) and reports the stale claims no redelivery
+	// takes over.
+	swept := make(chan struct{})
+	defer func() { <-swept }()
+	go func() {
+		defer close(swept)
+		_ = (&idem.Sweeper{Engine: engine, Logger: log}).Run(ctx)
+	}()
 
 	nc, err := nats.Connect(cfg.natsURL, nats.Name("idem-ledger"))
 	if err != nil {
@@ -242,16 +311,20 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: cfg.stream, Subjects: []string{cfg.subject}})
 	if err != nil {
-		return err
+		return fmt.Errorf("stream %s: %w", cfg.stream, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, deadStreamConfig(cfg.deadStream, cfg.stream)); err != nil {
+		return fmt.Errorf("dead-event stream %s: %w", cfg.deadStream, err)
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: cfg.consumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.ackWait, MaxDeliver: -1,
+		Durable: cfg.consumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.ackWait, MaxDeliver: cfg.maxDeliver,
 		MaxAckPending: 256,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("consumer %s: %w", cfg.consumer, err)
 	}
-	log.Info("ledger consuming", slog.String("stream", cfg.stream), slog.String("consumer", cfg.consumer))
+	log.Info("ledger consuming", slog.String("stream", cfg.stream), slog.String("consumer", cfg.consumer),
+		slog.Int("max_deliver", cfg.maxDeliver), slog.String("dead_stream", cfg.deadStream))
 	for ctx.Err() == nil {
 		batch, err := cons.Fetch(32, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
@@ -264,9 +337,9 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		for msg := range batch.Messages() {
 			md, _ := msg.Metadata()
-			delivered := uint64(1)
+			delivered, seq := uint64(1), uint64(0)
 			if md != nil {
-				delivered = md.NumDelivered
+				delivered, seq = md.NumDelivered, md.Sequence.Stream
 			}
 			// A handled message is settled even when ctx ends: the commit
 			// must not be followed by a lost ack for want of a context.
@@ -278,10 +351,18 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 			case Ack:
 				aerr = msg.DoubleAck(actx)
 			case Term:
-				log.Warn("terminated", slog.String("event_id", msg.Headers().Get(EventIDHeader)), slog.String("why", why))
+				log.Warn("terminated", slog.String("event_id", msg.Headers().Get(EventIDHeader)), slog.Uint64("stream_seq", seq),
+					slog.Uint64("delivery", delivered), slog.String("why", why))
 				aerr = msg.Term()
 			case Nak:
-				log.Info("nak", slog.String("event_id", msg.Headers().Get(EventIDHeader)), slog.String("why", why), slog.Duration("delay", delay))
+				if delivered >= uint64(cfg.maxDeliver) {
+					// JetStream will not deliver it again: it reports it
+					// on MAX_DELIVERIES instead.
+					log.Warn("out of deliveries", slog.String("event_id", msg.Headers().Get(EventIDHeader)), slog.Uint64("stream_seq", seq),
+						slog.Uint64("delivery", delivered), slog.String("why", why))
+				} else {
+					log.Info("nak", slog.String("event_id", msg.Headers().Get(EventIDHeader)), slog.String("why", why), slog.Duration("delay", delay))
+				}
 				aerr = msg.NakWithDelay(delay)
 			}
 			if why == "replayed" {
@@ -298,4 +379,19 @@ func consume(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 	}
 	return nil
+}
+
+// deadStreamConfig is the stream that keeps the advisories JetStream
+// publishes for every consumer of stream when a message is terminated or
+// has used up its deliveries. Advisories are plain NATS messages, lost
+// unless someone listens; in this stream they wait for an operator.
+func deadStreamConfig(name, stream string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        name,
+		Description: "advisories of the dead events of " + stream + ": each names the event's stream_seq",
+		Subjects: []string{
+			"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + stream + ".*",
+			"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + ".*",
+		},
+	}
 }

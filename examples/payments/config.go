@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,36 +211,100 @@ func oneLine(err error) string {
 }
 
 // loadKeyFile reads the fingerprint key from c.fingerprintKeyFile, creating
-// the file with 32 random bytes (hex) when it does not exist. O_EXCL makes
-// two processes starting at once agree: the loser reads the winner's key.
+// the file with 32 random bytes (hex) when it does not exist. Instances
+// started at once in one folder agree on one key: each writes its own key
+// to a temporary file, syncs it and links it to the final name, which only
+// the first link gets, so the file under that name is always whole; the
+// others read the first one's key.
 func (c *config) loadKeyFile() error {
 	path := c.fingerprintKeyFile
 	if path == "" {
 		return errors.New("missing -fingerprint-key (env IDEM_FINGERPRINT_KEY) and -fingerprint-key-file: " +
 			"the secret the request fingerprints are keyed with")
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err == nil {
-		var b [32]byte
-		_, _ = rand.Read(b[:])
-		_, werr := f.WriteString(hex.EncodeToString(b[:]) + "\n")
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
+	key, err := readKeyFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if c.keyFileCreated, err = createKeyFile(path); err == nil {
+			key, err = readKeyFile(path)
 		}
-		if werr != nil {
-			return fmt.Errorf("-fingerprint-key-file %s: %v", path, werr)
-		}
-		c.keyFileCreated = true
-	} else if !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("-fingerprint-key-file %s: %v", path, err)
 	}
-	raw, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("-fingerprint-key-file %s: %v", path, err)
+		return fmt.Errorf("-fingerprint-key-file %s: %w", path, err)
 	}
-	c.fingerprintKey = strings.TrimSpace(string(raw))
-	if len(c.fingerprintKey) < idem.MinFingerprintKeyBytes {
-		return fmt.Errorf("-fingerprint-key-file %s holds %d bytes, want at least %d", path, len(c.fingerprintKey), idem.MinFingerprintKeyBytes)
-	}
+	c.fingerprintKey = key
 	return nil
+}
+
+// keyFileSettle bounds how long readKeyFile waits for a key file that is
+// short but was written a moment ago.
+const keyFileSettle = 2 * time.Second
+
+// readKeyFile returns the key the file at path holds, trimmed. A file
+// shorter than a key whose last change is under keyFileSettle old may
+// still be being written by a process that does not link it whole into
+// place (an older build of this program, a shell redirect): it is read
+// again until it holds a key or keyFileSettle has passed since that
+// change.
+func readKeyFile(path string) (string, error) {
+	for {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return "", err
+		}
+		key := strings.TrimSpace(string(raw))
+		if len(key) >= idem.MinFingerprintKeyBytes {
+			return key, nil
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			return "", err
+		}
+		if time.Since(fi.ModTime()) >= keyFileSettle {
+			return "", fmt.Errorf("holds %d bytes, want at least %d", len(key), idem.MinFingerprintKeyBytes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// createKeyFile creates the file at path holding a new random key, unless
+// a file is there already: then it leaves it as it is and reports false.
+// The key is written and synced to a temporary file in the same folder,
+// which is then hard-linked to path: a reader never sees the file under
+// path empty or in part, and a file that exists is never replaced.
+func createKeyFile(path string) (created bool, err error) {
+	dir, name := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	tmp, err := os.CreateTemp(dir, "."+name+".*.tmp") // mode 0600
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	_, err = tmp.WriteString(hex.EncodeToString(b[:]) + "\n")
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	// Sync the folder, so that the new name survives a crash too. A
+	// folder that cannot be synced (some file systems refuse) leaves the
+	// file as durable as any written without it.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return true, nil
 }

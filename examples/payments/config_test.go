@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -103,5 +105,138 @@ func TestKeyFile(t *testing.T) {
 	flagged, err := parseConfig([]string{"-fingerprint-key", testFingerprintKey}, getenv, nil)
 	if err != nil || flagged.fingerprintKey != testFingerprintKey {
 		t.Fatalf("-fingerprint-key given: %v %q; want the flag's key, the file ignored", err, flagged.fingerprintKey)
+	}
+}
+
+// TestKeyFileAtOnce: instances started at once in one folder, none with a
+// key file yet, all read one whole key: the file appears under its name
+// only once it holds the key, and the one that made it is the only one to
+// say so. Goroutines, many rounds, to meet the moment between the file's
+// creation and its write.
+func TestKeyFileAtOnce(t *testing.T) {
+	t.Parallel()
+	const rounds, instances = 50, 16
+	for round := range rounds {
+		dir := t.TempDir()
+		path := filepath.Join(dir, defaultKeyFile)
+		var (
+			start   = make(chan struct{})
+			wg      sync.WaitGroup
+			configs [instances]config
+			errs    [instances]error
+		)
+		for i := range instances {
+			wg.Go(func() {
+				configs[i].fingerprintKeyFile = path
+				<-start
+				errs[i] = configs[i].loadKeyFile()
+			})
+		}
+		close(start)
+		wg.Wait()
+		created := 0
+		for i := range instances {
+			c := configs[i]
+			if errs[i] != nil {
+				t.Fatalf("round %d, instance %d: %v", round, i, errs[i])
+			}
+			if _, err := hex.DecodeString(c.fingerprintKey); err != nil || len(c.fingerprintKey) != 64 || c.fingerprintKey != configs[0].fingerprintKey {
+				t.Fatalf("round %d, instance %d read key %q, instance 0 %q; want one key of 64 hex digits", round, i, c.fingerprintKey, configs[0].fingerprintKey)
+			}
+			if c.keyFileCreated {
+				created++
+			}
+		}
+		if created != 1 {
+			t.Fatalf("round %d: %d instances say they created the file, want 1", round, created)
+		}
+		entries, _ := os.ReadDir(dir)
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || len(entries) != 1 {
+			t.Fatalf("round %d: %v %v, %d files in the folder; want the key file alone, mode 0600", round, fi, err, len(entries))
+		}
+	}
+}
+
+// TestKeyFileAtOnceProcesses: payments processes started at once with one
+// key file that does not exist yet all get past it (and stop at the bad
+// -lease that follows it in the checks), instead of one reading the file
+// empty and exiting.
+func TestKeyFileAtOnceProcesses(t *testing.T) {
+	t.Parallel()
+	const rounds, instances = 5, 8
+	for round := range rounds {
+		path := filepath.Join(t.TempDir(), defaultKeyFile)
+		var (
+			wg     sync.WaitGroup
+			cmds   [instances]*exec.Cmd
+			stderr [instances]bytes.Buffer
+		)
+		for i := range instances {
+			cmds[i] = exec.Command(binPath, "-fingerprint-key-file", path, "-lease", "3s")
+			cmds[i].Env = []string{"PATH=/usr/bin:/bin"}
+			cmds[i].Stderr = &stderr[i]
+		}
+		for i := range instances {
+			if err := cmds[i].Start(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range instances {
+			wg.Go(func() { _ = cmds[i].Wait() })
+		}
+		wg.Wait()
+		for i := range instances {
+			if out := stderr[i].String(); !strings.Contains(out, "Lease (3s) must exceed") {
+				t.Errorf("round %d, process %d: %q; want it past the key file, at the -lease check", round, i, out)
+			}
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil || len(strings.TrimSpace(string(raw))) != 64 {
+			t.Fatalf("round %d: key file %q, %v; want 64 hex digits", round, raw, err)
+		}
+	}
+}
+
+// TestKeyFileBeingWritten: a key file that exists but is still empty, as
+// one that another process is writing in place is for a moment, is read
+// once it holds the key; one that has been empty for a while is refused
+// at once.
+func TestKeyFileBeingWritten(t *testing.T) {
+	t.Parallel()
+	const key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	path := filepath.Join(t.TempDir(), defaultKeyFile)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	c := &config{fingerprintKeyFile: path}
+	go func() { done <- c.loadKeyFile() }()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("loadKeyFile returned %v before the file held a key", err)
+	default:
+	}
+	if _, err := f.WriteString(key + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	if err := <-done; err != nil || c.fingerprintKey != key || c.keyFileCreated {
+		t.Fatalf("%v, key %q, created %v; want the key the writer wrote", err, c.fingerprintKey, c.keyFileCreated)
+	}
+
+	stale := filepath.Join(t.TempDir(), defaultKeyFile)
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Minute)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = (&config{fingerprintKeyFile: stale}).loadKeyFile()
+	if err == nil || !strings.Contains(err.Error(), "holds 0 bytes, want at least 32") || time.Since(start) > time.Second {
+		t.Fatalf("an empty file a minute old: %v after %v; want it refused at once", err, time.Since(start))
 	}
 }

@@ -16,7 +16,7 @@ import (
 // that ten concurrent retries overlap the first attempt.
 const contractDelay = 750 * time.Millisecond
 
-// TestContract runs the example service contract of DESIGN.md against
+// TestContract runs the example service contract of docs/design.md against
 // every framework × store combination, each on its own process and
 // database.
 func TestContract(t *testing.T) {

@@ -37,9 +37,11 @@ type server interface {
 
 // app is everything a framework file needs to mount the service.
 type app struct {
-	// idem configures the idempotency middleware; the framework file adds
-	// the Principal function of its adapter.
-	idem    idem.Config
+	// engine is the service's one idempotency engine: the framework's
+	// middleware, the gRPC interceptor and the sweeper share it, and with
+	// it its per-route hold times and in-flight limit. The framework file
+	// adds the Principal function of its adapter.
+	engine  *idem.Engine
 	svc     *Service
 	metrics http.Handler
 	log     *slog.Logger
@@ -99,8 +101,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		svc.Provider = newProviderClient(cfg.providerURL)
 		ic.Reconcile = providerReconcile(svc.Provider, be.repo, be.reconcile, log)
 	}
+	// One engine for the whole service. New checks the store once more
+	// (openBackend migrated it); a store it calls misconfigured stops the
+	// service here, before it listens.
+	eng, err := idem.New(ic)
+	if err != nil {
+		fmt.Fprintf(stderr, "payments: %s\n", oneLine(err))
+		return 1
+	}
 	a := &app{
-		idem:    ic,
+		engine:  eng,
 		svc:     svc,
 		metrics: metricsHandler,
 		log:     log,
@@ -132,7 +142,6 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		grpcSrv = grpcServer{s: gs}
 	}
-	eng, _ := idem.New(ic) // validated in parseConfig; read back the defaults
 	ec := eng.Config()
 	log.Info("payments service listening",
 		slog.String("addr", ln.Addr().String()), slog.String("framework", cfg.framework),
@@ -142,6 +151,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		slog.String("provider", cfg.providerURL))
 
 	// The sweeper deletes expired records; correctness never waits for it.
+	// It runs on the middleware's engine.
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	sweepDone := make(chan struct{})
 	go func() {

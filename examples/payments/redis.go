@@ -28,8 +28,11 @@ import (
 // unique column, and is inserted with ON CONFLICT DO NOTHING. Whatever
 // runs the request again — a retry after a takeover, a Redis that lost the
 // record, two holders after a failover — writes the same row and answers
-// from it. Config.Reconcile (redisRepo.reconcile) answers a takeover from
-// that row without running the handler. A failure the handler sees after
+// from it, after comparing it with the request (another body under the
+// key is 422, as the fingerprint would have answered). There is no
+// Config.Reconcile that answers a takeover from the row: it would get the
+// stale record, not the request, and so could not compare; the takeover
+// runs the handler, whose insert finds the row and compares. A failure the handler sees after
 // its write (the failure drills, the request timeout) deletes the row again
 // (Undo), since no rollback will.
 
@@ -82,7 +85,7 @@ func openRedis(ctx context.Context, cfg config) (*backend, error) {
 		return nil, err
 	}
 	repo := redisRepo{db: db}
-	return &backend{store: st, repo: repo, reconcile: repo.reconcile,
+	return &backend{store: st, repo: repo,
 		where: where + ", payments in " + dbWhere,
 		close: func() { closeDB(); _ = client.Close() }}, nil
 }
@@ -240,23 +243,6 @@ func (r redisRepo) byKey(ctx context.Context, account, dk string) (Payment, bool
 		return Payment{}, false, nil
 	}
 	return rows[0].payment(), true, nil
-}
-
-// reconcile is the engine's Config.Reconcile: before a takeover of a stale
-// claim it looks for the row the stale attempt wrote; found, its 201 is
-// stored and answered without running the handler; not found, the handler
-// runs.
-func (r redisRepo) reconcile(ctx context.Context, stale idem.Record) (*idem.Response, error) {
-	dk, err := idem.DownstreamKey(ctx, redisPaymentStep)
-	if err != nil {
-		return nil, err
-	}
-	p, found, err := r.byKey(ctx, stale.Principal, dk)
-	if err != nil || !found {
-		return nil, err
-	}
-	rep := createdReply(p)
-	return &idem.Response{Status: rep.Status, Header: rep.Header, Body: rep.Body}, nil
 }
 
 func (r redisRepo) List(ctx context.Context, account string) ([]Payment, error) {

@@ -17,7 +17,7 @@ func init() { frameworks["echo"] = newEcho }
 // idempotency → handler.
 func newEcho(a *app) (server, error) {
 	idempotent, err := idemecho.New(idemecho.Config{
-		Config: a.idem,
+		Engine: a.engine,
 		Principal: func(c echo.Context) (string, error) {
 			account, _ := c.Get("account").(string)
 			return account, nil
@@ -77,7 +77,7 @@ func newEcho(a *app) (server, error) {
 	})
 	e.GET("/healthz", func(c echo.Context) error { echoReply(c, a.svc.Health()); return nil })
 	e.GET("/metrics", echo.WrapHandler(a.metrics))
-	return newHTTPServer(e, a.idem), nil
+	return newHTTPServer(e, a.engine.Config()), nil
 }
 
 func echoReply(c echo.Context, r Reply) {

@@ -20,7 +20,7 @@ func init() { frameworks["fiber"] = newFiber }
 // idempotency → handler.
 func newFiber(a *app) (server, error) {
 	idempotent, err := idemfiber.New(idemfiber.Config{
-		Config: a.idem,
+		Engine: a.engine,
 		Principal: func(c *fiber.Ctx) (string, error) {
 			account, _ := c.Locals("account").(string)
 			return account, nil
@@ -38,7 +38,7 @@ func newFiber(a *app) (server, error) {
 		// request (Go's and browsers' connection pools open them) holds
 		// the shutdown until the client closes it.
 		ReadTimeout:  readTimeout,
-		WriteTimeout: writeTimeout(a.idem),
+		WriteTimeout: writeTimeout(a.engine.Config()),
 		// Without it fasthttp allocates the whole declared Content-Length
 		// (up to BodyLimit) before the first body byte arrives: 400
 		// connections declaring 1 MiB and sending one byte took the

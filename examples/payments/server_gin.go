@@ -14,7 +14,7 @@ func init() { frameworks["gin"] = newGin }
 // idempotency → handler.
 func newGin(a *app) (server, error) {
 	idempotent, err := idemgin.New(idemgin.Config{
-		Config:    a.idem,
+		Engine:    a.engine,
 		Principal: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
 	})
 	if err != nil {
@@ -51,7 +51,7 @@ func newGin(a *app) (server, error) {
 	})
 	r.GET("/healthz", func(c *gin.Context) { ginReply(c, a.svc.Health()) })
 	r.GET("/metrics", gin.WrapH(a.metrics))
-	return newHTTPServer(r, a.idem), nil
+	return newHTTPServer(r, a.engine.Config()), nil
 }
 
 func ginReply(c *gin.Context, r Reply) {

@@ -52,11 +52,11 @@ func grpcRecovery(log *slog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-// newGRPCServer mounts the Payments service with the app's idempotency
-// configuration and store.
+// newGRPCServer mounts the Payments service on the app's engine, the one
+// the HTTP middleware and the sweeper use.
 func newGRPCServer(a *app) (*grpc.Server, error) {
 	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Config: a.idem,
+		Engine: a.engine,
 		Principal: func(ctx context.Context) (string, error) {
 			account, _ := ctx.Value(accountCtxKey{}).(string)
 			return account, nil

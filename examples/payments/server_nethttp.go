@@ -17,7 +17,7 @@ type accountKey struct{}
 // recovery → authentication → idempotency → handler.
 func newNetHTTP(a *app) (server, error) {
 	idempotent, err := idemhttp.New(idemhttp.Config{
-		Config: a.idem,
+		Engine: a.engine,
 		Principal: func(r *http.Request) (string, error) {
 			account, _ := r.Context().Value(accountKey{}).(string)
 			return account, nil
@@ -52,7 +52,7 @@ func newNetHTTP(a *app) (server, error) {
 	})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeReply(w, a.svc.Health()) })
 	mux.Handle("GET /metrics", a.metrics)
-	return newHTTPServer(recoverer(a.log, mux), a.idem), nil
+	return newHTTPServer(recoverer(a.log, mux), a.engine.Config()), nil
 }
 
 // recoverer answers a panic with a 500 problem; net/http alone would drop

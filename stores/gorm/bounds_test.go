@@ -386,28 +386,36 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 			}
 
 			// The table without headers, then with old text headers, then
-			// without the nonce.
+			// without the nonce, the lease deadline or the uncertain mark:
+			// each reported by name, also when Migrate's index needs it.
 			cols := map[string]string{
-				"postgres": `principal text, "key" text, fingerprint bytea, state text, lease_token text, request_id text, %s status int, %s body bytea, created_at timestamptz, locked_at timestamptz, expires_at timestamptz`,
-				"mysql":    "principal VARBINARY(255), `key` VARBINARY(255), fingerprint VARBINARY(255), state VARCHAR(16), lease_token VARBINARY(255), request_id VARBINARY(255), %s status INT, %s body LONGBLOB, created_at DATETIME(6), locked_at DATETIME(6), expires_at DATETIME(6)",
-				"sqlite":   `principal TEXT, "key" TEXT, fingerprint BLOB, state TEXT, lease_token TEXT, request_id TEXT, %s status INTEGER, %s body BLOB, created_at INTEGER, locked_at INTEGER, expires_at INTEGER`,
+				"postgres": `principal text, "key" text, fingerprint bytea, state text, lease_token text, request_id text, %s status int, %s body bytea, created_at timestamptz, locked_at timestamptz, %s expires_at timestamptz %s`,
+				"mysql":    "principal VARBINARY(255), `key` VARBINARY(255), fingerprint VARBINARY(255), state VARCHAR(16), lease_token VARBINARY(255), request_id VARBINARY(255), %s status INT, %s body LONGBLOB, created_at DATETIME(6), locked_at DATETIME(6), %s expires_at DATETIME(6) %s",
+				"sqlite":   `principal TEXT, "key" TEXT, fingerprint BLOB, state TEXT, lease_token TEXT, request_id TEXT, %s status INTEGER, %s body BLOB, created_at INTEGER, locked_at INTEGER, %s expires_at INTEGER %s`,
 			}[d]
 			oldHeaders := map[string]string{"postgres": "headers jsonb,", "mysql": "headers LONGTEXT,", "sqlite": "headers TEXT,"}[d]
 			headers := map[string]string{"postgres": "headers bytea,", "mysql": "headers LONGBLOB,", "sqlite": "headers BLOB,"}[d]
 			nonce := map[string]string{"postgres": "nonce text,", "mysql": "nonce VARBINARY(64),", "sqlite": "nonce TEXT,"}[d]
-			for _, c := range []struct{ nonce, headers, column, problem string }{
-				{nonce, "", "headers", "missing"}, {nonce, oldHeaders, "headers", "binary"}, {"", headers, "nonce", "missing"},
+			lease := map[string]string{"postgres": "lease_expires_at timestamptz,", "mysql": "lease_expires_at DATETIME(6),", "sqlite": "lease_expires_at INTEGER,"}[d]
+			uncertain := map[string]string{"postgres": ", uncertain boolean", "mysql": ", uncertain BOOLEAN", "sqlite": ", uncertain INTEGER"}[d]
+			for _, c := range []struct{ nonce, headers, lease, uncertain, column, problem string }{
+				{nonce, "", lease, uncertain, "headers", "missing"}, {nonce, oldHeaders, lease, uncertain, "headers", "binary"},
+				{"", headers, lease, uncertain, "nonce", "missing"}, {nonce, headers, "", uncertain, "lease_expires_at", "missing"},
+				{nonce, headers, lease, "", "uncertain", "missing"},
 			} {
 				t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + name) })
 				if err := db.Exec("DROP TABLE IF EXISTS " + name).Error; err != nil {
 					t.Fatal(err)
 				}
-				if err := db.Exec("CREATE TABLE " + name + " (" + fmt.Sprintf(cols, c.nonce, c.headers) + ")").Error; err != nil {
+				if err := db.Exec("CREATE TABLE " + name + " (" + fmt.Sprintf(cols, c.nonce, c.headers, c.lease, c.uncertain) + ")").Error; err != nil {
 					t.Fatal(err)
 				}
 				err := s.Migrate(ctx) // CREATE IF NOT EXISTS leaves it; the check finds it
 				if !errors.As(err, &se) || se.Column != c.column || !strings.Contains(se.Problem, c.problem) || !errors.Is(err, idem.ErrMisconfigured) {
-					t.Fatalf("Migrate on a table with nonce %q and headers %q = %v, want column %s %s", c.nonce, c.headers, err, c.column, c.problem)
+					t.Fatalf("Migrate on a table %+v = %v, want column %s %s", c, err, c.column, c.problem)
+				}
+				if err := s.Check(ctx); !errors.As(err, &se) || se.Column != c.column {
+					t.Fatalf("Check on a table %+v = %v, want column %s", c, err, c.column)
 				}
 			}
 			if err := db.Exec("DROP TABLE " + name).Error; err != nil {
@@ -528,7 +536,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			if err := store.Release(ctx, leaseOf(again)); err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if _, err := store.ListStale(ctx, time.Hour, 10); err != nil {
+			if _, err := store.ListStale(ctx, 10); err != nil {
 				t.Fatalf("list stale: %v", err)
 			}
 			if _, err := store.PurgeExpired(ctx, 10); err != nil {

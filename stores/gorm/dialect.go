@@ -52,7 +52,11 @@ func (d dialect) beginSQL() string {
 	case dialectSQLite:
 		return "BEGIN IMMEDIATE"
 	}
-	return "BEGIN"
+	// The WAL insert position right after BEGIN is past the claim's commit
+	// record (the claim returned before the transaction began) and before
+	// any write of the handler's: what pgTx.Sync waits for. Kept in the
+	// transaction, one simple-protocol round trip with BEGIN.
+	return "BEGIN; SELECT pg_catalog.set_config('" + syncLSNSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
 }
 
 // DefaultTable is the table the store uses unless WithTable names another.
@@ -182,26 +186,34 @@ func (d dialect) bind(q string) string {
 type queries struct {
 	cols string // the record's columns, in recordRow's order
 
-	claimPG     string // PostgreSQL: insert or return the existing row, one statement
-	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
-	upsertMy    string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
-	upsertMyRet string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
-	selectNow   string // the row plus the database clock
-	takeExpired string // fenced takeover of an expired record
-	takeStale   string // fenced takeover of a stale in-progress lease
-	takeFreed   string // fenced claim of a released record, keeping its nonce
-	settle      string
-	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
-	settlePins  string // PostgreSQL: the timeouts pinned before the settle, in a statement of their own
-	release     string
-	get         string
-	purge       string
-	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
-	listStale   string
+	claimPG        string // PostgreSQL: insert or return the existing row, one statement, committed asynchronously
+	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idem.ClaimRequest.Durable)
+	insertLite     string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
+	upsertMy       string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
+	upsertMyRet    string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
+	selectNow      string // the row plus the database clock
+	takeExpired    string // fenced takeover of an expired record
+	takeStale      string // fenced takeover of an in-progress record whose lease ended
+	takeFreed      string // fenced claim of a released record
+	settle         string
+	settlePipe     string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
+	settlePins     string // PostgreSQL: the settings pinned before the settle, in a statement of their own
+	release        string
+	keep           string
+	get            string
+	purge          string
+	pickMy         string // MySQL: the expired batch PurgeExpired deletes by primary key
+	listStale      string
 
 	// PostgreSQL: set_config values for the lock and statement timeouts.
 	lockTimeoutPG, stmtTimeoutPG string
 }
+
+// syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
+// commit must be durable: on, or remote_apply when the session asks for
+// that, which is stronger. Any other value (off, local, remote_write, which
+// a handler may have set) is weaker than on, and becomes on.
+const syncOnPG = "CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
 
 // mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
 // run time; "" for MySQL, where Store.mysqlSession sets the session
@@ -232,11 +244,14 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 
 	q.cols = strings.Join([]string{
 		"principal", K, "fingerprint", "state", "lease_token", "request_id", "nonce", "status", "headers", "body",
-		d.timeOut("created_at"), d.timeOut("locked_at"), d.timeOut("expires_at"),
+		d.timeOut("created_at"), d.timeOut("locked_at"), d.timeOut("lease_expires_at"), d.timeOut("expires_at"), "uncertain",
 	}, ", ")
 	nowCol := d.timeOut(now) + " AS db_now"
-	insertCols := "(principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at)"
-	insertVals := "VALUES (?, ?, ?, 'in_progress', ?, ?, ?, " + now + ", " + now + ", " + d.nowPlus() + ")"
+	// A new row's lease ends at now + its lease (the first bind parameter
+	// of nowPlus), its retention at now + its retention (the second);
+	// uncertain takes its default, false.
+	insertCols := "(principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at)"
+	insertVals := "VALUES (?, ?, ?, 'in_progress', ?, ?, ?, " + now + ", " + now + ", " + d.nowPlus() + ", " + d.nowPlus() + ")"
 	my := ""
 	if d == dialectMySQL {
 		my = mysqlTimeouts(maria, lock)
@@ -255,15 +270,23 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// another transaction holds (a settle not yet committed), and
 	// synchronous_commit off lets the claim's own commit skip the WAL
 	// flush (this statement's transaction only): the settle's synchronous
-	// commit later flushes the WAL up to and including it, and a claim lost
-	// in a crash took its holder's transaction with it.
-	q.claimPG = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
-		" ins AS (INSERT INTO " + T + " " + insertCols +
-		" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " + d.nowPlus() +
-		" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-		" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
-		" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
-		" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
+	// commit later flushes the WAL up to and including it, a claim lost
+	// in a crash took its holder's transaction with it, and a handler that
+	// needs the claim durable sooner (idem.DownstreamKey) waits for the
+	// flush through its transaction (pgTx.Sync). A Durable claim pins it
+	// on instead (syncOnPG).
+	claimPG := func(syncCommit string) string {
+		return "WITH cfg AS (SELECT set_config('synchronous_commit', " + syncCommit + ", true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
+			" ins AS (INSERT INTO " + T + " " + insertCols +
+			" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " +
+			d.nowPlus() + ", " + d.nowPlus() +
+			" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
+			" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
+			" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
+			" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
+	}
+	q.claimPG = claimPG("'off'")
+	q.claimPGDurable = claimPG(syncOnPG)
 
 	// SQLite: the same decision, in two statements that each answer for
 	// themselves: the INSERT returns a row only when it inserted one. It
@@ -286,7 +309,10 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// MariaDB's SIMULTANEOUS_ASSIGNMENT they all see the old row, and in
 	// both every assignment but the last reads the old expires_at, while
 	// UTC_TIMESTAMP(6) is one value for the whole statement. So the row is
-	// replaced whole, or not touched at all.
+	// replaced whole (its lease deadline and its uncertain mark included),
+	// or not touched at all. Every other claimable row (a released one, an
+	// in-progress one whose lease ended) is left to the fenced takeovers
+	// below, whose conditions read other columns.
 	//
 	// The caller's verdict is then unambiguous: it holds the key iff the
 	// row carries its token (read right after, as MySQL cannot return it).
@@ -297,8 +323,8 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	expired := "expires_at <= " + now
 	set := func(col, val string) string { return col + " = IF(" + expired + ", " + val + ", " + col + ")" }
 	q.upsertMy = my + "INSERT INTO " + T +
-		" (principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, status, headers, body, created_at, locked_at, expires_at)" +
-		" VALUES (?, ?, ?, 'in_progress', ?, ?, ?, NULL, NULL, NULL, " + now + ", " + now + ", " + d.nowPlus() + ")" +
+		" (principal, " + K + ", fingerprint, state, lease_token, request_id, nonce, status, headers, body, created_at, locked_at, lease_expires_at, expires_at)" +
+		" VALUES (?, ?, ?, 'in_progress', ?, ?, ?, NULL, NULL, NULL, " + now + ", " + now + ", " + d.nowPlus() + ", " + d.nowPlus() + ")" +
 		" ON DUPLICATE KEY UPDATE " + strings.Join([]string{
 		set("lease_token", "?"),
 		set("fingerprint", "?"),
@@ -308,8 +334,10 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		set("status", "NULL"),
 		set("headers", "NULL"),
 		set("body", "NULL"),
+		set("uncertain", "FALSE"),
 		set("created_at", now),
 		set("locked_at", now),
+		set("lease_expires_at", d.nowPlus()),
 		set("expires_at", d.nowPlus()), // last: every assignment before it reads the old value
 	}, ", ")
 	// MariaDB 10.5+: the same upsert returns the row it leaves — inserted,
@@ -329,53 +357,78 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	if d != dialectMySQL {
 		returning = " RETURNING " + q.cols + ", " + nowCol
 	}
-	pgLock, pgFrom := "", ""
+	// PostgreSQL: the writes outside a handler's transaction (takeovers,
+	// release, keep) pin their lock timeout, and commit synchronously
+	// whatever the server's default: a Durable claim that takes a record
+	// over is durable when Claim returns, and so is a Keep.
+	pgCfg, pgFrom := "", ""
 	if d == dialectPostgres {
-		pgLock = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt) "
+		pgCfg = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
 		pgFrom = " FROM cfg"
 	}
 	// The takeovers are fenced by the token the caller saw and re-check
 	// their condition with the database clock at the moment they run; a
 	// row that changed in between matches nothing and Claim starts over.
-	// An expired row is replaced whole, its nonce included; a stale claim
-	// keeps its nonce, so the taken-over attempt's downstream keys.
-	q.takeExpired = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
-		" status = NULL, headers = NULL, body = NULL, created_at = " + now + ", locked_at = " + now +
-		", expires_at = " + d.nowPlus() + pgFrom +
+	// (Keep changes uncertain and lease_expires_at under the same token,
+	// so the stale takeover re-checks both.) An expired row is replaced
+	// whole, its nonce included. A stale claim keeps its nonce, so the
+	// taken-over attempt's downstream keys, and its uncertain mark; it is
+	// taken over only when its own lease has ended, and an uncertain one
+	// only when the caller asks for it (the last bind parameter).
+	q.takeExpired = pgCfg + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
+		" status = NULL, headers = NULL, body = NULL, uncertain = FALSE, created_at = " + now + ", locked_at = " + now +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND expires_at <= " + now + returning
-	q.takeStale = pgLock + my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
-		", expires_at = " + d.nowPlus() + pgFrom +
+	q.takeStale = pgCfg + my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND state = 'in_progress' AND fingerprint = ?" +
-		" AND locked_at <= " + d.nowMinus() + " AND expires_at > " + now + returning
-	// A released row is free: the new attempt's fingerprint, token and
-	// retention replace the old, and the nonce stays, so the released
-	// attempt's downstream keys are reused.
-	q.takeFreed = pgLock + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?," +
-		" created_at = " + now + ", locked_at = " + now + ", expires_at = " + d.nowPlus() + pgFrom +
+		" AND lease_expires_at <= " + now + " AND expires_at > " + now + " AND (NOT uncertain OR ?)" + returning
+	// A released row is free: the new attempt's fingerprint, token, lease
+	// and retention replace the old. The nonce stays when the fingerprint
+	// is the same, so the released attempt's downstream keys are reused by
+	// its retry; another request gets its own. The nonce is assigned
+	// before the fingerprint, so that it compares the old fingerprint on
+	// every dialect: MySQL's UPDATE runs its assignments left to right,
+	// each seeing the values assigned before it (unless MariaDB's
+	// SIMULTANEOUS_ASSIGNMENT, where all see the old row, as they always
+	// do on PostgreSQL and SQLite).
+	fp := "?"
+	if d == dialectPostgres {
+		fp = "CAST(? AS bytea)"
+	}
+	q.takeFreed = pgCfg + my + "UPDATE " + T + " SET nonce = CASE WHEN fingerprint = " + fp + " THEN nonce ELSE ? END," +
+		" fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, uncertain = FALSE," +
+		" created_at = " + now + ", locked_at = " + now + ", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
 		where + " AND lease_token = ? AND state = 'released' AND expires_at > " + now + returning
 
+	held := where + " AND lease_token = ? AND state = 'in_progress'"
+	q.release = pgCfg + my + "UPDATE " + T + " SET state = 'released', uncertain = FALSE" + pgFrom + held
+	// Keep ends the lease now, so the record is stale at once, and marks it
+	// uncertain, so that only a claim that asks Reconcile takes it over.
+	q.keep = pgCfg + my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + pgFrom + held
+	settle := "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?, uncertain = FALSE" + held
 	if d == dialectPostgres {
-		// The settle's timeouts, pinned over whatever SET LOCAL the handler
-		// ran, in a statement before the settle: a statement_timeout set
-		// inside a statement applies from the next statement on, so a
-		// handler's '1ms' would otherwise bound the settle itself. They last
-		// to the transaction's end, so they also bound the COMMIT.
-		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)"
-		q.settle = "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
-			where + " AND lease_token = ? AND state = 'in_progress'"
+		// The settle's settings, pinned over whatever SET or SET LOCAL the
+		// handler ran, in a statement before the settle: a
+		// statement_timeout set inside a statement applies from the next
+		// statement on, so a handler's '1ms' would otherwise bound the
+		// settle itself. They last to the transaction's end, so they also
+		// bound the COMMIT, and synchronous_commit makes the COMMIT wait
+		// for its WAL flush (syncOnPG) even when the handler turned it off:
+		// the outcome, and every asynchronously committed claim before it,
+		// is durable when Settle returns.
+		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)," +
+			" set_config('synchronous_commit', " + syncOnPG + ", true)"
+		q.settle = settle
 		// The same, for a batch with COMMIT behind it: a missed fence must
 		// abort the transaction, not merely report zero rows, or the COMMIT
 		// would commit the handler's writes without the outcome. The CASE
 		// raises (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly
 		// one row was updated; the server then skips the COMMIT.
-		q.settlePipe = "WITH u AS (UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
-			where + " AND lease_token = ? AND state = 'in_progress' RETURNING 1)" +
+		q.settlePipe = "WITH u AS (" + settle + " RETURNING 1)" +
 			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
-		q.release = pgLock + "UPDATE " + T + " SET state = 'released' FROM cfg" + where + " AND lease_token = ? AND state = 'in_progress'"
 	} else {
-		q.settle = my + "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?" +
-			where + " AND lease_token = ? AND state = 'in_progress'"
-		q.release = my + "UPDATE " + T + " SET state = 'released'" + where + " AND lease_token = ? AND state = 'in_progress'"
+		q.settle = my + settle
 	}
 
 	switch d {
@@ -383,7 +436,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		// SKIP LOCKED lets several sweepers share the work; the outer
 		// condition re-checks expiry on the row version being deleted.
 		// Settled rows come from the expires index, which holds only them;
-		// the few expired in-progress rows from the stale index, which
+		// the few expired in-progress rows from the lease index, which
 		// holds only those. It binds the limit three times.
 		q.purge = "WITH settled AS (SELECT principal, " + K + " FROM " + T +
 			" WHERE state <> 'in_progress' AND expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)," +
@@ -407,11 +460,12 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		q.purge = "DELETE FROM " + T + " WHERE rowid IN (SELECT rowid FROM " + T +
 			" WHERE expires_at <= " + now + " ORDER BY expires_at LIMIT ?) AND expires_at <= " + now
 	}
-	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND locked_at <= " + d.nowMinus() +
-		" ORDER BY locked_at, principal, " + K + " LIMIT ?"
+	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND lease_expires_at <= " + now +
+		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
-	for _, p := range []*string{&q.claimPG, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow, &q.takeExpired, &q.takeStale, &q.takeFreed,
-		&q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.get, &q.purge, &q.pickMy, &q.listStale} {
+	for _, p := range []*string{&q.claimPG, &q.claimPGDurable, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
+		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
+		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}
 	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"

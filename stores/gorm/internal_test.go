@@ -82,9 +82,10 @@ func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
 
 // TestMySQLUpsertProof states the MySQL claim statement's answers on the
 // real server, with and without clientFoundRows: inserted, replaced when
-// expired, and unchanged (nothing written) for every other existing row —
-// settled, live in progress, stale in progress (that is takeStale's job),
-// another fingerprint. And the token decides, whatever the count says.
+// expired (its lease deadline and its uncertain mark included), and
+// unchanged (nothing written) for every other existing row — settled, live
+// in progress, stale or kept in progress (that is takeStale's job), another
+// fingerprint. And the token decides, whatever the count says.
 //
 // It runs under the default sql_mode and under one with MariaDB's
 // SIMULTANEOUS_ASSIGNMENT (assignments see the old row, not the values
@@ -114,28 +115,54 @@ func TestMySQLUpsertProof(t *testing.T) {
 				t.Fatalf("insert: %d rows affected, want 1", n)
 			}
 			before, _ := s.Get(ctx, "alice", key)
-			for _, r := range []idem.ClaimRequest{
-				req(key, "a", "t2", time.Hour, time.Hour),       // live in progress, same body
-				req(key, "b", "t3", time.Hour, time.Hour),       // another fingerprint
-				req(key, "a", "t4", time.Nanosecond, time.Hour), // stale lease: not the upsert's business
-			} {
-				if n := s.upsert(t, r); n != unchanged {
-					t.Fatalf("upsert on a live row (%s): %d rows affected, want %d", r.Token, n, unchanged)
+			upserts := func(what string) {
+				t.Helper()
+				for _, r := range []idem.ClaimRequest{
+					req(key, "a", "t2", time.Hour, time.Hour),       // same body
+					req(key, "b", "t3", time.Hour, time.Hour),       // another fingerprint
+					req(key, "a", "t4", time.Nanosecond, time.Hour), // a short lease asked for: the row's own decides
+				} {
+					if n := s.upsert(t, r); n != unchanged {
+						t.Fatalf("upsert on a %s row (%s): %d rows affected, want %d", what, r.Token, n, unchanged)
+					}
+				}
+				after, _ := s.Get(ctx, "alice", key)
+				if after.LeaseToken != before.LeaseToken || !after.LockedAt.Equal(before.LockedAt) || after.RequestID != before.RequestID ||
+					!after.LeaseExpiresAt.Equal(before.LeaseExpiresAt) || after.Uncertain != before.Uncertain {
+					t.Fatalf("the %s row changed: %+v → %+v", what, before, after)
 				}
 			}
-			after, _ := s.Get(ctx, "alice", key)
-			if after.LeaseToken != "t1" || !after.LockedAt.Equal(before.LockedAt) || after.RequestID != before.RequestID {
-				t.Fatalf("the row changed: %+v → %+v", before, after)
-			}
+			upserts("live")
 			// Claim agrees, whatever the count.
-			res, err := s.Claim(ctx, req(key, "a", "t5", time.Hour, time.Hour))
+			res, err := s.Claim(ctx, req(key, "a", "t5", time.Nanosecond, time.Hour))
 			if err != nil || res.Claimed || res.Record.LeaseToken != "t1" {
 				t.Fatalf("Claim on a live row: %+v %v", res, err)
 			}
-			time.Sleep(60 * time.Millisecond)
-			res, err = s.Claim(ctx, req(key, "a", "t6", 50*time.Millisecond, time.Hour))
-			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != "t6" {
-				t.Fatalf("Claim on a stale row: %+v %v", res, err)
+			// Its lease ends: still not the upsert's business.
+			if _, err := s.exec(ctx, "UPDATE "+s.dialect.qualified(s.qtable)+" SET lease_expires_at = UTC_TIMESTAMP(6) WHERE `key` = ?", key); err != nil {
+				t.Fatal(err)
+			}
+			before, _ = s.Get(ctx, "alice", key)
+			upserts("stale")
+			// Kept: uncertain, its lease ended; still untouched by the upsert,
+			// and taken over only by a claim that asks for it.
+			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t1"}); err != nil {
+				t.Fatal(err)
+			}
+			before, _ = s.Get(ctx, "alice", key)
+			if !before.Uncertain {
+				t.Fatalf("kept row = %+v, want uncertain", before)
+			}
+			upserts("kept")
+			if res, err := s.Claim(ctx, req(key, "a", "t5", time.Hour, time.Hour)); err != nil || res.Claimed {
+				t.Fatalf("Claim on a kept row without TakeOverUncertain: %+v %v", res, err)
+			}
+			ask := req(key, "a", "t6", time.Hour, time.Hour)
+			ask.TakeOverUncertain = true
+			res, err = s.Claim(ctx, ask)
+			if err != nil || !res.Claimed || !res.Reclaimed || res.Record.LeaseToken != "t6" || !res.Record.Uncertain ||
+				res.Record.Nonce != "n-t1" || res.Record.LeaseExpiresAt.Sub(res.Record.LockedAt) != time.Hour {
+				t.Fatalf("Claim on a kept row with TakeOverUncertain: %+v %v", res, err)
 			}
 
 			// Settle it, then replays change nothing.
@@ -174,9 +201,29 @@ func TestMySQLUpsertProof(t *testing.T) {
 			rec, _ := s.Get(ctx, "alice", short)
 			h := sha256.Sum256([]byte("other body"))
 			if rec.LeaseToken != "u2" || rec.State != idem.StateInProgress || string(rec.Fingerprint) != string(h[:]) ||
-				rec.RequestID != "r-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
-				!rec.CreatedAt.Equal(rec.LockedAt) {
+				rec.RequestID != "r-u2" || rec.Nonce != "n-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
+				rec.LeaseExpiresAt.Sub(rec.LockedAt) != time.Hour || !rec.CreatedAt.Equal(rec.LockedAt) || rec.Uncertain {
 				t.Fatalf("replaced row = %+v", rec)
+			}
+			// An expired kept row: replaced whole, no longer uncertain, with
+			// the new lease. The lease deadline and the mark are assigned
+			// before expires_at, so under the default sql_mode too their
+			// condition reads the old expires_at.
+			kept := "k-" + suffix()
+			if n := s.upsert(t, req(kept, "a", "x1", time.Hour, 30*time.Millisecond)); n != 1 {
+				t.Fatalf("insert: %d", n)
+			}
+			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: kept, Token: "x1"}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n := s.upsert(t, req(kept, "a", "x2", 2*time.Hour, time.Hour)); n != 2 {
+				t.Fatalf("upsert on an expired kept row: %d rows affected, want 2", n)
+			}
+			rec, _ = s.Get(ctx, "alice", kept)
+			if rec.LeaseToken != "x2" || rec.Uncertain || rec.Nonce != "n-x2" || rec.LeaseExpiresAt.Sub(rec.LockedAt) != 2*time.Hour ||
+				rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour {
+				t.Fatalf("replaced kept row = %+v, want x2's, not uncertain, a lease of 2h and a retention of 1h", rec)
 			}
 			// And Claim on an expired completed row claims it whole.
 			time.Sleep(10 * time.Millisecond)
@@ -557,6 +604,7 @@ func TestMariaDBClaimReturning(t *testing.T) {
 		}
 		got, err := s.Get(ctx, r.Principal, r.Key)
 		if err != nil || got.LeaseToken != res.Record.LeaseToken || !got.ExpiresAt.Equal(res.Record.ExpiresAt) ||
+			!got.LeaseExpiresAt.Equal(res.Record.LeaseExpiresAt) || got.Uncertain != res.Record.Uncertain ||
 			!got.CreatedAt.Equal(res.Record.CreatedAt) || got.State != res.Record.State || got.Nonce != res.Record.Nonce {
 			t.Fatalf("%s: the claim answered %+v, the table holds %+v (%v)", name, res.Record, got, err)
 		}
@@ -618,10 +666,9 @@ func TestMySQLMarkerToken(t *testing.T) {
 	}
 }
 
-// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
-// INSERT's answer (the clock and the token) against the row the table
-// holds, column by column, for several retentions.
-func TestSQLiteClaimRecord(t *testing.T) {
+// sqliteStore opens a fresh SQLite file and a migrated store on it.
+func sqliteStore(t *testing.T) *Store {
+	t.Helper()
 	db, err := gorm.Open(sqlite.Open(SQLiteDSN(t.TempDir()+"/idem.db", 0)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -635,12 +682,20 @@ func TestSQLiteClaimRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := s.Migrate(ctx); err != nil {
+	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// TestSQLiteClaimRecord checks the record a SQLite claim builds from its
+// INSERT's answer (the clock and the token) against the row the table
+// holds, column by column, for several leases and retentions.
+func TestSQLiteClaimRecord(t *testing.T) {
+	s := sqliteStore(t)
+	ctx := context.Background()
 	for i, retention := range []time.Duration{time.Millisecond, 1234567 * time.Microsecond, 24 * time.Hour, 400 * 24 * time.Hour} {
-		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), time.Minute, retention)
+		r := req(fmt.Sprint("lite-", i), fmt.Sprint("body ", i), fmt.Sprint("t", i), retention/2, retention)
 		res, err := s.Claim(ctx, r)
 		if err != nil || !res.Claimed {
 			t.Fatalf("retention %v: %+v %v", retention, res, err)
@@ -653,11 +708,79 @@ func TestSQLiteClaimRecord(t *testing.T) {
 		if got.Principal != want.Principal || got.Key != want.Key || string(got.Fingerprint) != string(want.Fingerprint) ||
 			got.State != want.State || got.LeaseToken != want.LeaseToken || got.RequestID != want.RequestID ||
 			got.Nonce != want.Nonce || !got.CreatedAt.Equal(want.CreatedAt) || !got.LockedAt.Equal(want.LockedAt) ||
-			!got.ExpiresAt.Equal(want.ExpiresAt) || got.Response != nil || want.Response != nil {
+			!got.ExpiresAt.Equal(want.ExpiresAt) || !got.LeaseExpiresAt.Equal(want.LeaseExpiresAt) ||
+			got.Uncertain || want.Uncertain || got.Response != nil || want.Response != nil {
 			t.Fatalf("retention %v: the claim answered\n%+v\nthe table holds\n%+v", retention, want, got)
 		}
 		if !res.Now.Equal(got.CreatedAt) {
 			t.Fatalf("retention %v: now %v, created_at %v", retention, res.Now, got.CreatedAt)
 		}
+	}
+}
+
+// TestTakeoverRechecksWhatKeepChanges: Keep changes the uncertain mark and
+// the lease deadline under the holder's token, so a Keep that lands
+// between Claim's read of a stale record and its takeover leaves the
+// token and the fingerprint the takeover is fenced by as they were. Only
+// the takeover's own re-check of the mark keeps a claim without
+// TakeOverUncertain from taking the kept record over: here the read and
+// the takeover are run apart, with the Keep between them, on every dialect.
+// The takeover re-checks the lease deadline the same way.
+func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
+	for _, d := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(d, func(t *testing.T) {
+			var s *Store
+			switch d {
+			case "postgres":
+				s, _ = pgStore(t, 4)
+			case "mysql":
+				s = mysqlStore(t, func(*mysqldriver.Config) {})
+			default:
+				s = sqliteStore(t)
+			}
+			ctx := context.Background()
+			held := req("race-"+suffix(), "a", "t1", 20*time.Millisecond, time.Hour)
+			if res, err := s.Claim(ctx, held); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			time.Sleep(40 * time.Millisecond)
+			seen, ok, err := s.queryRow(ctx, true, s.q.selectNow, held.Principal, held.Key)
+			if err != nil || !ok || seen.rec.Uncertain || seen.now.Before(seen.rec.LeaseExpiresAt) {
+				t.Fatalf("the read: %+v %v %v, want a stale record, not uncertain", seen, ok, err)
+			}
+			if err := s.Keep(ctx, idem.Lease{Principal: held.Principal, Key: held.Key, Token: held.Token}); err != nil {
+				t.Fatal(err)
+			}
+			next := req(held.Key, "a", "t2", time.Hour, time.Hour)
+			takeover := func(takeOverUncertain bool) bool {
+				t.Helper()
+				_, ok, err := s.takeover(ctx, s.q.takeStale, s.lockArgs(
+					next.Token, next.RequestID, next.Lease.Microseconds(), next.Retention.Microseconds(),
+					next.Principal, next.Key, seen.rec.LeaseToken, next.Fingerprint, takeOverUncertain), next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			if takeover(false) {
+				t.Fatal("a takeover without TakeOverUncertain, read before the Keep, took the kept record over")
+			}
+			if rec, err := s.Get(ctx, held.Principal, held.Key); err != nil || rec.LeaseToken != "t1" || !rec.Uncertain {
+				t.Fatalf("after the refused takeover: %+v %v, want t1's, uncertain", rec, err)
+			}
+			if !takeover(true) {
+				t.Fatal("a takeover with TakeOverUncertain did not take the kept record over")
+			}
+			if rec, err := s.Get(ctx, held.Principal, held.Key); err != nil || rec.LeaseToken != "t2" || !rec.Uncertain || rec.Nonce != "n-t1" {
+				t.Fatalf("after the takeover: %+v %v, want t2's, uncertain, with t1's nonce", rec, err)
+			}
+			// And the lease deadline is the statement's own condition too: the
+			// record it now holds has an hour left, whatever the claim asks.
+			next = req(held.Key, "a", "t3", time.Nanosecond, time.Hour)
+			seen.rec.LeaseToken = "t2"
+			if takeover(true) {
+				t.Fatal("a takeover of a record whose lease has an hour left took it over")
+			}
+		})
 	}
 }

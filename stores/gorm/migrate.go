@@ -51,12 +51,26 @@ func renderMigration(sqlText string, d dialect, t tableName) string {
 // Migrate creates the store's table and indexes if they do not exist
 // (Schema), then checks the table (Check). It is idempotent. On
 // PostgreSQL it runs in one transaction under an advisory lock, so
-// instances starting together do not trip over each other.
+// instances starting together do not trip over each other. A table made
+// by an earlier version of the store, which lacks a column an index needs,
+// is reported as Check reports it: a *SchemaError naming the column.
 func (s *Store) Migrate(ctx context.Context) error {
 	pool, err := s.pool()
 	if err != nil {
 		return s.wrap("migrate", err)
 	}
+	if err := s.migrate(ctx, pool); err != nil {
+		if cerr := s.Check(ctx); isMisconfigured(err) && cerr != nil {
+			return cerr
+		}
+		return err
+	}
+	return s.Check(ctx)
+}
+
+// migrate runs the statements of Schema; on PostgreSQL in one transaction
+// under an advisory lock, which it has ended when it returns.
+func (s *Store) migrate(ctx context.Context, pool *sql.DB) error {
 	stmts := splitStatements(s.Schema())
 	if s.dialect != dialectPostgres {
 		for _, st := range stmts {
@@ -64,7 +78,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 				return s.wrap("migrate "+s.Table(), err)
 			}
 		}
-		return s.Check(ctx)
+		return nil
 	}
 	tx, err := pool.BeginTx(ctx, nil)
 	if err != nil {
@@ -79,10 +93,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return s.wrap("migrate "+s.Table(), err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return s.wrap("migrate", err)
-	}
-	return s.Check(ctx)
+	return s.wrap("migrate", tx.Commit())
 }
 
 // SchemaError is the error Check returns (wrapped) when the store's table
@@ -117,7 +128,7 @@ var storeColumns = []struct {
 }{
 	{"principal", false}, {"key", false}, {"fingerprint", true}, {"state", false}, {"lease_token", false},
 	{"request_id", false}, {"nonce", false}, {"status", false}, {"headers", true}, {"body", true},
-	{"created_at", false}, {"locked_at", false}, {"expires_at", false},
+	{"created_at", false}, {"locked_at", false}, {"lease_expires_at", false}, {"expires_at", false}, {"uncertain", false},
 }
 
 // Check verifies that the store's table exists with every column the store
@@ -179,10 +190,11 @@ func (s *Store) Check(ctx context.Context) error {
 	probes := []string{"SELECT " + s.q.cols + " FROM " + T + " WHERE 1 = 0 LIMIT 1"}
 	if s.dialect != dialectSQLite {
 		probes = append(probes,
-			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status WHERE 1 = 0",
+			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status,"+
+				" lease_expires_at = lease_expires_at, uncertain = uncertain WHERE 1 = 0",
 			"DELETE FROM "+T+" WHERE 1 = 0",
-			"INSERT INTO "+T+" (principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at)"+
-				" SELECT principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, expires_at FROM "+T+" WHERE 1 = 0")
+			"INSERT INTO "+T+" (principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at)"+
+				" SELECT principal, "+K+", fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at FROM "+T+" WHERE 1 = 0")
 	}
 	for _, p := range probes {
 		if _, err := pool.ExecContext(ctx, p); err != nil {

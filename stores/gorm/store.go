@@ -4,10 +4,13 @@
 //
 // Every claim is decided by one atomic statement's own answer, never by a
 // read followed by a write, and every time comparison uses the database's
-// clock. A replay of a settled record writes nothing. The transaction the
-// handler gets is sealed: it cannot end it, half-commit it, or change what
-// the store's own statements do. See README.md for the statement each
-// dialect uses and why.
+// clock; staleness is each record's own lease deadline. A replay of a
+// settled record writes nothing. The transaction the handler gets is
+// sealed: it cannot end it, half-commit it, or change what the store's own
+// statements do. On PostgreSQL a claim commits without waiting for its WAL
+// flush, and the Tx is an idem.Syncer that waits for it on its own
+// connection; MySQL and SQLite claims are durable when Claim returns. See
+// README.md for the statement each dialect uses and why.
 package idemgorm
 
 import (
@@ -280,14 +283,20 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 // in-progress record or finds the existing one, atomically (on SQLite a
 // read comes first, so that replays do not queue for the single writer;
 // the INSERT still decides). A found record that is claimable (past its
-// expiry, or in progress with a lease older than req.Lease and the same
-// fingerprint) is taken over with one UPDATE fenced by the token that was
-// read and re-checked against the database clock. Whenever a statement
-// finds that another request changed the row in between, Claim starts
-// again; deadlocks and serialization failures are retried the same way. A
-// settled record is returned as it is, and nothing is written. A row
-// locked by another transaction for longer than the lock timeout makes
+// expiry; released; or in progress past its own lease_expires_at, with the
+// same fingerprint, and not uncertain unless req.TakeOverUncertain) is
+// taken over with one UPDATE fenced by the token that was read and
+// re-checking its condition against the database clock. Whenever a
+// statement finds that another request changed the row in between, Claim
+// starts again; deadlocks and serialization failures are retried the same
+// way. A settled record is returned as it is, and nothing is written. A
+// row locked by another transaction for longer than the lock timeout makes
 // Claim fail with an error wrapping idem.ErrTransient.
+//
+// On PostgreSQL a claim that inserts the record commits without waiting
+// for its WAL flush, unless req.Durable (see pgTx.Sync); on MySQL and
+// SQLite, and for every takeover, Claim returns once the claim is durable,
+// and req.Durable changes nothing.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
 	if err := s.checkClaim(req); err != nil {
 		return idem.ClaimResult{}, err
@@ -374,7 +383,7 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 			return res, false, nil
 		}
 		taken, ok, terr := s.takeover(ctx, s.q.takeExpired, s.lockArgs(
-			req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds(),
+			req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Lease.Microseconds(), req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken,
 		), req)
 		if terr != nil || !ok {
@@ -384,7 +393,7 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 
 	case rec.State == idem.StateReleased:
 		taken, ok, terr := s.takeover(ctx, s.q.takeFreed, s.lockArgs(
-			req.Fingerprint, req.Token, req.RequestID, req.Retention.Microseconds(),
+			req.Fingerprint, req.Nonce, req.Fingerprint, req.Token, req.RequestID, req.Lease.Microseconds(), req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken,
 		), req)
 		if terr != nil || !ok {
@@ -392,18 +401,21 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		}
 		return idem.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
 
-	case rec.State == idem.StateInProgress && now.Sub(rec.LockedAt) >= req.Lease &&
-		bytes.Equal(rec.Fingerprint, req.Fingerprint):
+	case rec.State == idem.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
+		bytes.Equal(rec.Fingerprint, req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
+		// Its own lease ended (its holder crashed, hung or kept it): taken
+		// over, keeping its nonce and its uncertain mark.
 		taken, ok, terr := s.takeover(ctx, s.q.takeStale, s.lockArgs(
-			req.Token, req.RequestID, req.Retention.Microseconds(),
-			req.Principal, req.Key, rec.LeaseToken, req.Fingerprint, req.Lease.Microseconds(),
+			req.Token, req.RequestID, req.Lease.Microseconds(), req.Retention.Microseconds(),
+			req.Principal, req.Key, rec.LeaseToken, req.Fingerprint, req.TakeOverUncertain,
 		), req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
 		return idem.ClaimResult{Claimed: true, Reclaimed: true, Record: taken.rec, Now: taken.now}, true, nil
 	}
-	// Live in-progress, settled, or another fingerprint: dispatch on it.
+	// Live in-progress, uncertain without TakeOverUncertain, settled, or
+	// another fingerprint: dispatch on it.
 	return idem.ClaimResult{Record: rec, Now: now}, true, nil
 }
 
@@ -416,15 +428,20 @@ func (s *Store) lockArgs(args ...any) []any {
 	return append([]any{s.q.lockTimeoutPG}, args...)
 }
 
-// claimPostgres inserts or returns the existing row in one statement.
+// claimPostgres inserts or returns the existing row in one statement,
+// committed synchronously only when req.Durable.
 func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	pool, err := s.pool()
 	if err != nil {
 		return r, false, false, err
 	}
-	rows, err := pool.QueryContext(ctx, s.q.claimPG, s.q.lockTimeoutPG,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Retention.Microseconds(),
-		req.Principal, req.Key)
+	query := s.q.claimPG
+	if req.Durable {
+		query = s.q.claimPGDurable
+	}
+	rows, err := pool.QueryContext(ctx, query, s.q.lockTimeoutPG,
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce,
+		req.Lease.Microseconds(), req.Retention.Microseconds(), req.Principal, req.Key)
 	if err != nil {
 		return r, false, false, err
 	}
@@ -520,16 +537,17 @@ func mariaReturning(version string) bool {
 // insertSQLite runs the claim's INSERT … ON CONFLICT DO NOTHING. ok is
 // true when it inserted the row; the row is then req's own values, with
 // the database clock it returned as created_at, locked_at and now, and
-// expires_at that clock plus the retention, as the INSERT computed them
-// (SQLite's 'now' is one value throughout a statement).
+// lease_expires_at and expires_at that clock plus the lease and the
+// retention, as the INSERT computed them (SQLite's 'now' is one value
+// throughout a statement).
 func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
 	pool, err := s.pool()
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
-	ret := req.Retention.Microseconds()
+	lease, ret := req.Lease.Microseconds(), req.Retention.Microseconds()
 	rows, err := pool.QueryContext(ctx, s.q.insertLite,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, ret)
+		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, lease, ret)
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
@@ -556,16 +574,16 @@ func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWit
 	return rowWithNow{idem.Record{
 		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idem.StateInProgress,
 		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
-		CreatedAt: t, LockedAt: t, ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
+		CreatedAt: t, LockedAt: t, LeaseExpiresAt: time.UnixMicro(t.UnixMicro() + lease), ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
 	}, t}, true, nil
 }
 
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
 // insert, then the values that replace an expired row.
 func upsertMyArgs(req idem.ClaimRequest) []any {
-	ret := req.Retention.Microseconds()
-	return []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, ret,
-		req.Token, req.Fingerprint, req.RequestID, req.Nonce, ret}
+	lease, ret := req.Lease.Microseconds(), req.Retention.Microseconds()
+	return []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, lease, ret,
+		req.Token, req.Fingerprint, req.RequestID, req.Nonce, lease, ret}
 }
 
 // claimMySQL runs the conditional upsert (see buildQueries) and reads the
@@ -731,42 +749,34 @@ func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
 }
 
 // Release implements idem.Store: an UPDATE to the released state, fenced by
-// the lease token and the in-progress state; the row keeps its nonce until
-// it expires. It returns idem.ErrLeaseLost when it matched nothing.
+// the lease token and the in-progress state, clearing the uncertain mark;
+// the row keeps its nonce until it expires. It returns idem.ErrLeaseLost
+// when it matched nothing.
 func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
+	return s.endLease(ctx, "release", s.q.release, lease)
+}
+
+// Keep implements idem.Store: an UPDATE, fenced like Release, that marks the
+// in-progress record uncertain and ends its lease on the database clock,
+// leaving it in progress. It returns idem.ErrLeaseLost when it matched
+// nothing. On PostgreSQL it commits synchronously.
+func (s *Store) Keep(ctx context.Context, lease idem.Lease) error {
+	return s.endLease(ctx, "keep", s.q.keep, lease)
+}
+
+// endLease runs Release's or Keep's fenced UPDATE.
+func (s *Store) endLease(ctx context.Context, op, query string, lease idem.Lease) error {
 	var n int64
 	if err := s.writeTurn(ctx, func() (err error) {
-		n, err = s.exec(ctx, s.q.release, s.lockArgs(lease.Principal, lease.Key, lease.Token)...)
+		n, err = s.exec(ctx, query, s.lockArgs(lease.Principal, lease.Key, lease.Token)...)
 		return err
 	}); err != nil {
-		return s.wrap("release", err)
+		return s.wrap(op, err)
 	}
 	if n != 1 {
 		return idem.ErrLeaseLost
 	}
 	return nil
-}
-
-// Sync implements idem.Syncer. On PostgreSQL a claim commits without
-// waiting for its WAL flush (see buildQueries), so Sync commits a
-// transaction that writes WAL, with synchronous_commit on: its commit
-// waits for the flush, which covers every claim before it. One round
-// trip. MySQL and SQLite claims are durable when they commit (as their
-// settings say), and Sync does nothing there. idem.DownstreamKey calls it
-// before it hands out the first key of an attempt.
-func (s *Store) Sync(ctx context.Context) error {
-	if s.dialect != dialectPostgres {
-		return nil
-	}
-	pool, err := s.pool()
-	if err == nil {
-		// A transactional logical-decoding message (about 50 bytes of WAL)
-		// makes the commit wait for the flush: a transaction that wrote no
-		// WAL before its commit record is committed without waiting.
-		_, err = pool.ExecContext(ctx, "SELECT pg_catalog.set_config('synchronous_commit', 'on', true),"+
-			" pg_catalog.pg_logical_emit_message(true, 'idem/sync', '')")
-	}
-	return s.wrap("sync", err)
 }
 
 // Get implements idem.Store. It returns idem.ErrNotFound when no record
@@ -870,8 +880,9 @@ func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
 }
 
 // ListStale implements idem.Store: at most limit in-progress records whose
-// lease is older than olderThan on the database clock, oldest first.
-func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
+// lease_expires_at has passed on the database clock, uncertain ones
+// included, the longest expired first.
+func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -879,7 +890,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 	if err != nil {
 		return nil, s.wrap("list stale", err)
 	}
-	rows, err := pool.QueryContext(ctx, s.q.listStale, olderThan.Microseconds(), limit)
+	rows, err := pool.QueryContext(ctx, s.q.listStale, limit)
 	if err != nil {
 		return nil, s.wrap("list stale", err)
 	}
@@ -907,12 +918,13 @@ type recordRow struct {
 	principal, key, state, token, requestID, nonce string
 	fingerprint, headers, body                     []byte
 	status                                         sql.NullInt64
-	created, locked, expires, now                  timeValue
+	created, locked, leaseUntil, expires, now      timeValue
+	uncertain                                      boolValue
 }
 
 func (r *recordRow) dest(withNow bool) []any {
 	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID, &r.nonce,
-		&r.status, &r.headers, &r.body, &r.created, &r.locked, &r.expires}
+		&r.status, &r.headers, &r.body, &r.created, &r.locked, &r.leaseUntil, &r.expires, &r.uncertain}
 	if withNow {
 		d = append(d, &r.now)
 	}
@@ -923,7 +935,8 @@ func (r *recordRow) record() (idem.Record, error) {
 	rec := idem.Record{
 		Principal: r.principal, Key: r.key, Fingerprint: r.fingerprint, State: idem.State(r.state),
 		LeaseToken: r.token, RequestID: r.requestID, Nonce: r.nonce,
-		CreatedAt: r.created.t, LockedAt: r.locked.t, ExpiresAt: r.expires.t,
+		CreatedAt: r.created.t, LockedAt: r.locked.t, LeaseExpiresAt: r.leaseUntil.t, ExpiresAt: r.expires.t,
+		Uncertain: bool(r.uncertain),
 	}
 	if !rec.State.Valid() {
 		return idem.Record{}, fmt.Errorf("record %q/%q has unknown state %q", r.principal, r.key, r.state)
@@ -974,6 +987,40 @@ func (v *timeValue) parse(s string) error {
 		return fmt.Errorf("idemgorm: time %q: %w", s, err)
 	}
 	v.t = time.UnixMicro(n)
+	return nil
+}
+
+// boolValue scans the uncertain column: a boolean on PostgreSQL, an
+// integer 0 or 1 on MySQL (possibly in text form) and SQLite.
+type boolValue bool
+
+func (v *boolValue) Scan(src any) error {
+	switch x := src.(type) {
+	case bool:
+		*v = boolValue(x)
+		return nil
+	case int64:
+		*v = x != 0
+		return nil
+	case []byte:
+		return v.parse(string(x))
+	case string:
+		return v.parse(x)
+	case nil:
+		return errors.New("idemgorm: NULL uncertain")
+	}
+	return fmt.Errorf("idemgorm: cannot scan %T into a bool", src)
+}
+
+func (v *boolValue) parse(s string) error {
+	switch s {
+	case "1", "t", "true":
+		*v = true
+	case "0", "f", "false":
+		*v = false
+	default:
+		return fmt.Errorf("idemgorm: bool %q", s)
+	}
 	return nil
 }
 

@@ -36,6 +36,7 @@ type txKey struct{}
 // Transaction method on it nests with a SAVEPOINT. Return from the handler
 // to commit; return an error (or a 5xx) to roll back.
 func Tx(ctx context.Context) (*gorm.DB, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
 	t, ok := ctx.Value(txKey{}).(*storeTx)
 	if !ok || t == nil {
 		return nil, false
@@ -46,8 +47,15 @@ func Tx(ctx context.Context) (*gorm.DB, bool) {
 // DB returns the *gorm.DB a handler should use for ctx: the idempotency
 // transaction when ctx carries one (see Tx), otherwise fallback bound to
 // ctx — typically the application's own *gorm.DB, for routes or requests
-// that run without an idempotency key. It returns nil when ctx carries no
-// transaction and fallback is nil.
+// that run without an idempotency key. ctx may be the framework's own
+// context (a *gin.Context), which the adapter gave the attempt (see
+// idem.AttemptContext).
+//
+// It never falls back while an attempt is running: when ctx belongs to an
+// idempotent attempt whose store is not this one, every statement of the
+// *gorm.DB it returns fails with ErrNoTx, instead of writing outside the
+// guarantee. It returns nil when ctx carries no attempt and fallback is
+// nil.
 func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
 	if tx, ok := Tx(ctx); ok {
 		return tx
@@ -55,8 +63,17 @@ func DB(ctx context.Context, fallback *gorm.DB) *gorm.DB {
 	if fallback == nil {
 		return nil
 	}
-	return fallback.WithContext(ctx)
+	db := fallback.WithContext(ctx)
+	if _, running := idem.AttemptContext(ctx); running {
+		_ = db.AddError(ErrNoTx)
+	}
+	return db
 }
+
+// ErrNoTx is the error of every statement run through the *gorm.DB that
+// DB returns for an idempotent attempt that carries no idemgorm
+// transaction (the engine runs on another store).
+var ErrNoTx = errors.New("idemgorm: this request runs in an idempotent attempt whose store is not idemgorm: DB will not fall back to the application's database, whose writes would be outside the guarantee")
 
 // storeTx is the transaction BeginTx began for one handler, on a
 // connection of its own (a *sql.Conn, not a *sql.Tx: the store runs BEGIN
@@ -90,7 +107,9 @@ type storeTx struct {
 // until Settle or Rollback ends it.
 //
 // On SQLite this takes the database's single write lock until Settle or
-// Rollback.
+// Rollback. On PostgreSQL the idem.Tx is an idem.Syncer (see pgTx.Sync);
+// on MySQL and SQLite, whose claims are durable when Claim returns, it is
+// not.
 func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
 	if s.gate != nil {
 		if err := s.gate.acquire(ctx); err != nil {
@@ -105,7 +124,11 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 		return ctx, nil, s.wrap("begin", err)
 	}
 	t.gated = s.gate != nil
-	return context.WithValue(ctx, txKey{}, t), t, nil
+	ctx = context.WithValue(ctx, txKey{}, t)
+	if s.dialect == dialectPostgres {
+		return ctx, pgTx{t}, nil
+	}
+	return ctx, t, nil
 }
 
 func (s *Store) begin(ctx context.Context, lease idem.Lease) (*storeTx, error) {
@@ -276,7 +299,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		case failed != nil:
 			return fmt.Errorf("idemgorm: settle: nothing was stored: %w: %w", ErrTxAborted, failed)
 		default:
-			return errors.New("idemgorm: settle: the handler called Rollback on the transaction; it was rolled back and nothing was stored")
+			return fmt.Errorf("idemgorm: settle: the handler called Rollback on the transaction; it was rolled back and nothing was stored: %w", ErrTxOwned)
 		}
 	}
 	body := outcome.Response.Body
@@ -454,4 +477,91 @@ func (t *storeTx) ungate() {
 	}
 }
 
-var _ idem.Tx = (*storeTx)(nil)
+// pgTx is the idem.Tx of a PostgreSQL transaction: a storeTx that is an
+// idem.Syncer, since the claim before it may have committed without its
+// WAL flush (see buildQueries).
+type pgTx struct{ *storeTx }
+
+// syncLSNSetting is the transaction-local setting BEGIN puts the WAL
+// insert position into (see dialect.beginSQL).
+const syncLSNSetting = "idem.sync_lsn"
+
+// PostgreSQL statements of pgTx.Sync: the first reads the position BEGIN
+// recorded, which is past the claim's commit record and before the
+// handler's own writes, and whether the flushed WAL has reached it; the
+// next ones ask again. Waiting for the position at the time of the call
+// instead would wait for the handler's uncommitted writes too, which the
+// WAL writer does not flush on an idle server until a page fills or the
+// background writer logs (up to 15 s).
+const (
+	syncFirstPG = "SELECT CAST(l AS text), pg_catalog.pg_current_wal_flush_lsn() >= l FROM (SELECT CAST(pg_catalog.current_setting('" + syncLSNSetting + "') AS pg_lsn) AS l) AS w"
+	syncPollPG  = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST($1 AS pg_lsn)"
+)
+
+// Sync backs off between its polls from syncMinWait, doubling up to
+// syncMaxWait. The WAL writer flushes asynchronously committed WAL within
+// wal_writer_delay (200 ms by default), and any synchronous commit on the
+// server flushes it sooner.
+const (
+	syncMinWait = time.Millisecond
+	syncMaxWait = 20 * time.Millisecond
+)
+
+// Sync implements idem.Syncer: it returns once the WAL is flushed past the
+// claim of the transaction's attempt, so the claim survives a database
+// crash. It runs on the transaction's own connection, never on another from
+// the pool, and writes nothing: it reads the WAL insert position, then
+// polls the flush position until it is there or ctx is done. A handler's
+// transaction that failed already cannot run it, and a failure of its
+// statements aborts the transaction as a handler's would.
+func (t pgTx) Sync(ctx context.Context) error {
+	var (
+		lsn     string
+		flushed bool
+	)
+	if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
+		return conn.QueryRowContext(ctx, syncFirstPG).Scan(&lsn, &flushed)
+	}); err != nil {
+		return err
+	}
+	for wait := syncMinWait; !flushed; wait = min(2*wait, syncMaxWait) {
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return t.store.wrap("sync", fmt.Errorf("the WAL is not flushed up to the claim (%s): %w", lsn, ctx.Err()))
+		case <-timer.C:
+		}
+		if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
+			return conn.QueryRowContext(ctx, syncPollPG, lsn).Scan(&flushed)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncQuery runs one of Sync's statements on the transaction's connection,
+// as long as the transaction is open and has not failed, and records its
+// failure as a handler statement's would be.
+func (t pgTx) syncQuery(ctx context.Context, run func(*sql.Conn) error) error {
+	t.mu.Lock()
+	closed, failed := t.closed, t.failed
+	t.mu.Unlock()
+	switch {
+	case closed:
+		return t.store.wrap("sync", errFinished)
+	case failed != nil:
+		return t.store.wrap("sync", fmt.Errorf("%w (first failure: %v)", ErrTxAborted, failed))
+	}
+	if err := run(t.conn); err != nil {
+		t.seen(err)
+		return t.store.wrap("sync", err)
+	}
+	return nil
+}
+
+var (
+	_ idem.Tx     = (*storeTx)(nil)
+	_ idem.Syncer = pgTx{}
+)

@@ -50,7 +50,8 @@ var columnTypes = []struct {
 	{"principal", textTypes}, {"key", textTypes}, {"fingerprint", []string{"bytea"}},
 	{"state", textTypes}, {"lease_token", textTypes}, {"request_id", textTypes}, {"nonce", textTypes},
 	{"created_at", []string{"timestamptz"}}, {"locked_at", []string{"timestamptz"}},
-	{"expires_at", []string{"timestamptz"}}, {"status", []string{"int4", "int8"}},
+	{"lease_expires_at", []string{"timestamptz"}}, {"expires_at", []string{"timestamptz"}},
+	{"uncertain", []string{"bool"}}, {"status", []string{"int4", "int8"}},
 	{"headers", []string{"bytea"}}, {"body", []string{"bytea"}},
 }
 

@@ -1,5 +1,11 @@
 package idempgx
 
+import (
+	"context"
+
+	idem "github.com/idemgo/idem/core"
+)
+
 // ClaimSQL exposes the claim statement to the tests, which run it inside a
 // transaction to ask PostgreSQL whether it assigned a transaction id.
 func ClaimSQL(s *Store) string { return s.sql.claim }
@@ -11,5 +17,21 @@ func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
 func TxControlStatement(sql string) (string, bool) { return txControlStatement(sql) }
 
 // ClaimPrelude exposes the statement that goes before the claim, in the
-// same implicit transaction.
-func ClaimPrelude(s *Store) string { return s.sql.claimPrelude }
+// same implicit transaction, for a claim that is durable or not.
+func ClaimPrelude(s *Store, durable bool) string {
+	if durable {
+		return s.sql.durablePrelude
+	}
+	return s.sql.claimPrelude
+}
+
+// TakeoverSQL exposes the stale takeover's UPDATE.
+func TakeoverSQL(s *Store) string { return s.sql.takeover }
+
+// SyncTarget runs the first statement of tx's Sync and returns the WAL
+// position Sync would wait for.
+func SyncTarget(ctx context.Context, tx idem.Tx) (string, error) {
+	var target lsn
+	_, err := tx.(*storeTx).syncPoll(ctx, &target)
+	return target.String(), err
+}

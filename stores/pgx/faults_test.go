@@ -129,11 +129,12 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 		for range 5 {
 			key := "cut-" + randHex(4)
 			if c.stale {
-				if _, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute)); err != nil {
+				// An earlier holder whose lease ends at once.
+				if _, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Microsecond)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			req := claimReq("alice", key, "body", time.Microsecond) // any earlier holder is stale
+			req := claimReq("alice", key, "body", time.Minute)
 			fired := proxy.CutOn([]byte(c.pattern), c.when)
 			res, err := s.Claim(ctx, req)
 			select {

@@ -126,13 +126,13 @@ func TestReplayWritesNothing(t *testing.T) {
 		}
 		return xid
 	}
-	if xid := assigned(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16)); xid != nil {
+	if xid := assigned(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16), int64(60e6)); xid != nil {
 		t.Fatalf("%d replays of the claim statement in one transaction assigned it xid %d", replays, *xid)
 	}
 
 	// Control: the locking upsert the issue warns about.
-	lockSQL := "INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, nonce, expires_at)
-		VALUES ($1, $2, $3, 'in_progress', 'x', 'x', now() + interval '1 hour')
+	lockSQL := "INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, nonce, lease_expires_at, expires_at)
+		VALUES ($1, $2, $3, 'in_progress', 'x', 'x', now(), now() + interval '1 hour')
 		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
 		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
 		RETURNING t.state`
@@ -173,7 +173,7 @@ func TestReplayWritesNothing(t *testing.T) {
 		walk(doc)
 		return records, bytes
 	}
-	if r, b := walOf(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16)); r != 0 || b != 0 {
+	if r, b := walOf(idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16), int64(60e6)); r != 0 || b != 0 {
 		t.Fatalf("EXPLAIN (ANALYZE, WAL) of a replayed claim: %d WAL records, %d bytes, want none", r, b)
 	}
 	if r, b := walOf(lockSQL, req.Principal, req.Key, fp("body")); r == 0 || b == 0 {
@@ -291,6 +291,32 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	step("keep", 1, func() {
+		r := claimReq("alice", "keep-"+randHex(4), "body", time.Minute)
+		if _, err := e.Store.Claim(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		_ = e.Store.Keep(ctx, leaseOf(r)) // the statements' first run on the connection
+		r = claimReq("alice", "keep-"+randHex(4), "body", time.Minute)
+		if _, err := e.Store.Claim(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		c.reset()
+		if err := e.Store.Keep(ctx, leaseOf(r)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("durable claim (new key)", 1, func() {
+		r := claimReq("alice", "durable-"+randHex(4), "body", time.Minute)
+		r.Durable = true
+		_, _ = e.Store.Claim(ctx, r) // the prelude's first run on the connection
+		r = claimReq("alice", "durable-"+randHex(4), "body", time.Minute)
+		r.Durable = true
+		c.reset()
+		if res, err := e.Store.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("durable claim: %+v %v", res, err)
+		}
+	})
 	step("first request, store only (claim + BEGIN + settle/COMMIT)", 3, func() { first("rt-"+randHex(4), false) })
 	step("first request with the handler's insert (claim + BEGIN + insert + settle/COMMIT)", 4, func() { first("rt-"+randHex(4), true) })
 }
@@ -302,12 +328,20 @@ func benchEnv(b *testing.B) (*env, *counter) {
 }
 
 // BenchmarkFirstRequest: the claim, BEGIN, the handler's insert, the settle
-// with its COMMIT: one connection, sequential.
+// with its COMMIT: one connection, sequential. The claim commits
+// asynchronously (async) or, as with Config.DurableClaims, waits for its
+// WAL flush (durable): the difference is what a durable claim costs.
 func BenchmarkFirstRequest(b *testing.B) {
+	b.Run("async", func(b *testing.B) { benchmarkFirstRequest(b, false) })
+	b.Run("durable", func(b *testing.B) { benchmarkFirstRequest(b, true) })
+}
+
+func benchmarkFirstRequest(b *testing.B, durable bool) {
 	e, c := benchEnv(b)
 	ctx := context.Background()
 	run := func(key string) {
 		req := claimReq("alice", key, "body", time.Minute)
+		req.Durable = durable
 		res, err := e.Store.Claim(ctx, req)
 		if err != nil || !res.Claimed {
 			b.Fatalf("claim: %+v %v", res, err)

@@ -35,8 +35,8 @@ var migrations embed.FS
 var Migrations fs.FS = migrations
 
 // maxTableLen leaves room for the index names derived from the table name
-// ("<table>_expires_at_idx") within PostgreSQL's 63-byte identifier limit,
-// so that they are never truncated into each other.
+// ("<table>_lease_expires_at_idx", the longest) within PostgreSQL's 63-byte
+// identifier limit, so that they are never truncated into each other.
 const maxTableLen = 40
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -96,7 +96,7 @@ func (t table) schemaSQL() (string, error) {
 	// Longer tokens first: index names contain the table name.
 	const name = "idempotency_keys"
 	r := strings.NewReplacer(
-		name+"_locked_at_idx", pgx.Identifier{t.name + "_locked_at_idx"}.Sanitize(),
+		name+"_lease_expires_at_idx", pgx.Identifier{t.name + "_lease_expires_at_idx"}.Sanitize(),
 		name+"_expires_at_idx", pgx.Identifier{t.name + "_expires_at_idx"}.Sanitize(),
 		fileTable, t.ident(),
 	)

@@ -154,9 +154,10 @@ func sqlStateOf(err error) string {
 // the raw connection. Whatever ended the transaction is detected — the
 // connection idle after the statement, another transaction with another
 // marker, an aborted transaction without the savepoint Conn set — and
-// reported as idem.ErrTxEnded by Settle (the engine then keeps the claim)
-// and by Rollback (Release then deletes nothing). A raw statement that
-// only fails, in the store's own transaction, is not mistaken for an end.
+// reported as idem.ErrTxEnded by Settle and by Rollback; Release then
+// changes nothing, and Keep, which the engine calls instead, keeps the
+// claim in progress, Uncertain. A raw statement that only fails, in the
+// store's own transaction, is not mistaken for an end.
 func TestTxEndedOnTheRawConnection(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -223,8 +224,16 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			rerr := e.Store.Release(ctx, leaseOf(req))
 			rec, gerr := e.Store.Get(ctx, "alice", req.Key)
 			switch {
-			case c.ended && (!errors.Is(rerr, idem.ErrTxEnded) || gerr != nil || rec.State != idem.StateInProgress):
-				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want ErrTxEnded and the claim kept", c.raw, settle, rerr, rec, gerr)
+			case c.ended && (!errors.Is(rerr, idem.ErrTxEnded) || gerr != nil || rec.State != idem.StateInProgress || rec.Uncertain):
+				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want ErrTxEnded and the claim untouched", c.raw, settle, rerr, rec, gerr)
+			case c.ended:
+				if err := e.Store.Keep(ctx, leaseOf(req)); err != nil {
+					t.Fatalf("%q (settle %v): keep = %v", c.raw, settle, err)
+				}
+				if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateInProgress ||
+					!rec.Uncertain || rec.LeaseToken != req.Token || rec.LeaseExpiresAt.After(time.Now().Add(time.Minute)) {
+					t.Fatalf("%q (settle %v): after keep, record %+v %v; want it in progress, Uncertain, its lease ended", c.raw, settle, rec, err)
+				}
 			case !c.ended && settle && c.effects == 1:
 				if rerr == nil || gerr != nil || rec.State != idem.StateCompleted {
 					t.Fatalf("%q: release after a completed settle = %v, record %s", c.raw, rerr, rec.State)
@@ -237,8 +246,10 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 }
 
 // TestTxEndedThroughTheEngine: a handler that commits on the raw
-// connection and then fails (a 503 the engine releases) must not get its
-// key released: the effect committed, so a retry must not run it again.
+// connection and then fails (a 503 the engine would release) or succeeds
+// must not get its key released: the effect committed, so a retry must not
+// run it again. The engine keeps the claim (Keep), Uncertain, and without
+// Reconcile a retry is answered 409 outcome-unknown, however long after.
 func TestTxEndedThroughTheEngine(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -270,11 +281,11 @@ func TestTxEndedThroughTheEngine(t *testing.T) {
 		if first.Status < 500 {
 			t.Fatalf("status %d: the attempt that committed behind the store answered %d", status, first.Status)
 		}
-		if rec, err := e.Store.Get(ctx, "alice", key); err != nil || rec.State != idem.StateInProgress {
-			t.Fatalf("status %d: record %+v, %v; want it kept in progress", status, rec, err)
+		if rec, err := e.Store.Get(ctx, "alice", key); err != nil || rec.State != idem.StateInProgress || !rec.Uncertain {
+			t.Fatalf("status %d: record %+v, %v; want it kept in progress, Uncertain", status, rec, err)
 		}
-		if again := run(); again.Status != http.StatusConflict {
-			t.Fatalf("status %d: a retry within the lease answered %d, want 409", status, again.Status)
+		if again := run(); again.Status != http.StatusConflict || !strings.Contains(string(again.Body), string(idem.ProblemOutcomeUnknown)) {
+			t.Fatalf("status %d: a retry answered %d %s, want 409 %s", status, again.Status, again.Body, idem.ProblemOutcomeUnknown)
 		}
 		if n := e.mustCount(t, key); n != 1 {
 			t.Fatalf("status %d: %d effects, want 1", status, n)
@@ -495,7 +506,7 @@ func TestRollbackStaysRolledBack(t *testing.T) {
 	// Nor by a COMMIT on the raw connection: Rollback aborted the
 	// transaction on the server, so that COMMIT answers ROLLBACK. (The
 	// transaction ended behind the handle all the same, so the claim is
-	// kept for a takeover.)
+	// kept.)
 	req, txCtx, stx, htx = e.begin(t, ctx)
 	if err := e.WriteEffect(txCtx, req.Key); err != nil {
 		t.Fatal(err)

@@ -106,7 +106,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			// The fence holds although count(*) has a look-alike that
 			// always answers 1: a holder that lost its lease commits
 			// nothing.
-			old := claimReq("alice", "fence-"+randHex(4), "body", time.Minute)
+			old := claimReq("alice", "fence-"+randHex(4), "body", time.Microsecond) // stale at once
 			if _, err := s.Claim(ctx, old); err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +118,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			if err := polluted.WriteEffect(oldCtx, old.Key); err != nil {
 				t.Fatal(err)
 			}
-			if res, err := s.Claim(ctx, claimReq("alice", old.Key, "body", time.Microsecond)); err != nil || !res.Reclaimed {
+			if res, err := s.Claim(ctx, claimReq("alice", old.Key, "body", time.Minute)); err != nil || !res.Reclaimed {
 				t.Fatalf("takeover: %+v %v", res, err)
 			}
 			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idem.ErrLeaseLost) {
@@ -153,7 +153,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			}
 
 			// The sweeper's calls.
-			if _, err := s.ListStale(ctx, time.Microsecond, 10); err != nil {
+			if _, err := s.ListStale(ctx, 10); err != nil {
 				t.Fatalf("list stale: %v", err)
 			}
 			if _, err := s.PurgeExpired(ctx, 10); err != nil {
@@ -208,13 +208,15 @@ func TestBoundedWaits(t *testing.T) {
 	}
 	ops := map[string]struct {
 		settled bool // the held row is completed (a replay) rather than in progress
+		stale   bool // the held row's lease ended at once
 		do      func(s *idempgx.Store, req idem.ClaimRequest) error
 	}{
-		"claim of a key in progress": {false, claim(time.Hour)},
-		"takeover of a stale key":    {false, claim(time.Microsecond)},
-		"replay of a completed key":  {true, claim(time.Hour)},
-		"release":                    {false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Release(ctx, leaseOf(req)) }},
-		"settle": {false, func(s *idempgx.Store, req idem.ClaimRequest) error {
+		"claim of a key in progress": {false, false, claim(time.Hour)},
+		"takeover of a stale key":    {false, true, claim(time.Hour)},
+		"replay of a completed key":  {true, false, claim(time.Hour)},
+		"release":                    {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Release(ctx, leaseOf(req)) }},
+		"keep":                       {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Keep(ctx, leaseOf(req)) }},
+		"settle": {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error {
 			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
 			if err != nil {
 				return err
@@ -229,7 +231,11 @@ func TestBoundedWaits(t *testing.T) {
 	for name, o := range ops {
 		for by, s := range map[string]*idempgx.Store{"lock timeout": byLock, "statement timeout": byStatement} {
 			t.Run(name+" by "+by, func(t *testing.T) {
-				req := claimReq("alice", "wait-"+randHex(6), "body", time.Hour)
+				lease := time.Hour
+				if o.stale {
+					lease = time.Microsecond
+				}
+				req := claimReq("alice", "wait-"+randHex(6), "body", lease)
 				if _, err := e.Store.Claim(ctx, req); err != nil {
 					t.Fatal(err)
 				}
@@ -352,6 +358,10 @@ func TestCheck(t *testing.T) {
 		{"no table", "", []string{"table"}, nil},
 		{"a column missing", "ALTER TABLE {t} DROP COLUMN request_id", []string{"column request_id"}, nil},
 		{"a table from before the nonce", "ALTER TABLE {t} DROP COLUMN nonce", []string{"column nonce"}, nil},
+		{"a table from before the lease deadline and the uncertain mark", "ALTER TABLE {t} DROP COLUMN lease_expires_at, DROP COLUMN uncertain",
+			[]string{"column lease_expires_at", "column uncertain"}, nil},
+		{"uncertain as text", "ALTER TABLE {t} ALTER COLUMN uncertain DROP DEFAULT, ALTER COLUMN uncertain TYPE text",
+			nil, []string{"uncertain: text, want bool"}},
 		{"the old jsonb headers", "ALTER TABLE {t} ALTER COLUMN headers TYPE jsonb USING NULL", nil, []string{"headers: jsonb, want bytea"}},
 		{"text where a time belongs", "ALTER TABLE {t} ALTER COLUMN expires_at TYPE text", nil, []string{"expires_at: text, want timestamptz"}},
 		{"no unique index", "ALTER TABLE {t} DROP CONSTRAINT t_pkey", []string{"unique index on (principal, key)"}, nil},

@@ -10,18 +10,29 @@
 // transaction-control statements (ErrTxOwned), a failed statement aborts
 // the transaction as PostgreSQL does, and a transaction that ended anyway
 // (through the raw connection Conn returns) is detected and reported as
-// idem.ErrTxEnded, and its claim is not released.
+// idem.ErrTxEnded: its claim is never released, and the engine keeps it
+// (Keep) in progress, marked uncertain, for Config.Reconcile or an
+// operator.
+//
+// Each record carries its lease deadline (lease_expires_at, the database's
+// clock): an in-progress record past it is stale, whatever lease the next
+// request asks for.
 //
 // Round trips in the common case: a first request costs the claim (1),
 // BEGIN (1) and the settle with its COMMIT (1, one pipelined batch) beyond
 // the handler's own queries. A replay costs one round trip and writes
-// nothing: no transaction id, no WAL.
+// nothing: no transaction id, no WAL. The claim commits without waiting
+// for its WAL flush unless it is Durable (idem.Config.DurableClaims);
+// idem.DownstreamKey waits for the flush on the transaction's own
+// connection (the Tx is an idem.Syncer), and the settle always commits
+// durably.
 //
 // The claim and the other store calls run as single autocommit statements
 // on the pool, each pipelined behind a statement that pins the session
 // settings they depend on (search_path, lock and statement timeouts, and
 // with the text exec modes TimeZone, DateStyle, IntervalStyle and
-// bytea_output) for that implicit transaction only, so nothing a handler
+// bytea_output; synchronous_commit where durability is what the statement
+// guarantees) for that implicit transaction only, so nothing a handler
 // left on a pooled connection changes what they do. All times are the
 // database's clock.
 package idempgx
@@ -111,7 +122,7 @@ func WithTxTimeout(d time.Duration) Option {
 }
 
 // WithLockTimeout sets PostgreSQL's lock_timeout for the store's own
-// statements (claim, takeover, release, get, purge, list, settle): a claim
+// statements (claim, takeover, release, keep, get, purge, list, settle): a claim
 // or release that meets a row held by another transaction, such as an
 // uncommitted settle, fails after d with an error wrapping
 // idem.ErrTransient (SQLSTATE 55P03) instead of waiting for it. It is set
@@ -223,7 +234,8 @@ func (s *Store) Table() string { return s.table.ident() }
 
 // Migrate creates the table and its indexes if they do not exist, then
 // runs Check, so that a table of the same name created otherwise (an older
-// schema) is reported as a *SchemaError. It is safe to run from several
+// schema, one without lease_expires_at and uncertain included) is reported
+// as a *SchemaError. It is safe to run from several
 // instances at once: it serialises them with a transaction-scoped advisory
 // lock. It does not create the schema: a schema other than "public" must
 // exist.
@@ -245,6 +257,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return wrap("migrate", err)
 	}
 	if _, err := tx.Exec(ctx, ddl); err != nil {
+		// An older table of the same name, which CREATE TABLE IF NOT
+		// EXISTS left alone, fails the index on a column it lacks: say
+		// what it lacks.
+		_ = tx.Rollback(ctx)
+		var se *SchemaError
+		if cerr := s.Check(ctx); errors.As(cerr, &se) {
+			return se
+		}
 		return wrap("migrate", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -257,11 +277,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // statements holds the SQL with the table name and timeouts filled in.
 type statements struct {
-	claim, claimRead, takeover, replace, reuse, release, get, purge, listStale string
+	claim, claimRead, takeover, replace, reuse, release, keep, get, purge, listStale string
 	// prelude goes before every store statement on the pool, in the same
 	// pipelined batch and so in the same implicit transaction;
-	// claimPrelude before the claim.
-	prelude, claimPrelude string
+	// claimPrelude before the claim's statements (takeovers included), and
+	// durablePrelude before a Durable claim's and Keep.
+	prelude, claimPrelude, durablePrelude string
 	// settleCheck, settle and COMMIT are the settle's batch.
 	settleCheck, settle string
 	// beginPrefix starts the handler's transaction; the lease marker
@@ -334,19 +355,42 @@ const leaseSetting = "idem.lease"
 // the marker is not the one BeginTx set.
 const txEndedMarker = "idempgx transaction ended"
 
+// syncSetting is the transaction-local setting BeginTx puts the WAL insert
+// position into when the transaction begins: past the claim's commit
+// record, which committed before BeginTx was called, and before anything
+// the handler writes. Sync waits for the WAL to be flushed up to it.
+const syncSetting = "idem.sync_lsn"
+
+// durableCommit pins synchronous_commit, for the rest of the transaction it
+// runs in, to a commit that waits for its WAL to be flushed: 'on' (and the
+// synchronous standbys' flush, where there are any), or 'remote_apply'
+// where that is in force already, which is stronger and which an
+// application reading from its standbys relies on. A weaker value the
+// handler or the server set ('off', 'local', 'remote_write') does not
+// apply to it. The comparison names its operator: the statement is parsed
+// under the session's search_path, before the one pinned beside it
+// applies.
+const durableCommit = `pg_catalog.set_config('synchronous_commit',
+	CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
+		THEN 'remote_apply' ELSE 'on' END, true)`
+
 // recordCols are the columns every record-returning statement returns, in
 // scanRecord's order.
 const recordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
-	created_at, locked_at, expires_at, status, headers, body`
+	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body`
 
 func newStatements(t string, to timeouts, text bool) statements {
 	var s statements
 	pins := pinnedSettings(to, text)
 	s.prelude = "SELECT " + pins
-	// The claim's commit does not wait for its WAL to reach disk (see the
-	// claim below): synchronous_commit off for its implicit transaction
-	// only, so it is safe behind PgBouncer and leaves the pool's sessions
-	// as they were.
+	// The statements whose guarantee is durability commit durably whatever
+	// the session says: Keep (a kept record that a crash took back would
+	// be taken over and run again without Reconcile) and a Durable claim.
+	s.durablePrelude = s.prelude + ",\n\t" + durableCommit
+	// A claim's commit does not wait for its WAL to reach disk (see the
+	// claim below) unless the request asks for it (ClaimRequest.Durable):
+	// synchronous_commit off for its implicit transaction only, so it is
+	// safe behind PgBouncer and leaves the pool's sessions as they were.
 	s.claimPrelude = s.prelude + ",\n\tpg_catalog.set_config('synchronous_commit', 'off', true)"
 	p := to.deadPeer()
 	// READ COMMITTED is explicit, as the claim's concurrency argument needs
@@ -356,24 +400,35 @@ func newStatements(t string, to timeouts, text bool) statements {
 	// half-sent settle took, for a client that went away (see
 	// DeadPeerTimeout). They are local: the pooled session keeps its own.
 	// pgx sends BeginQuery as one simple-protocol query, which the server
-	// parses anew on every call; SET LOCAL is a utility statement with
-	// nothing to plan or execute, where a SELECT of set_config calls was
-	// planned and run through the executor each time: 682,000 → 595,000
-	// instructions per first request (bench/pgbench/callgrind.sh -variants).
+	// parses anew on every call. The settings are SET LOCAL, utility
+	// statements with nothing to plan or execute; a SELECT is planned and
+	// run through the executor each time (bench/pgbench/callgrind.sh
+	// -variants), so the query has one only for what just a function can
+	// tell: the WAL insert position Sync waits for (syncSetting). It is read
+	// here, in the first statement on the transaction's connection after
+	// the claim returned: later, the handler's own writes would be past it,
+	// and those are not flushed before some commit follows them (see
+	// storeTx.Sync).
 	s.beginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
 set local tcp_keepalives_idle = %d;
 set local tcp_keepalives_interval = %d;
 set local tcp_keepalives_count = %d;
 set local tcp_user_timeout = %d;
-set local %s = `, p.idle, p.interval, p.count, p.userTimeout, leaseSetting)
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
+set local %s = `, p.idle, p.interval, p.count, p.userTimeout, syncSetting, leaseSetting)
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
 	// '1ms' included). It is its own statement because a timeout set in a
-	// statement applies from the next one on.
+	// statement applies from the next one on. synchronous_commit is pinned
+	// with them (durableCommit): the response goes to the client once the
+	// COMMIT returns, so the commit must be durable by then even if the
+	// handler turned synchronous_commit off, for its transaction or for
+	// the session; the claim's durability rides on it too.
 	s.settleCheck = fmt.Sprintf(`SELECT %s,
+	%s,
 	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
 	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
-		pins, leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
+		pins, durableCommit, leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
 	// The claim, two statements pipelined behind claimPrelude in one
 	// implicit transaction. The INSERT either inserts the caller's row
 	// (rows affected 1) or finds the conflicting row and does nothing: no
@@ -385,56 +440,81 @@ set local %s = `, p.idle, p.interval, p.count, p.userTimeout, leaseSetting)
 	//
 	// Two plain statements cost the server fewer instructions than one
 	// that does both (a CTE, UNION ALL and an anti-join, all initialised on
-	// every run): per first request 654,000 → 615,000, per replay
-	// 251,000 → 201,000 (bench/pgbench/callgrind.sh).
+	// every run; bench/pgbench/callgrind.sh).
 	//
 	// The claim's own commit does not wait for its WAL to reach disk (it
-	// runs behind claimPrelude). Nothing depends on the claim alone
-	// surviving a database crash: the row is visible to every other claim
-	// the moment it commits, and the only thing that makes it matter, the
-	// settle, commits synchronously later, which flushes the WAL up to and
-	// including the claim. A claim lost in a crash took the holder's
-	// transaction with it, so a retry runs afresh, as after any failed
-	// request. A first request thus waits for one disk flush instead of
-	// two. A replay assigns no transaction id, so it has nothing to flush
-	// either way.
+	// runs behind claimPrelude), so that a first request waits for one
+	// disk flush, the settle's, instead of two. Until the WAL writer
+	// flushes it (within wal_writer_delay, 200 ms by default) or a
+	// synchronous commit does, a database crash can take the claim back,
+	// its nonce included: the retry then finds no row, claims the key
+	// afresh with a new nonce and runs the handler, without a takeover and
+	// so without Config.Reconcile. What the handler did in the database
+	// went with the crash too (its transaction had not committed), and so
+	// did any nonce a downstream key was made of: idem.DownstreamKey waits
+	// for the claim to be durable first (storeTx.Sync). But an effect
+	// outside the database that does not go through DownstreamKey (an
+	// email, a call to a provider without an idempotency key) may have
+	// happened, and the retry does it again. Applications with such
+	// effects set Config.DurableClaims (or Call.DurableClaim), which runs
+	// the claim behind durablePrelude: its commit waits for the flush. The
+	// settle commits durably (see settleCheck), which flushes the WAL up to
+	// and including the claim. A replay assigns no transaction id, so it
+	// has nothing to flush either way.
 	s.claim = fmt.Sprintf(`INSERT INTO %s (principal, key, fingerprint, state, lease_token, request_id, nonce,
-	created_at, locked_at, expires_at)
-VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $6::bigint * interval '1 microsecond')
+	created_at, locked_at, lease_expires_at, expires_at, uncertain)
+VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $8::bigint * interval '1 microsecond',
+	now() + $6::bigint * interval '1 microsecond', false)
 ON CONFLICT (principal, key) DO NOTHING`, t)
 	s.claimRead = fmt.Sprintf(`SELECT %[2]s, now() FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
 
 	// Taking over a stale in_progress row: fenced by the token the caller
-	// saw, and the staleness re-checked on the row's latest version with the
-	// statement's own now(). Zero rows means someone else changed the row.
-	// The nonce stays: the taken-over attempt's downstream keys are reused.
+	// saw, and the staleness re-checked on the row's latest version with
+	// the statement's own now(): its own lease deadline, never the new
+	// request's lease, and an Uncertain row only when the request may take
+	// it ($9, ClaimRequest.TakeOverUncertain). Zero rows means someone else
+	// changed the row (a Keep included). The nonce and the Uncertain mark
+	// stay: the taken-over attempt's downstream keys are reused, and its
+	// outcome is still unknown until Reconcile says.
 	s.takeover = fmt.Sprintf(`UPDATE %[1]s SET lease_token = $4, request_id = $5, locked_at = now(),
+	lease_expires_at = now() + $8::bigint * interval '1 microsecond',
 	expires_at = now() + $6::bigint * interval '1 microsecond'
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
-	AND fingerprint = $3 AND locked_at <= now() - $8::bigint * interval '1 microsecond'
+	AND fingerprint = $3 AND lease_expires_at <= now() AND (NOT uncertain OR $9::boolean)
 RETURNING %[2]s, now()`, t, recordCols)
 
 	// Replacing a row past its retention: it counts as absent, so every
 	// column starts afresh, the nonce included.
 	s.replace = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
 	request_id = $5, nonce = $8, created_at = now(), locked_at = now(),
+	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
 	expires_at = now() + $6::bigint * interval '1 microsecond',
-	status = NULL, headers = NULL, body = NULL
+	uncertain = false, status = NULL, headers = NULL, body = NULL
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
 RETURNING %[2]s, now()`, t, recordCols)
 
 	// Claiming a released row: the key is free, so the new attempt's
-	// fingerprint, token and retention replace the old, fenced by the
-	// released token and re-checked on the row's latest version; the
-	// nonce stays, for the released attempt's downstream keys.
+	// fingerprint, token, lease and retention replace the old, fenced by
+	// the released token and re-checked on the row's latest version. The
+	// nonce stays for the same request (the same fingerprint: the released
+	// attempt's downstream keys reach the provider again and are
+	// deduplicated); another request is another downstream operation and
+	// gets the new one. In SET, fingerprint is the row's old value.
 	s.reuse = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
-	request_id = $5, created_at = now(), locked_at = now(),
-	expires_at = now() + $6::bigint * interval '1 microsecond'
+	request_id = $5, nonce = CASE WHEN fingerprint = $3 THEN nonce ELSE $8 END,
+	created_at = now(), locked_at = now(),
+	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
+	expires_at = now() + $6::bigint * interval '1 microsecond', uncertain = false
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'released' AND expires_at > now()
 RETURNING %[2]s, now()`, t, recordCols)
 
 	// A release keeps the row, and with it the nonce, until it expires.
-	s.release = fmt.Sprintf(`UPDATE %s SET state = 'released'
+	s.release = fmt.Sprintf(`UPDATE %s SET state = 'released', uncertain = false
+WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, t)
+
+	// Keep leaves the row in progress under its token, marks it Uncertain
+	// and ends its lease, so that the next claim finds it stale at once.
+	s.keep = fmt.Sprintf(`UPDATE %s SET uncertain = true, lease_expires_at = now()
 WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, t)
 
 	s.get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
@@ -443,8 +523,8 @@ WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	// rows another holds. The locking re-checks state and expires_at on the
 	// latest version of a row that changed after the snapshot. Settled rows
 	// come from the expires_at index, which holds only them; the few
-	// expired in_progress rows (abandoned claims) from the locked_at index,
-	// which holds only those; the batch takes settled rows first.
+	// expired in_progress rows (abandoned claims) from the lease_expires_at
+	// index, which holds only those; the batch takes settled rows first.
 	s.purge = fmt.Sprintf(`WITH settled AS (
 	SELECT principal, key FROM %[1]s
 	WHERE state <> 'in_progress' AND expires_at <= now()
@@ -466,9 +546,9 @@ DELETE FROM %[1]s AS t USING (
 WHERE t.principal = d.principal AND t.key = d.key`, t)
 
 	s.listStale = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
-WHERE state = 'in_progress' AND locked_at <= now() - $1::bigint * interval '1 microsecond'
-ORDER BY locked_at
-LIMIT $2`, t, recordCols)
+WHERE state = 'in_progress' AND lease_expires_at <= now()
+ORDER BY lease_expires_at
+LIMIT $1`, t, recordCols)
 
 	// The settle, fenced by the lease token. It is pipelined with COMMIT in
 	// one round trip, so a missed fence must not merely report zero rows: it
@@ -477,7 +557,7 @@ LIMIT $2`, t, recordCols)
 	// (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly one row was
 	// updated; the server then skips the COMMIT.
 	s.settle = fmt.Sprintf(`WITH u AS (
-	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7
+	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7, uncertain = false
 	WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	RETURNING 1
 )
@@ -497,8 +577,13 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // batch (one round trip, one implicit transaction), and calls each for
 // every row it returns.
 func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt string, args ...any) error {
+	return s.queryBehind(ctx, s.sql.prelude, each, stmt, args...)
+}
+
+// queryBehind is query behind another prelude.
+func (s *Store) queryBehind(ctx context.Context, prelude string, each func(pgx.Rows) error, stmt string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(s.sql.prelude)
+	b.Queue(prelude)
 	b.Queue(stmt, args...)
 	br := s.pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -527,8 +612,13 @@ func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt strin
 
 // exec is query for a statement that returns no rows.
 func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
+	return s.execBehind(ctx, s.sql.prelude, stmt, args...)
+}
+
+// execBehind is exec behind another prelude.
+func (s *Store) execBehind(ctx context.Context, prelude, stmt string, args ...any) (pgconn.CommandTag, error) {
 	b := &pgx.Batch{}
-	b.Queue(s.sql.prelude)
+	b.Queue(prelude)
 	b.Queue(stmt, args...)
 	br := s.pool.SendBatch(ctx, b)
 	_, err := br.Exec()
@@ -552,15 +642,22 @@ const (
 
 // Claim implements idem.Store. The common case is one batch (one round
 // trip: the settings it pins, the INSERT and the SELECT of the row); a
-// replay writes nothing. A
-// row past its ExpiresAt is replaced, and an in-progress row with the same
-// fingerprint whose lease is older than req.Lease is taken over, each by
+// replay writes nothing. A row past its ExpiresAt is replaced, a released
+// row is claimed (keeping its nonce for the same fingerprint), and an
+// in-progress row with the same fingerprint past its own LeaseExpiresAt is
+// taken over (an Uncertain one only with req.TakeOverUncertain), each by
 // one fenced UPDATE that re-checks its condition against the row's latest
 // version with the database clock. When that UPDATE matches nothing,
 // someone else changed the row and the claim starts over. A row another
 // transaction holds (an uncommitted settle) is waited for at most the lock
 // timeout (WithLockTimeout); past it Claim returns an error wrapping
 // idem.ErrTransient.
+//
+// The claim commits without waiting for its WAL to be flushed, unless
+// req.Durable: then its commit waits, as the settle's does (see
+// Config.DurableClaims). Until the flush a database crash can take the
+// claim back; idem.DownstreamKey waits for it (the Tx BeginTx returns is
+// an idem.Syncer).
 //
 // When the connection breaks under a claim statement (up to
 // maxConnRetries times) the claim runs again on another connection. That is
@@ -580,7 +677,10 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
 	}
 	req.RequestID = idem.BoundRequestID(req.RequestID)
-	lease := req.Lease.Truncate(time.Microsecond)
+	prelude := s.sql.claimPrelude
+	if req.Durable {
+		prelude = s.sql.durablePrelude
+	}
 	connRetries := 0
 	lostTakeover := false // a stale takeover's answer was lost
 	retryable := func(err error) bool {
@@ -597,7 +697,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		if attempt > 0 {
 			s.reruns.Add(1)
 		}
-		inserted, rec, now, found, err := s.claimOnce(ctx, req)
+		inserted, rec, now, found, err := s.claimOnce(ctx, prelude, req)
 		if err != nil {
 			if retryable(err) {
 				continue
@@ -615,7 +715,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			// Our own statement claimed it, and its answer was lost.
 			return idem.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
-			res, ok, err := s.takeOver(ctx, s.sql.replace, req, rec.LeaseToken, req.Nonce)
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.replace, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
 				continue
 			}
@@ -623,16 +723,16 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 				return res, err
 			}
 		case rec.State == idem.StateReleased:
-			res, ok, err := s.takeOver(ctx, s.sql.reuse, req, rec.LeaseToken)
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.reuse, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
 				continue
 			}
 			if err != nil || ok {
 				return res, err
 			}
-		case rec.State == idem.StateInProgress && !rec.LockedAt.After(now.Add(-lease)) &&
-			string(rec.Fingerprint) == string(req.Fingerprint):
-			res, ok, err := s.takeOver(ctx, s.sql.takeover, req, rec.LeaseToken, micros(lease))
+		case rec.State == idem.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
+			string(rec.Fingerprint) == string(req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.takeover, req, rec.LeaseToken, micros(req.Lease), req.TakeOverUncertain)
 			if err != nil && retryable(err) {
 				lostTakeover = true
 				continue
@@ -648,13 +748,14 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: %w: gave up after %d attempts under contention", idem.ErrTransient, s.maxAttempts)
 }
 
-// claimOnce runs the claim's batch: claimPrelude, the INSERT and the
+// claimOnce runs the claim's batch: the prelude, the INSERT and the
 // SELECT, one round trip. inserted reports whether the INSERT wrote the
 // row; found whether the SELECT returned one.
-func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
+func (s *Store) claimOnce(ctx context.Context, prelude string, req idem.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	b := &pgx.Batch{}
-	b.Queue(s.sql.claimPrelude)
-	b.Queue(s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce)
+	b.Queue(prelude)
+	b.Queue(s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
+		micros(req.Lease))
 	b.Queue(s.sql.claimRead, req.Principal, req.Key)
 	br := s.pool.SendBatch(ctx, b)
 	defer func() {
@@ -693,9 +794,9 @@ func retryClaim(err error) bool {
 	return code == "40001" || code == "40P01"
 }
 
-// takeOver runs a fenced takeover UPDATE (stale lease or expired record).
-// ok is false when it matched no row.
-func (s *Store) takeOver(ctx context.Context, query string, req idem.ClaimRequest, oldToken string, extra ...any) (idem.ClaimResult, bool, error) {
+// takeOver runs a fenced takeover UPDATE (stale lease, expired or released
+// record) behind prelude. ok is false when it matched no row.
+func (s *Store) takeOver(ctx context.Context, prelude, query string, req idem.ClaimRequest, oldToken string, extra ...any) (idem.ClaimResult, bool, error) {
 	args := append([]any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID,
 		micros(req.Retention), oldToken}, extra...)
 	var (
@@ -703,7 +804,7 @@ func (s *Store) takeOver(ctx context.Context, query string, req idem.ClaimReques
 		now   time.Time
 		found bool
 	)
-	err := s.query(ctx, func(rows pgx.Rows) error {
+	err := s.queryBehind(ctx, prelude, func(rows pgx.Rows) error {
 		if found {
 			return nil
 		}
@@ -733,9 +834,10 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 		headers []byte
 		body    []byte
 	)
-	dest := make([]any, 0, 14)
+	dest := make([]any, 0, 16)
 	dest = append(dest, &rec.Principal, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken,
-		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.ExpiresAt, &status, &headers, &body)
+		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.ExpiresAt,
+		&rec.Uncertain, &status, &headers, &body)
 	if now != nil {
 		dest = append(dest, now)
 	}
@@ -758,31 +860,55 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 }
 
 // Release implements idem.Store: an UPDATE to 'released' fenced by the
-// lease token and the in_progress state; the row keeps its nonce until it
-// expires. It returns idem.ErrLeaseLost when the row is gone, settled,
-// released or held by another token. An UPDATE whose connection broke is
-// sent again on another connection; if the lost one did release the row,
-// the second matches nothing and reports ErrLeaseLost, which is true: the
-// lease holds nothing any more. A row another transaction holds is waited for at
-// most the lock timeout.
+// lease token and the in_progress state, clearing Uncertain; the row keeps
+// its nonce until it expires. It returns idem.ErrLeaseLost when the row is
+// gone, settled, released or held by another token. An UPDATE whose
+// connection broke is sent again on another connection; if the lost one
+// did release the row, the second matches nothing and reports
+// ErrLeaseLost, which is true: the lease holds nothing any more. A row
+// another transaction holds is waited for at most the lock timeout. Its
+// commit is as durable as the session makes it: a release a crash took
+// back leaves the claim in progress until its lease ends, and the next
+// takeover runs the handler, which is what the release allowed anyway.
 //
 // Release changes nothing, and returns an error wrapping idem.ErrTxEnded,
 // for a lease whose transaction this store saw end behind its back (the
 // handler committed on the raw connection, then answered with an error):
-// part of that work may have committed, so the claim stays in progress for
-// a takeover and Config.Reconcile.
+// part of that work may have committed, so the claim must be kept (Keep),
+// never released.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 	if s.ended.has(l) {
-		return fmt.Errorf("idempgx: release: %w: the claim stays in progress for a takeover", idem.ErrTxEnded)
+		return fmt.Errorf("idempgx: release: %w: the claim must be kept, not released", idem.ErrTxEnded)
 	}
+	return s.fenced(ctx, "release", s.sql.prelude, s.sql.release, l)
+}
+
+// Keep implements idem.Store: an UPDATE fenced like Release's that leaves
+// the row in progress under its token, sets uncertain and ends the lease
+// (lease_expires_at = now()), so that the next claim finds it stale at
+// once and takes it over only with ClaimRequest.TakeOverUncertain. It
+// works for a lease whose transaction ended behind the store, which is
+// what it is for. Its commit waits for the WAL flush whatever the session
+// says: a Keep that a crash took back would leave a record that a claim
+// without Reconcile takes over and runs again once its lease ends. It is
+// sent again on another connection when its connection broke; a repeat
+// matches the row again and sets the same.
+func (s *Store) Keep(ctx context.Context, l idem.Lease) error {
+	return s.fenced(ctx, "keep", s.sql.durablePrelude, s.sql.keep, l)
+}
+
+// fenced runs stmt, an UPDATE fenced by l's principal, key and token and
+// the in_progress state, behind prelude; a connection that broke under it
+// is replaced. It returns idem.ErrLeaseLost unless it changed one row.
+func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idem.Lease) error {
 	var affected int64
 	err := s.onConn(ctx, func() error {
-		tag, err := s.exec(ctx, s.sql.release, l.Principal, l.Key, l.Token)
+		tag, err := s.execBehind(ctx, prelude, stmt, l.Principal, l.Key, l.Token)
 		affected = tag.RowsAffected()
 		return err
 	})
 	if err != nil {
-		return wrap("release", err)
+		return wrap(op, err)
 	}
 	if affected != 1 {
 		return idem.ErrLeaseLost
@@ -827,31 +953,6 @@ func (s *Store) onConn(ctx context.Context, fn func() error) error {
 	}
 }
 
-// syncSQL commits a transaction that wrote WAL, with synchronous_commit
-// on: its commit waits for the WAL to be flushed up to its commit record,
-// which covers every claim committed before it. The WAL it writes is a
-// transactional logical-decoding message (prefix "idem/sync", empty, about
-// 50 bytes; executable by every role): a transaction that only took a
-// transaction id writes no WAL before its commit record, and PostgreSQL
-// then commits it without waiting for the flush.
-const syncSQL = `SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
-	pg_catalog.pg_logical_emit_message(true, 'idem/sync', '')`
-
-// Sync implements idem.Syncer in one round trip. A claim commits without
-// waiting for its WAL flush (see the claim statement): until the flush, a
-// database crash can take it back, nonce included. idem.DownstreamKey
-// calls Sync before it hands out the first key of an attempt.
-func (s *Store) Sync(ctx context.Context) error {
-	err := s.onConn(ctx, func() error {
-		_, err := s.exec(ctx, syncSQL)
-		return err
-	})
-	if err != nil {
-		return wrap("sync", err)
-	}
-	return nil
-}
-
 // PurgeExpired implements idem.Store: it deletes at most limit rows past
 // their expires_at, oldest first, in one statement. Rows another purger
 // (or a claim) has locked are skipped, so several instances can sweep at
@@ -867,9 +968,11 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// ListStale implements idem.Store: in_progress rows whose locked_at is at
-// least olderThan ago on the database clock, oldest first, at most limit.
-func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
+// ListStale implements idem.Store: in_progress rows past their
+// lease_expires_at on the database clock (Uncertain ones included), the
+// longest expired first, at most limit, through the index on
+// lease_expires_at that holds only in_progress rows.
+func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -880,7 +983,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 			out = append(out, rec)
 		}
 		return err
-	}, s.sql.listStale, micros(olderThan), limit)
+	}, s.sql.listStale, limit)
 	if err != nil {
 		return nil, wrap("list stale", err)
 	}
@@ -888,10 +991,11 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 }
 
 // endedLeases remembers the leases whose transaction this store saw end
-// behind its back (in Settle or Rollback), so that the Release the engine
-// sends after a handler's error leaves their claim in progress. An entry
-// is kept for an hour, far longer than any lease: each is one rare
-// misbehaving request.
+// behind its back (in Settle or Rollback), so that a Release of one
+// changes nothing: the engine keeps such a claim (Keep), and a release
+// from anywhere else would let a retry run work that may have committed.
+// An entry is kept for an hour, far longer than any lease: each is one
+// rare misbehaving request.
 type endedLeases struct {
 	mu sync.Mutex
 	m  map[idem.Lease]time.Time

@@ -77,7 +77,7 @@ func TestSchema(t *testing.T) {
 		return s.Schema()
 	}
 	def := schemaOf(idempgx.DefaultTable)
-	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "public"."idempotency_keys"`, `"idempotency_keys_locked_at_idx"`,
+	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "public"."idempotency_keys"`, `"idempotency_keys_lease_expires_at_idx"`,
 		`"idempotency_keys_expires_at_idx"`, `WHERE state = 'in_progress'`, "PRIMARY KEY (principal, key)",
 		"headers     bytea"} {
 		if !strings.Contains(def, want) {
@@ -267,8 +267,58 @@ func TestFence(t *testing.T) {
 	}
 }
 
-// TestTakeoverRacingCompletion: a takeover that comes too early (the taker's
-// lease is 1µs, so the holder is "stale" at once) racing the holder's
+// TestTakeoverRechecksTheRow: the stale takeover's UPDATE decides on the
+// row's latest version, not on what the claim read before it: it matches
+// nothing for a row whose own lease has not ended, whatever lease the new
+// request asks for, nor for an Uncertain row (a Keep that landed between
+// the claim's read and its UPDATE) unless the request may take it over,
+// and it keeps the Uncertain mark when it may.
+func TestTakeoverRechecksTheRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 2, nil))
+	ctx := testCtx(t)
+	takeover := func(held idem.ClaimRequest, takeOverUncertain bool) int64 {
+		t.Helper()
+		next := claimReq(held.Principal, held.Key, "body", time.Microsecond)
+		tag, err := e.Pool.Exec(ctx, idempgx.TakeoverSQL(e.Store), next.Principal, next.Key, next.Fingerprint, next.Token,
+			next.RequestID, int64(3600e6), held.Token, int64(1), takeOverUncertain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tag.RowsAffected()
+	}
+	claim := func(lease time.Duration) idem.ClaimRequest {
+		t.Helper()
+		req := claimReq("alice", "recheck-"+randHex(4), "body", lease)
+		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		return req
+	}
+
+	if n := takeover(claim(time.Hour), true); n != 0 {
+		t.Fatalf("the takeover matched %d rows of a record whose own lease has an hour left", n)
+	}
+	if n := takeover(claim(time.Microsecond), false); n != 1 {
+		t.Fatalf("the takeover matched %d rows of a record whose lease ended, want 1", n)
+	}
+	kept := claim(time.Hour)
+	if err := e.Store.Keep(ctx, leaseOf(kept)); err != nil {
+		t.Fatal(err)
+	}
+	if n := takeover(kept, false); n != 0 {
+		t.Fatalf("the takeover without TakeOverUncertain matched %d rows of a kept record", n)
+	}
+	if n := takeover(kept, true); n != 1 {
+		t.Fatalf("the takeover with TakeOverUncertain matched %d rows of a kept record, want 1", n)
+	}
+	if rec, err := e.Store.Get(ctx, "alice", kept.Key); err != nil || !rec.Uncertain || rec.LeaseToken == kept.Token {
+		t.Fatalf("taken-over kept record = %+v, %v; want it Uncertain under the new token", rec, err)
+	}
+}
+
+// TestTakeoverRacingCompletion: a takeover that comes too early (the
+// holder's lease is 1µs, so the holder is stale at once) racing the holder's
 // settle, in both orders and interleaved at random, never commits two
 // effects, and the stored response is always from the one effect that
 // committed.
@@ -280,7 +330,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 	var holderWins, takerWins int
 	for i := range iterations {
 		key := "race-" + randHex(6)
-		holder := claimReq("alice", key, "body", time.Hour)
+		holder := claimReq("alice", key, "body", time.Microsecond)
 		if res, err := e.Store.Claim(ctx, holder); err != nil || !res.Claimed {
 			t.Fatalf("holder claim: %+v %v", res, err)
 		}
@@ -294,7 +344,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 
 		holderDone := make(chan error, 1)
 		settle := func() { holderDone <- tx.Settle(ctx, okResponse("holder")) }
-		taker := claimReq("alice", key, "body", time.Microsecond)
+		taker := claimReq("alice", key, "body", time.Hour)
 		take := func() error {
 			res, err := e.Store.Claim(ctx, taker)
 			if err != nil {
@@ -620,7 +670,7 @@ func TestQueryExecModes(t *testing.T) {
 			}
 
 			// The fence: a lost lease commits nothing.
-			old := claimReq("alice", "f-"+randHex(4), "body", time.Minute)
+			old := claimReq("alice", "f-"+randHex(4), "body", time.Microsecond) // stale at once
 			if _, err := s.Claim(ctx, old); err != nil {
 				t.Fatal(err)
 			}
@@ -631,7 +681,7 @@ func TestQueryExecModes(t *testing.T) {
 			if err := me.WriteEffect(oldCtx, old.Key+"/old"); err != nil {
 				t.Fatal(err)
 			}
-			taker := claimReq("alice", old.Key, "body", time.Microsecond)
+			taker := claimReq("alice", old.Key, "body", time.Minute)
 			if res, err := s.Claim(ctx, taker); err != nil || !res.Reclaimed {
 				t.Fatalf("takeover: %+v %v", res, err)
 			}

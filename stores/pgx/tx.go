@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/jackc/pgx/v5"
@@ -47,9 +48,10 @@ type txKey struct{}
 //
 // Conn returns the raw connection, which the store cannot filter: a
 // transaction ended through it is detected (the handle then answers every
-// statement with an error wrapping idem.ErrTxEnded, and the claim stays in
-// progress for a takeover and Config.Reconcile), but what was committed
-// stays committed. Do not use it to end the transaction.
+// statement with an error wrapping idem.ErrTxEnded, and the engine keeps
+// the claim in progress, marked uncertain, for Config.Reconcile or an
+// operator), but what was committed stays committed. Do not use it to end
+// the transaction.
 //
 // Once the store has finished the transaction, every method returns
 // pgx.ErrTxClosed (LargeObjects returns large objects whose methods do),
@@ -153,9 +155,11 @@ func (t *storeTx) Used() bool {
 
 // Settle implements idem.Tx. The marker check and pinned settings, the
 // fenced UPDATE and COMMIT go to the server as one pipelined batch: one
-// round trip. It never reports success unless the server confirmed the
-// COMMIT after the UPDATE changed exactly one row in the transaction
-// BeginTx began. Otherwise nothing is stored and it returns:
+// round trip. The COMMIT waits for its WAL flush whatever the handler set
+// synchronous_commit to (see settleCheck), so a stored outcome is durable
+// once the client is answered. It never reports success unless the server
+// confirmed the COMMIT after the UPDATE changed exactly one row in the
+// transaction BeginTx began. Otherwise nothing is stored and it returns:
 //
 //   - idem.ErrLeaseLost when the fence missed (the UPDATE raises, so the
 //     server skips the queued COMMIT);
@@ -165,8 +169,8 @@ func (t *storeTx) Used() bool {
 //   - an error wrapping idem.ErrTxEnded when the transaction ended behind
 //     the handle (TxStatus idle, or another transaction with another
 //     marker): part of the handler's work may have committed, so the
-//     engine keeps the claim in progress, and a later Release of this
-//     lease deletes nothing;
+//     engine keeps the claim (Keep), and a Release of this lease changes
+//     nothing;
 //   - any other failure, wrapped.
 func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	t.mu.Lock()
@@ -272,6 +276,151 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	t.conn = nil
 	return nil
 }
+
+// syncSQL reads, on the transaction's connection, the WAL position BeginTx
+// took (syncSetting, NULL if the handler removed it), the insert position
+// now and the flush position, as text: one statement, the first poll of
+// Sync. syncPollSQL reads the flush position again. Both call only
+// pg_catalog functions, so nothing in the handler's session changes what
+// they do, and neither can fail in a transaction that is not aborted.
+const (
+	syncSQL = `SELECT pg_catalog.current_setting('` + syncSetting + `', true),
+	pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
+	syncPollSQL = `SELECT pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
+)
+
+// The backoff between Sync's polls: doubled from the first up to the last.
+const (
+	syncFirstWait = time.Millisecond
+	syncMaxWait   = 20 * time.Millisecond
+)
+
+// Sync implements idem.Syncer: it returns once the WAL is flushed up to
+// the position BeginTx read when the transaction began, which is past the
+// claim's commit record (the claim committed before BeginTx was called),
+// so the claim, and the nonce every downstream key is made of, survives a
+// database crash. idem.DownstreamKey calls it before it hands out the
+// first key of an attempt whose claim was not Durable.
+//
+// It runs on the transaction's own connection, never on another one from
+// the pool: its statements take the handle's turn, as the handler's own
+// do, and read positions only, so the transaction is left as it was. It
+// polls the flush position, 1 ms apart at first and at most 20 ms; the WAL
+// writer flushes an asynchronous commit within wal_writer_delay (200 ms by
+// default), and any synchronous commit on the server flushes it sooner.
+// The wait ends with ctx; a statement already sent is not cancelled, as a
+// cancelled statement would abort the handler's transaction, so Sync may
+// return up to one statement after ctx ends.
+//
+// The position is BeginTx's rather than the one at the time of the call:
+// WAL the handler has written since is not flushed before some commit
+// follows it (the WAL writer flushes up to the last asynchronous commit and
+// the last completed page), so on a server where nothing else commits,
+// waiting for it would last until the background writer's periodic record
+// of running transactions, up to 15 s later (never with wal_level
+// minimal). A handler that removed syncSetting makes Sync wait for the
+// insert position at the call, which is past the claim too.
+//
+// It fails, without waiting, when the transaction is finished or aborted,
+// ended behind the handle (an error wrapping idem.ErrTxEnded), or its
+// connection is busy with rows the handler left open.
+func (t *storeTx) Sync(ctx context.Context) error {
+	var target lsn
+	for wait := time.Duration(0); ; wait = min(max(2*wait, syncFirstWait), syncMaxWait) {
+		if wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return wrap("sync", fmt.Errorf("the claim's WAL (up to %s) is not flushed yet: %w", target, ctx.Err()))
+			case <-timer.C:
+			}
+		}
+		flushed, err := t.syncPoll(ctx, &target)
+		if err != nil {
+			return err
+		}
+		if flushed {
+			return nil
+		}
+	}
+}
+
+// syncPoll runs one of Sync's statements under the locks Settle and the
+// handle's statements take: syncSQL while *target is zero (and then sets
+// it), syncPollSQL after. It reports whether the WAL is flushed up to
+// *target.
+func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.conn == nil {
+		return false, errors.New("idempgx: sync: transaction already finished")
+	}
+	h := t.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pg := h.conn.PgConn()
+	switch {
+	case h.closed:
+		return false, fmt.Errorf("idempgx: sync: %w", pgx.ErrTxClosed)
+	case pg.IsBusy():
+		return false, errSyncBusy
+	case h.state.ended || pg.TxStatus() == 'I':
+		h.state.ended = true
+		return false, fmt.Errorf("idempgx: sync: %w", errTxEnded)
+	case pg.TxStatus() != 'T':
+		return false, fmt.Errorf("idempgx: sync: %w", ErrTxAborted)
+	}
+	sctx, cancel := h.detached(ctx)
+	defer cancel()
+	var flush string
+	if *target == 0 {
+		var began *string
+		var insert string
+		if err := h.conn.QueryRow(sctx, syncSQL).Scan(&began, &insert, &flush); err != nil {
+			return false, wrap("sync", err)
+		}
+		now, err := parseLSN(insert)
+		if err != nil {
+			return false, wrap("sync", err)
+		}
+		// BeginTx's position, unless the handler changed the setting to
+		// something that is not a position BeginTx can have read.
+		*target = now
+		if began != nil {
+			if b, err := parseLSN(*began); err == nil && b > 0 && b <= now {
+				*target = b
+			}
+		}
+	} else if err := h.conn.QueryRow(sctx, syncPollSQL).Scan(&flush); err != nil {
+		return false, wrap("sync", err)
+	}
+	f, err := parseLSN(flush)
+	if err != nil {
+		return false, wrap("sync", err)
+	}
+	return f >= *target, nil
+}
+
+// errSyncBusy is Sync's answer on a connection that is still reading the
+// rows of the handler's last query.
+var errSyncBusy = errors.New("idempgx: sync: the transaction's connection is busy: close the rows of the handler's query first")
+
+// lsn is a WAL position (pg_lsn).
+type lsn uint64
+
+// parseLSN parses pg_lsn's text form, two hexadecimal halves: "16/B374D848".
+func parseLSN(s string) (lsn, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	h, err1 := strconv.ParseUint(hi, 16, 32)
+	l, err2 := strconv.ParseUint(lo, 16, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("not a WAL position: %q", s)
+	}
+	return lsn(h<<32 | l), nil
+}
+
+func (l lsn) String() string { return fmt.Sprintf("%X/%X", uint64(l)>>32, uint32(l)) }
 
 // hasMarker reports whether err is the 22P02 one of the store's statements
 // raises on purpose, carrying marker.
@@ -884,8 +1033,9 @@ func (r errRows) Conn() *pgx.Conn                              { return nil }
 func (r errRows) TypeMap() *pgtype.Map                         { return r.tm }
 
 var (
-	_ pgx.Tx   = (*handle)(nil)
-	_ pgx.Tx   = (*savepoint)(nil)
-	_ pgx.Rows = errRows{}
-	_ idem.Tx  = (*storeTx)(nil)
+	_ pgx.Tx      = (*handle)(nil)
+	_ pgx.Tx      = (*savepoint)(nil)
+	_ pgx.Rows    = errRows{}
+	_ idem.Tx     = (*storeTx)(nil)
+	_ idem.Syncer = (*storeTx)(nil)
 )

@@ -58,7 +58,7 @@ func benchStore(b *testing.B, s *idemredis.Store) {
 		time.Sleep(5 * time.Millisecond)
 		b.ResetTimer()
 		for range b.N {
-			recs, err := s.ListStale(ctx, time.Millisecond, 500)
+			recs, err := s.ListStale(ctx, 500)
 			if err != nil || len(recs) < 100 {
 				b.Fatal(len(recs), err)
 			}

@@ -103,7 +103,7 @@ func TestCutConnectionIsResent(t *testing.T) {
 		for _, stale := range []bool{false, true} {
 			key := "cut-" + idemredistest.RandHex(4)
 			if stale {
-				_, err := env.Store.Claim(ctx, claimReq("alice", key, "body", time.Hour))
+				_, err := env.Store.Claim(ctx, claimReq("alice", key, "body", time.Microsecond))
 				mustNil(t, err)
 			}
 			req := claimReq("alice", key, "body", time.Microsecond)

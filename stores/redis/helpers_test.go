@@ -274,9 +274,12 @@ func (d *paymentsDB) rowsFor(key string) int {
 	return n
 }
 
-// paymentHandler is the handler the package documentation recommends: the
-// business write is keyed by idem.DownstreamKey in a unique column, and
-// when the row exists already the handler answers from it.
+// paymentHandler is the handler the package documentation recommends, for
+// tests that send every key with one body: the business write is keyed by
+// idem.DownstreamKey in a unique column, and when the row exists already
+// the handler answers from it. The recipe's comparison of that row with the
+// request, for a key reused with another body, is played in
+// recipe_test.go.
 func paymentHandler(db *paymentsDB, key string) func(ctx context.Context) (int, []byte) {
 	return func(ctx context.Context) (int, []byte) {
 		if _, ok := idemredis.Tx(ctx); !ok {
@@ -293,7 +296,10 @@ func paymentHandler(db *paymentsDB, key string) func(ctx context.Context) (int, 
 
 // reconcileFrom answers a takeover from the payments table: the row the
 // crashed holder wrote, found by the same downstream key, or nil to run the
-// handler again.
+// handler again. It cannot compare the row with the request (it gets the
+// record, not the request), which is safe only because these tests send
+// every key with one body; the README says why a service's Reconcile lets
+// the handler decide instead.
 func reconcileFrom(db *paymentsDB) func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 	return func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 		dk, err := idem.DownstreamKey(ctx, "payment")

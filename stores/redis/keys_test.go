@@ -91,9 +91,9 @@ func TestKeysShareASlot(t *testing.T) {
 }
 
 // TestIndexHoldsOnlyInProgress: the in-progress index has exactly the
-// records in progress; settle and release take theirs out in the same
-// script, and ListStale removes the entry of a record that expired in
-// progress.
+// records in progress, kept ones included; settle and release take theirs
+// out in the same script, and ListStale removes the entry of a record that
+// expired in progress.
 func TestIndexHoldsOnlyInProgress(t *testing.T) {
 	ctx := testCtx(t)
 	env := newEnv(t)
@@ -113,7 +113,9 @@ func TestIndexHoldsOnlyInProgress(t *testing.T) {
 	for i := range 20 {
 		req := claimReq("alice", "ix-"+idemredistest.RandHex(4), "body", time.Hour)
 		if i == 19 {
-			req.Retention = 50 * time.Millisecond // expires in progress
+			// Expires in progress, after its lease ended: ListStale
+			// reaches an entry once its lease deadline passed.
+			req.Lease, req.Retention = 20*time.Millisecond, 50*time.Millisecond
 		}
 		_, err := s.Claim(ctx, req)
 		mustNil(t, err)
@@ -124,13 +126,15 @@ func TestIndexHoldsOnlyInProgress(t *testing.T) {
 			mustNil(t, tx.Settle(ctx, okOutcome("{}")))
 		case i < 15:
 			mustNil(t, s.Release(ctx, leaseOf(req)))
+		case i == 15:
+			mustNil(t, s.Keep(ctx, leaseOf(req))) // still in progress
 		}
 	}
 	if n := indexed(all); n != 5 {
 		t.Fatalf("%d index entries for 5 records in progress (and one about to expire), want 5", n)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if _, err := s.ListStale(ctx, 0, 100); err != nil {
+	if _, err := s.ListStale(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
 	if n := indexed(all); n != 4 {

@@ -18,7 +18,7 @@ import (
 )
 
 // TestRoundTrips counts, with a go-redis hook, what each store call sends:
-// claim 1, settle 1, replay 1, takeover 1, release 1, BeginTx 0, each one
+// claim 1, settle 1, replay 1, takeover 1, keep 1, release 1, BeginTx 0, each one
 // EVALSHA of a cached script; and a request through the engine costs the
 // claim and the settle, a replay the claim alone.
 func TestRoundTrips(t *testing.T) {
@@ -93,6 +93,10 @@ func TestRoundTrips(t *testing.T) {
 	if trips != 1 {
 		t.Fatalf("takeover: %d round trips %v, want 1", trips, cmds)
 	}
+	trips, cmds = cnt.measure(func() { mustNil(t, s.Keep(ctx, leaseOf(taker))) })
+	if trips != 1 {
+		t.Fatalf("keep: %d round trips %v, want 1", trips, cmds)
+	}
 	trips, cmds = cnt.measure(func() { mustNil(t, s.Release(ctx, leaseOf(taker))) })
 	if trips != 1 {
 		t.Fatalf("release: %d round trips %v, want 1", trips, cmds)
@@ -160,7 +164,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	if res, err := s.Claim(ctx, claimReq("alice", held.Key, "other body", time.Nanosecond)); err != nil || res.Claimed {
 		t.Fatalf("claim with another fingerprint: %+v, %v", res, err)
 	}
-	if _, err := s.ListStale(ctx, time.Hour, 10); err != nil {
+	if _, err := s.ListStale(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
 	if d := dirty(t, c) - before; d != 0 {
@@ -201,7 +205,7 @@ func TestServerClock(t *testing.T) {
 		_, err = s.Claim(ctx, other)
 		mustNil(t, err)
 		mustNil(t, s.Release(ctx, leaseOf(other)))
-		_, err = s.ListStale(ctx, time.Millisecond, 10)
+		_, err = s.ListStale(ctx, 10)
 		mustNil(t, err)
 	})
 	now := time.Now()

@@ -85,6 +85,14 @@ func TestSentinelFailover(t *testing.T) {
 		addr, err := sc.GetMasterAddrByName(ctx, "idem").Result()
 		return err == nil && addr[1] == strconv.Itoa(replica.port)
 	})
+	// Sentinel knowing is not the client knowing: wait until the client
+	// has switched too (it drops its connections to the old primary when
+	// it hears of the switch), or the replay below can still be answered
+	// by the old primary.
+	waitFor(t, func() bool {
+		info, err := c.Info(ctx, "server").Result()
+		return err == nil && strings.Contains(info, "tcp_port:"+strconv.Itoa(replica.port)+"\r")
+	})
 	cnt := &counter{}
 	c.AddHook(cnt)
 	cnt.recording.Store(true)

@@ -11,19 +11,21 @@ import (
 
 // statsScript: KEYS index; ARGV stale after (µs). Returns {now, in
 // progress, stale, oldest locked at or -1} for one shard. It walks the
-// shard's in-progress index and checks each entry's record, so that an
-// entry whose record expired while in progress (a leftover ListStale has
-// not yet removed) is not counted. The record's name is built from the
-// index's, with the same hash tag, so it is in the index's Cluster slot;
-// it reads only.
+// shard's in-progress index and reads each entry's record, so that an entry
+// whose record expired while in progress (a leftover ListStale has not yet
+// removed) is not counted, and takes the lease's start (l) from the record:
+// the index is scored by lease deadline. The record's name is built from
+// the index's, with the same hash tag, so it is in the index's Cluster
+// slot; it reads only.
 var statsScript = redis.NewScript(scriptPrelude + `
 local base = string.sub(KEYS[1], 1, #KEYS[1] - #'inprogress') .. 'r:'
 local cutoff = now - tonumber(ARGV[1])
-local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 local n, stale, oldest = 0, 0, -1
-for i = 1, #entries, 2 do
-	if redis.call('HGET', base .. entries[i], 's') == 'in_progress' then
-		local locked = tonumber(entries[i + 1])
+for i = 1, #members do
+	local v = redis.call('HMGET', base .. members[i], 's', 'l')
+	if v[1] == 'in_progress' then
+		local locked = tonumber(v[2])
 		n = n + 1
 		if locked <= cutoff then stale = stale + 1 end
 		if oldest < 0 or locked < oldest then oldest = locked end

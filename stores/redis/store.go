@@ -61,13 +61,26 @@ func WithPrefix(p string) Option {
 	}
 }
 
-// WithWaitReplicas makes every claim that grants a key (a first claim, or a
+// WithWaitReplicas makes every claim that grants a key (a first claim, the
+// replacement of an expired record, the claim of a released one, or a
 // takeover) wait, with Redis's WAIT, until n replicas have acknowledged it,
-// for at most timeout. It travels in the same round trip as the claim, on
-// the same connection, so a claim costs one round trip plus the replication
-// delay; a replay does not wait. A claim fewer than n replicas acknowledged
-// in time is released again and Claim returns an error wrapping
-// ErrNotReplicated and idem.ErrTransient (the client sees a retryable 503).
+// for at most timeout. The claim runs on a connection of its own and WAIT
+// follows on the same connection once the claim's answer says it granted
+// the key, so such a claim costs two round trips plus the replication
+// delay. A claim that grants nothing (a replay, an in-progress conflict, a
+// fingerprint mismatch) wrote nothing, does not wait and costs one round
+// trip, whether or not the replicas answer. Settle, Release and Keep do not
+// wait. A claim on such a connection that breaks is not sent again by
+// go-redis: Claim returns the error, wrapping idem.ErrTransient.
+//
+// A granted claim fewer than n replicas acknowledged in time makes Claim
+// return an error wrapping ErrNotReplicated and idem.ErrTransient (the
+// client sees a retryable 503). A fresh claim is released again by the
+// store, so the client's retry claims afresh; a takeover is left in
+// progress under the new lease token for the caller to end, since the
+// record it took over may hold an outcome nobody knows yet: the engine
+// keeps it (Store.Keep) when Config.Reconcile is set, so that the next
+// takeover asks Reconcile again, and releases it otherwise.
 //
 // WAIT does not make a write durable: a failover can still promote a
 // replica that missed it, only less often. It narrows the window in which
@@ -213,8 +226,16 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // Claim implements idem.Store with one script run: one round trip, however
 // the claim ends (granted, taken over, or the existing record returned), and
-// a replay writes nothing. With WithWaitReplicas, WAIT goes out in the same
-// round trip.
+// a replay writes nothing. With WithWaitReplicas, a claim that granted the
+// key is followed by WAIT, and only such a claim (see WithWaitReplicas).
+//
+// req.Durable is ignored, and the store does not make claims durable: it
+// keeps no nonce, so a claim that Redis loses takes back nothing a
+// downstream key depends on (see Store). Durable could be mapped onto
+// WithWaitReplicas's WAIT; it is not, because WAIT is replication, not
+// durability (the replicas hold the claim in memory, as the primary does),
+// so it would not give Durable's guarantee while it made the claims that
+// ask for it wait for replicas a server may not have.
 //
 // A claim whose answer was lost is sent again by go-redis (its MaxRetries);
 // the script recognises its own token and answers as the first run did, so
@@ -228,7 +249,11 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	}
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
-	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention)}
+	takeOverUncertain := "0"
+	if req.TakeOverUncertain {
+		takeOverUncertain = "1"
+	}
+	args := []any{k.member, req.Fingerprint, req.Token, req.RequestID, micros(req.Lease), micros(req.Retention), takeOverUncertain}
 	var (
 		vals []any
 		err  error
@@ -244,56 +269,61 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	return decodeClaim(req.Principal, req.Key, vals)
 }
 
-// claimAndWait runs the claim script and WAIT in one pipeline on one
-// connection to the primary that owns the record, and releases a granted
-// claim that too few replicas acknowledged.
+// claimAndWait runs the claim script on a connection of its own to the
+// primary that owns the record and, when the claim granted the key, WAIT on
+// that same connection (WAIT counts the replicas that acknowledged the
+// connection's own writes). A claim that granted nothing (a replay, a
+// conflict, a mismatch) wrote nothing and does not wait. A fresh claim that
+// too few replicas acknowledged is released again; a takeover is left held
+// by req.Token for the caller to end (see WithWaitReplicas).
 func (s *Store) claimAndWait(ctx context.Context, req idem.ClaimRequest, k keys, keys []string, args []any) ([]any, error) {
-	var node redis.Cmdable = s.client
-	if s.cluster != nil {
-		c, err := s.cluster.MasterForKey(ctx, k.record)
-		if err != nil {
-			return nil, err
-		}
-		node = c
+	node, err := s.primaryFor(ctx, k.record)
+	if err != nil {
+		return nil, err
 	}
-	var (
-		claim *redis.Cmd
-		wait  *redis.Cmd
-	)
-	for attempt := 0; ; attempt++ {
-		pipe := node.Pipeline()
-		if attempt == 0 {
-			claim = claimScript.EvalSha(ctx, pipe, keys, args...)
-		} else {
-			claim = claimScript.Eval(ctx, pipe, keys, args...) // not cached on the server: send the source
-		}
-		wait = pipe.Do(ctx, "wait", s.waitReplicas, s.waitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if attempt == 0 && isNoScript(claim.Err()) {
-			continue
-		}
-		break
-	}
-	vals, err := claim.Slice()
+	conn := node.Conn()
+	defer conn.Close()
+	vals, err := claimScript.Run(ctx, conn, keys, args...).Slice()
 	if err != nil {
 		if s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
 			s.cluster.ReloadState(ctx) // the slot moved: the next claim asks the right primary
 		}
 		return nil, err
 	}
-	if len(vals) > 0 && vals[0] == int64(1) {
-		acked, werr := wait.Int64()
-		if werr != nil || acked < int64(s.waitReplicas) {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.waitTimeout+time.Second)
-			defer cancel()
+	if len(vals) < 2 || vals[0] != int64(1) {
+		return vals, nil
+	}
+	acked, werr := conn.Do(ctx, "wait", s.waitReplicas, s.waitTimeout.Milliseconds()).Int64()
+	if werr == nil && acked >= int64(s.waitReplicas) {
+		return vals, nil
+	}
+	if vals[1] != int64(1) {
+		// On the claim's connection, which it holds already, unless WAIT
+		// broke it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.waitTimeout+time.Second)
+		defer cancel()
+		if releaseScript.Run(rctx, conn, keys, k.member, req.Token).Err() != nil {
 			_ = s.Release(rctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
-			if werr != nil {
-				return nil, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
-			}
-			return nil, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, acked, s.waitReplicas, s.waitTimeout)
 		}
 	}
-	return vals, nil
+	if werr != nil {
+		return nil, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
+	}
+	return nil, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, acked, s.waitReplicas, s.waitTimeout)
+}
+
+// primaryFor returns the client of the primary that owns key: the Cluster
+// primary of its slot, or the one server.
+func (s *Store) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
+	if s.cluster != nil {
+		return s.cluster.MasterForKey(ctx, key)
+	}
+	c, ok := s.client.(*redis.Client)
+	if !ok {
+		return nil, fmt.Errorf("%w: WithWaitReplicas needs a *redis.Client, Sentinel failover or *redis.ClusterClient client, not %T",
+			idem.ErrMisconfigured, s.client)
+	}
+	return c, nil
 }
 
 func isNoScript(err error) bool {
@@ -345,7 +375,7 @@ func flatFields(vals []any) (map[string]string, error) {
 func decodeRecord(principal, key string, f map[string]string) (idem.Record, error) {
 	rec := idem.Record{
 		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idem.State(f["s"]),
-		LeaseToken: f["t"], RequestID: f["q"],
+		LeaseToken: f["t"], RequestID: f["q"], Uncertain: f["u"] == "1",
 	}
 	if !rec.State.Valid() {
 		return idem.Record{}, fmt.Errorf("%w: state %q", ErrCorruptRecord, f["s"])
@@ -353,7 +383,7 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 	for _, tf := range []struct {
 		name string
 		dst  *time.Time
-	}{{"c", &rec.CreatedAt}, {"l", &rec.LockedAt}, {"x", &rec.ExpiresAt}} {
+	}{{"c", &rec.CreatedAt}, {"l", &rec.LockedAt}, {"e", &rec.LeaseExpiresAt}, {"x", &rec.ExpiresAt}} {
 		us, err := strconv.ParseInt(f[tf.name], 10, 64)
 		if err != nil {
 			return idem.Record{}, fmt.Errorf("%w: time %s=%q", ErrCorruptRecord, tf.name, f[tf.name])
@@ -376,15 +406,31 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 }
 
 // Release implements idem.Store: one script run, fenced by the lease token
-// and the in-progress state. It returns idem.ErrLeaseLost when the record
-// is gone, settled, or held by another token. A release whose answer was
-// lost and that go-redis sent again finds nothing the second time and
-// reports ErrLeaseLost, which is true: the lease holds nothing any more.
+// and the in-progress state, that also clears the Uncertain mark. It
+// returns idem.ErrLeaseLost when the record is gone, settled, or held by
+// another token. A release whose answer was lost and that go-redis sent
+// again finds nothing the second time and reports ErrLeaseLost, which is
+// true: the lease holds nothing any more.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	return s.endLease(ctx, "release", releaseScript, l)
+}
+
+// Keep implements idem.Store: one script run, fenced like Release, that
+// marks the record Uncertain and sets its lease deadline to the server's
+// now, leaving it in progress under the same token and with the expiry its
+// claim set. A keep whose answer was lost and that go-redis sent again finds
+// the record still held by the token and marks it again, so it reports
+// success.
+func (s *Store) Keep(ctx context.Context, l idem.Lease) error {
+	return s.endLease(ctx, "keep", keepScript, l)
+}
+
+// endLease runs a script of the Release kind, fenced by l's token.
+func (s *Store) endLease(ctx context.Context, op string, sc *redis.Script, l idem.Lease) error {
 	k := s.keysFor(l.Principal, l.Key)
-	n, err := releaseScript.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
+	n, err := sc.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
 	if err != nil {
-		return wrap("release", err)
+		return wrap(op, err)
 	}
 	if n != 1 {
 		return idem.ErrLeaseLost
@@ -415,26 +461,29 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) { retu
 
 // ListStale implements idem.Store without KEYS or SCAN: it reads the
 // in-progress index of every shard (IndexShards scripts in one pipeline,
-// one round trip per Cluster primary), takes the oldest limit entries
-// locked at least olderThan ago on each primary's clock, and reads their
-// records (a second pipeline). Index entries whose record is no longer in
-// progress (it expired in progress) are removed on the way. It returns at
-// most limit records, oldest first; fewer when some of the oldest entries
-// were such leftovers or changed meanwhile.
-func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit int) ([]idem.Record, error) {
+// one round trip per Cluster primary), which is scored by lease deadline,
+// takes the limit entries whose lease ended longest ago on each primary's
+// clock, and reads their records (a second pipeline). Uncertain records
+// (Keep) are among them, since Keep ends the lease. Index entries whose
+// record is no longer in progress (it expired in progress) are removed on
+// the way. It returns at most limit records, the longest expired first;
+// fewer when some of those entries were such leftovers or changed
+// meanwhile. Its cost is bounded by limit per shard, whatever the number of
+// records.
+func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	type entry struct {
-		shard         int
-		member        string
-		score, cutoff int64
+		shard      int
+		member     string
+		score, now int64
 	}
 	var cmds []*redis.Cmd
 	err := s.pipelinedScript(ctx, staleScript, func(p redis.Pipeliner, eval func(redis.Scripter, []string, ...any) *redis.Cmd) {
 		cmds = cmds[:0]
 		for shard := range IndexShards {
-			cmds = append(cmds, eval(p, []string{s.indexKey(shard)}, micros(olderThan), limit))
+			cmds = append(cmds, eval(p, []string{s.indexKey(shard)}, limit))
 		}
 	}, func() []*redis.Cmd { return cmds })
 	if err != nil {
@@ -456,7 +505,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 			if err != nil {
 				return nil, wrap("list stale", fmt.Errorf("%w: index score %v", ErrCorruptRecord, vals[i+1]))
 			}
-			entries = append(entries, entry{shard: shard, member: member, score: int64(score), cutoff: now - micros(olderThan)})
+			entries = append(entries, entry{shard: shard, member: member, score: int64(score), now: now})
 		}
 	}
 	slices.SortFunc(entries, func(a, b entry) int { return cmp.Compare(a.score, b.score) })
@@ -493,7 +542,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 		if err != nil {
 			return nil, wrap("list stale", err)
 		}
-		if rec.LockedAt.UnixMicro() > e.cutoff {
+		if rec.LeaseExpiresAt.UnixMicro() > e.now {
 			continue // taken over since the index was read: its lease is fresh
 		}
 		out = append(out, rec)
@@ -508,7 +557,7 @@ func (s *Store) ListStale(ctx context.Context, olderThan time.Duration, limit in
 			}
 		}, func() []*redis.Cmd { return pcmds })
 	}
-	slices.SortStableFunc(out, func(a, b idem.Record) int { return a.LockedAt.Compare(b.LockedAt) })
+	slices.SortStableFunc(out, func(a, b idem.Record) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
 	return out, nil
 }
 

@@ -22,9 +22,11 @@ type txKey struct{}
 //
 // So the handler makes its business write idempotent itself: it derives
 // the write's unique key with idem.DownstreamKey(ctx, step), inserts it in
-// a column with a unique constraint (INSERT … ON CONFLICT DO NOTHING), and
-// when the row exists already answers from it instead of writing again.
-// Config.Reconcile answers a takeover from the same row. The package
+// a column with a unique constraint beside the request's own fields
+// (INSERT … ON CONFLICT DO NOTHING), and when the row exists already
+// compares it with the request: it answers the same request from the row
+// instead of writing again, and another request (the key reused after Redis
+// lost its record) with 422 idem.ProblemKeyReused. The package
 // documentation has the failure table.
 //
 // NoTx has no Commit or Rollback: there is nothing to end.
@@ -38,6 +40,7 @@ type NoTx struct {
 // idem.Event.TxUsed: a handler that answers 2xx without asking for the
 // handle wrote, if anything, without knowing the store's terms.
 func Tx(ctx context.Context) (*NoTx, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
 	h, ok := ctx.Value(txKey{}).(*NoTx)
 	if !ok || h == nil {
 		return nil, false

@@ -3,6 +3,7 @@ package idemredis_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -169,4 +170,128 @@ func TestWaitCost(t *testing.T) {
 		t.Logf("claim, WAIT %v: p50 %v  p90 %v  p99 %v  (n=%d, alternating)", wait, pct(d, .5), pct(d, .9), pct(d, .99), len(d))
 	}
 	t.Logf("WAIT 1 adds %v at the median", pct(lat[true], .5)-pct(lat[false], .5))
+}
+
+// TestWaitOnlyAfterAGrant: WAIT follows only a claim that granted the key.
+// On the standalone server, which has no replica, WithWaitReplicas(1,
+// 300ms) can never be satisfied: a replay, an in-progress conflict and a
+// mismatch still answer at once, in one round trip and without WAIT, while
+// a first claim waits the whole timeout, in two round trips, and fails as
+// ErrNotReplicated, released. A takeover that WAIT fails is not released by
+// the store: the record it took over may hold an outcome nobody knows, so
+// the engine keeps it (Store.Keep) for Reconcile.
+func TestWaitOnlyAfterAGrant(t *testing.T) {
+	ctx := testCtx(t)
+	c := idemredistest.NewClient(t)
+	cnt := &counter{}
+	c.AddHook(cnt)
+	plain := idemredistest.NewEnv(t, c).Store
+	const timeout = 300 * time.Millisecond
+	// No Check: it refuses a server without the replicas asked for.
+	waiting, err := idemredis.New(c, idemredis.WithPrefix(plain.Prefix()), idemredis.WithWaitReplicas(1, timeout))
+	mustNil(t, err)
+
+	done := claimReq("alice", "done-"+idemredistest.RandHex(4), "body", time.Hour)
+	held := claimReq("alice", "held-"+idemredistest.RandHex(4), "body", time.Hour)
+	for _, r := range []idem.ClaimRequest{done, held} {
+		if res, err := plain.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %+v, %v", r.Key, res, err)
+		}
+	}
+	_, tx, err := plain.BeginTx(ctx, leaseOf(done))
+	mustNil(t, err)
+	mustNil(t, tx.Settle(ctx, okOutcome(`{"id":"p1"}`)))
+
+	for _, tc := range []struct {
+		name string
+		req  idem.ClaimRequest
+		ok   func(idem.ClaimResult) bool
+	}{
+		{"replay", claimReq("alice", done.Key, "body", time.Hour), func(r idem.ClaimResult) bool { return r.Record.Response != nil }},
+		{"in-progress conflict", claimReq("alice", held.Key, "body", time.Hour), func(r idem.ClaimResult) bool { return r.Record.Response == nil }},
+		{"mismatch", claimReq("alice", held.Key, "another body", time.Hour), func(r idem.ClaimResult) bool { return true }},
+	} {
+		var (
+			res idem.ClaimResult
+			err error
+		)
+		start := time.Now()
+		trips, cmds := cnt.measure(func() { res, err = waiting.Claim(ctx, tc.req) })
+		took := time.Since(start)
+		if err != nil || res.Claimed || !tc.ok(res) {
+			t.Fatalf("%s: %+v, %v", tc.name, res, err)
+		}
+		if trips != 1 || slices.Contains(cmds, "wait") || took >= timeout/2 {
+			t.Fatalf("%s: %d round trips %v in %v; want one, without WAIT, well under its timeout %v", tc.name, trips, cmds, took, timeout)
+		}
+		t.Logf("%-20s %v, %d round trip: %v", tc.name, took.Round(time.Microsecond), trips, cmds)
+	}
+
+	first := claimReq("alice", "first-"+idemredistest.RandHex(4), "body", time.Hour)
+	start := time.Now()
+	trips, cmds := cnt.measure(func() { _, err = waiting.Claim(ctx, first) })
+	took := time.Since(start)
+	if !errors.Is(err, idemredis.ErrNotReplicated) || !errors.Is(err, idem.ErrTransient) {
+		t.Fatalf("first claim without a replica: %v; want ErrNotReplicated and idem.ErrTransient", err)
+	}
+	if took < timeout || len(cmds) != 3 || cmds[0] != "evalsha" || cmds[1] != "wait" {
+		t.Fatalf("first claim failed after %v with %v; want WAIT's whole timeout %v", took, cmds, timeout)
+	}
+	if rec, free := storetest.Free(t, plain, "alice", first.Key); !free {
+		t.Fatalf("the unacknowledged first claim was not released: %+v", rec)
+	}
+	t.Logf("%-20s %v, %d round trips (the claim, WAIT, the release): %v: %v", "first claim", took.Round(time.Millisecond), trips, cmds, err)
+
+	// A takeover of a kept record that WAIT fails stays in progress under
+	// the taker's token, Uncertain, for the caller to keep.
+	kept := claimReq("alice", "kept-"+idemredistest.RandHex(4), "body", time.Hour)
+	if res, err := plain.Claim(ctx, kept); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	mustNil(t, plain.Keep(ctx, leaseOf(kept)))
+	taker := claimReq("alice", kept.Key, "body", time.Hour)
+	taker.TakeOverUncertain = true
+	if _, err := waiting.Claim(ctx, taker); !errors.Is(err, idemredis.ErrNotReplicated) {
+		t.Fatalf("takeover without a replica: %v, want ErrNotReplicated", err)
+	}
+	rec, err := plain.Get(ctx, "alice", kept.Key)
+	if err != nil || rec.State != idem.StateInProgress || rec.LeaseToken != taker.Token || !rec.Uncertain {
+		t.Fatalf("after the unacknowledged takeover: %+v, %v; want in progress under the taker's token, Uncertain", rec, err)
+	}
+	mustNil(t, plain.Keep(ctx, leaseOf(taker)))
+
+	// Through the engine with Reconcile: the failed takeover is kept, and
+	// Reconcile was never asked (the claim failed).
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: waiting,
+		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) {
+			t.Error("Reconcile asked after a claim that failed")
+			return nil, nil
+		}})
+	mustNil(t, err)
+	key := "engine-kept-" + idemredistest.RandHex(4)
+	att, resp := eng.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice", Key: key})
+	if att != nil || resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("first request without a replica: attempt %v, %+v; want 503", att != nil, resp)
+	}
+	// The released record keeps the request's fingerprint: claim it
+	// through the plain store and keep it, as an attempt whose outcome is
+	// unknown leaves it, then retry the request through the engine.
+	released, err := plain.Get(ctx, "alice", key)
+	if err != nil || released.State != idem.StateReleased {
+		t.Fatalf("after the engine's failed first claim: %+v, %v; want released", released, err)
+	}
+	res, err := plain.Claim(ctx, idem.ClaimRequest{Principal: "alice", Key: key, Fingerprint: released.Fingerprint,
+		Token: idemredistest.RandHex(16), Lease: time.Hour, Retention: time.Hour})
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim through the plain store: %+v, %v", res, err)
+	}
+	mustNil(t, plain.Keep(ctx, idem.Lease{Principal: "alice", Key: key, Token: res.Record.LeaseToken}))
+	att, resp = eng.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice", Key: key})
+	if att != nil || resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("retry of a kept record without a replica: attempt %v, %+v; want 503", att != nil, resp)
+	}
+	if rec, err := plain.Get(ctx, "alice", key); err != nil || rec.State != idem.StateInProgress || !rec.Uncertain ||
+		rec.LeaseToken == res.Record.LeaseToken {
+		t.Fatalf("after the engine's failed takeover: %+v, %v; want it taken over and kept, Uncertain, in progress", rec, err)
+	}
 }

@@ -84,7 +84,11 @@ func Handler(h adaptertest.Handler) echo.HandlerFunc {
 // Handler, on an httptest server.
 var Harness = adaptertest.Harness{
 	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
-		mw, err := idemecho.New(idemecho.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
+		engine, err := adaptertest.Engine(s)
+		if err != nil {
+			return "", err
+		}
+		mw, err := idemecho.New(idemecho.Config{Engine: engine, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
 			return "", err
 		}

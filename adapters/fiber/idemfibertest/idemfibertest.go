@@ -89,7 +89,11 @@ func Serve(t testing.TB, app *fiber.App) string {
 // places them, then Handler, served by Serve.
 var Harness = adaptertest.Harness{
 	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
-		mw, err := idemfiber.New(idemfiber.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
+		engine, err := adaptertest.Engine(s)
+		if err != nil {
+			return "", err
+		}
+		mw, err := idemfiber.New(idemfiber.Config{Engine: engine, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
 			return "", err
 		}

@@ -41,6 +41,7 @@ func Run(t *testing.T, newBackend storetest.NewBackend) {
 		{"OtherRequestRefused", testOtherRequestRefused},
 		{"NoPrincipal", testNoPrincipal},
 		{"Keys", testKeys},
+		{"AmbiguousKeysRefused", testAmbiguousKeys},
 		{"DeterministicErrorStored", testDeterministicErrorStored},
 		{"TransientCodesReleased", testTransientCodesReleased},
 		{"PanicReleased", testPanicReleased},
@@ -141,15 +142,21 @@ func (s *server) Echo(ctx context.Context, r *testpb.ActRequest) (*testpb.ActRep
 }
 
 // start serves the test service behind recovery, authentication and
-// idemgrpc configured with cfg, and returns a client and the server.
-func (s *suite) start(t *testing.T, cfg idemgrpc.Config) (testpb.TestServiceClient, *server) {
+// idemgrpc configured with cfg, on an engine configured with ec, and
+// returns a client and the server.
+func (s *suite) start(t *testing.T, ec idem.Config, cfg idemgrpc.Config) (testpb.TestServiceClient, *server) {
 	t.Helper()
-	if cfg.Store == nil {
-		cfg.Store = s.b.Store
+	if ec.Store == nil {
+		ec.Store = s.b.Store
 	}
-	if cfg.FingerprintKey == nil {
-		cfg.FingerprintKey = storetest.FingerprintKey
+	if ec.FingerprintKey == nil {
+		ec.FingerprintKey = storetest.FingerprintKey
 	}
+	eng, err := idem.New(ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Engine = eng
 	if cfg.Principal == nil {
 		cfg.Principal = func(ctx context.Context) (string, error) {
 			p, _ := ctx.Value(principalKey{}).(string)
@@ -261,7 +268,7 @@ func want(t *testing.T, what string, a answer, code codes.Code, replayed bool) {
 // reply; a retry gets the same reply, the allow-listed header and trailer
 // metadata and idempotent-replayed, and the method does not run again.
 func testFirstThenReplay(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	req := &testpb.ActRequest{EffectId: id, Note: "hello",
 		Header: map[string]string{"x-stored": "h1", "x-secret": "s1"}, Trailer: map[string]string{"x-stored": "t1"}}
@@ -292,7 +299,7 @@ func testFirstThenReplay(t *testing.T, s *suite) {
 // testConcurrentRunOnce: calls racing on one key run the method once; the
 // others get Aborted with a RetryInfo, and a retry afterwards the reply.
 func testConcurrentRunOnce(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	req := &testpb.ActRequest{EffectId: id, DelayMs: 300}
 	const n = 8
@@ -324,7 +331,7 @@ func testConcurrentRunOnce(t *testing.T, s *suite) {
 // testOtherRequestRefused: the same key with another request, or on
 // another method, is FailedPrecondition and runs nothing.
 func testOtherRequestRefused(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	want(t, "first", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Note: "a"}), codes.OK, false)
 	other := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Note: "b"})
@@ -341,7 +348,7 @@ func testOtherRequestRefused(t *testing.T, s *suite) {
 // testNoPrincipal: without a principal the call is Unauthenticated and
 // nothing is claimed: the same key with a principal then runs.
 func testNoPrincipal(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	a := call(t, c, "", "k-"+id, &testpb.ActRequest{EffectId: id})
 	want(t, "anonymous", a, codes.Unauthenticated, false)
@@ -355,9 +362,10 @@ func testNoPrincipal(t *testing.T, s *suite) {
 }
 
 // testKeys: the key is validated as the HTTP header is: missing, invalid
-// and doubled keys are InvalidArgument; the quoted form names the same key.
+// and doubled keys are InvalidArgument; the quoted form names the same key
+// (testAmbiguousKeys has the other ambiguous forms).
 func testKeys(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	req := &testpb.ActRequest{EffectId: id}
 	for _, tc := range []struct {
@@ -383,10 +391,60 @@ func testKeys(t *testing.T, s *suite) {
 	want(t, "quoted", call(t, c, "alice", `"k-`+id+`"`, req), codes.OK, true)
 }
 
+// testAmbiguousKeys: a key that does not name one key (several metadata
+// values, a list, an Inner List, parameters) is InvalidArgument
+// KEY_INVALID, whichever value or member the interceptor might have taken:
+// the method does not run and no reading of the key is claimed.
+func testAmbiguousKeys(t *testing.T, s *suite) {
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
+	for _, tc := range []struct {
+		name   string
+		values []string // the values of the idempotency-key metadata
+		keys   []string // the keys some reading of them names
+	}{
+		{"two values", []string{"k-value-1", "k-value-2"}, []string{"k-value-1", "k-value-2", "k-value-1, k-value-2"}},
+		{"two quoted values", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
+		{"an empty and a full value", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
+		{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
+		{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
+		{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
+		{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
+		{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
+		{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
+		{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var extra []string
+			for _, v := range tc.values {
+				extra = append(extra, "idempotency-key", v)
+			}
+			runs := srv.runs.Load()
+			a := call(t, c, "alice", "", &testpb.ActRequest{EffectId: randHex(8)}, extra...)
+			want(t, fmt.Sprintf("key values %q", tc.values), a, codes.InvalidArgument, false)
+			if a.reason != "KEY_INVALID" {
+				t.Fatalf("key values %q: reason %q, want KEY_INVALID", tc.values, a.reason)
+			}
+			if srv.runs.Load() != runs {
+				t.Fatalf("key values %q: the method ran", tc.values)
+			}
+			for _, key := range tc.keys {
+				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
+					t.Fatalf("key values %q: %q was claimed: %v", tc.values, key, err)
+				}
+			}
+		})
+	}
+	// The same characters inside one sf-string are one key.
+	want(t, "a quoted key holding , and ;", call(t, c, "alice", `"k-one,key;x=1"`, &testpb.ActRequest{EffectId: randHex(8)}), codes.OK, false)
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-one,key;x=1"); err != nil {
+		t.Fatalf("the quoted key was not stored as k-one,key;x=1: %v", err)
+	}
+}
+
 // testDeterministicErrorStored: a deterministic error is stored as failed
 // with the method's writes, and replayed with its message and details.
 func testDeterministicErrorStored(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented, codes.Unauthenticated} {
 		id := randHex(8)
@@ -410,7 +468,7 @@ func testDeterministicErrorStored(t *testing.T, s *suite) {
 // testTransientCodesReleased: a transient code rolls the method's writes
 // back and releases the key; the retry runs again.
 func testTransientCodesReleased(t *testing.T, s *suite) {
-	c, _ := s.start(t, idemgrpc.Config{})
+	c, _ := s.start(t, idem.Config{}, idemgrpc.Config{})
 	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted,
 		codes.Aborted, codes.Internal, codes.Unknown, codes.Canceled, codes.DataLoss} {
 		id := randHex(8)
@@ -427,7 +485,7 @@ func testTransientCodesReleased(t *testing.T, s *suite) {
 // testPanicReleased: a panicking method rolls back and releases; the panic
 // reaches the recovery interceptor.
 func testPanicReleased(t *testing.T, s *suite) {
-	c, _ := s.start(t, idemgrpc.Config{})
+	c, _ := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	want(t, "panic", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Panic: true}), codes.Internal, false)
 	if !s.b.NoSharedTx && s.effects(t, id) != 0 {
@@ -440,7 +498,7 @@ func testPanicReleased(t *testing.T, s *suite) {
 // testDeadlineReleases: a method past RequestTimeout is rolled back and
 // answered DeadlineExceeded with a RetryInfo.
 func testDeadlineReleases(t *testing.T, s *suite) {
-	c, _ := s.start(t, idemgrpc.Config{Config: idem.Config{RequestTimeout: 200 * time.Millisecond}})
+	c, _ := s.start(t, idem.Config{RequestTimeout: 200 * time.Millisecond}, idemgrpc.Config{})
 	id := randHex(8)
 	a := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, DelayMs: 5000})
 	want(t, "slow", a, codes.DeadlineExceeded, false)
@@ -459,7 +517,7 @@ func testFailedCommit(t *testing.T, s *suite) {
 	if s.b.PoisonTx == nil {
 		t.Skip("not applicable: the store shares no transaction with the method")
 	}
-	c, _ := s.start(t, idemgrpc.Config{})
+	c, _ := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	a := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, Poison: true})
 	want(t, "poisoned", a, codes.Unavailable, false)
@@ -493,7 +551,7 @@ func testFailedCommit(t *testing.T, s *suite) {
 // testReplyTooLarge: a reply over MaxResponseBytes is rolled back and
 // answered Internal.
 func testReplyTooLarge(t *testing.T, s *suite) {
-	c, _ := s.start(t, idemgrpc.Config{Config: idem.Config{MaxResponseBytes: 1024}})
+	c, _ := s.start(t, idem.Config{MaxResponseBytes: 1024}, idemgrpc.Config{})
 	id := randHex(8)
 	a := call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id, ReplyBytes: 4096})
 	want(t, "large", a, codes.Internal, false)
@@ -515,7 +573,7 @@ func (downStore) Claim(context.Context, idem.ClaimRequest) (idem.ClaimResult, er
 // testStoreUnavailable: a store that cannot be reached is Unavailable
 // with a RetryInfo, and the method does not run.
 func testStoreUnavailable(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{Config: idem.Config{Store: downStore{s.b.Store}}})
+	c, srv := s.start(t, idem.Config{Store: downStore{s.b.Store}}, idemgrpc.Config{})
 	a := call(t, c, "alice", "k", &testpb.ActRequest{EffectId: randHex(8)})
 	want(t, "down", a, codes.Unavailable, false)
 	if a.reason != "STORE_UNAVAILABLE" || !a.retryDelayIsSet || srv.runs.Load() != 0 {
@@ -530,8 +588,8 @@ func testStoreUnavailable(t *testing.T, s *suite) {
 // without idempotency; a method Idempotent leaves out runs as if the
 // interceptor were not there.
 func testOptionalKeyAndFilter(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{Config: idem.Config{KeyOptional: true},
-		Idempotent: func(m string) bool { return m != testpb.TestService_Echo_FullMethodName }})
+	c, srv := s.start(t, idem.Config{KeyOptional: true},
+		idemgrpc.Config{Idempotent: func(m string) bool { return m != testpb.TestService_Echo_FullMethodName }})
 	for range 2 {
 		want(t, "no key", callMethod(t, c.Echo, "alice", "", &testpb.ActRequest{Note: "x"}), codes.OK, false)
 	}
@@ -556,7 +614,7 @@ func testOptionalKeyAndFilter(t *testing.T, s *suite) {
 
 // testPrincipalsIsolated: one key used by two principals names two records.
 func testPrincipalsIsolated(t *testing.T, s *suite) {
-	c, srv := s.start(t, idemgrpc.Config{})
+	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
 	id := randHex(8)
 	a := call(t, c, "alice", "shared-"+id, &testpb.ActRequest{EffectId: id + "a"})
 	b := call(t, c, "bob", "shared-"+id, &testpb.ActRequest{EffectId: id + "b"})
@@ -571,14 +629,14 @@ func testPrincipalsIsolated(t *testing.T, s *suite) {
 // PermissionDenied, and the method does not run again.
 func testReplayReauthorized(t *testing.T, s *suite) {
 	var revoked atomic.Bool
-	c, srv := s.start(t, idemgrpc.Config{Config: idem.Config{
+	c, srv := s.start(t, idem.Config{
 		AuthorizeReplay: func(context.Context, string, idem.Record) error {
 			if revoked.Load() {
 				return errors.New("account closed")
 			}
 			return nil
 		},
-	}})
+	}, idemgrpc.Config{})
 	id := randHex(8)
 	want(t, "first", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id}), codes.OK, false)
 	revoked.Store(true)

@@ -94,7 +94,11 @@ func Handler(h adaptertest.Handler) http.Handler {
 // Setup places them, then Handler, on an httptest server.
 var Harness = adaptertest.Harness{
 	Serve: func(t testing.TB, s adaptertest.Setup) (string, error) {
-		mw, err := idemhttp.New(idemhttp.Config{Config: s.Config, Principal: adaptertest.PrincipalFunc(s, Principal)})
+		engine, err := adaptertest.Engine(s)
+		if err != nil {
+			return "", err
+		}
+		mw, err := idemhttp.New(idemhttp.Config{Engine: engine, Principal: adaptertest.PrincipalFunc(s, Principal)})
 		if err != nil {
 			return "", err
 		}

@@ -28,18 +28,24 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     headers     bytea,
     body        bytea,
     created_at  timestamptz NOT NULL,
-    locked_at   timestamptz NOT NULL,
+    -- when the current lease was taken, and when it ends: past
+    -- lease_expires_at an in-progress record is stale.
+    locked_at        timestamptz NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
+    -- set (only on an in-progress row) when an attempt's work may have
+    -- committed without its outcome: only a takeover that asks Reconcile
+    -- takes it over.
+    uncertain   boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (principal, "key")
 );
 
--- Stale leases (ListStale, takeover diagnostics): only in-progress rows.
-CREATE INDEX IF NOT EXISTS idempotency_keys_stale_idx
-    ON idempotency_keys (locked_at) WHERE state = 'in_progress';
+-- Stale leases (ListStale): only in-progress rows, by the end of their lease.
+CREATE INDEX IF NOT EXISTS idempotency_keys_lease_idx
+    ON idempotency_keys (lease_expires_at) WHERE state = 'in_progress';
 
 -- The sweeper (PurgeExpired), settled rows only: the claim writes two index
 -- entries instead of three. Expired in-progress rows (abandoned claims, few)
--- are found through the stale index. A table made with the earlier full
--- index works unchanged; recreate the index to get the smaller claim.
+-- are found through the lease index, which holds only in-progress rows.
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_idx
     ON idempotency_keys (expires_at) WHERE state <> 'in_progress';

@@ -7,7 +7,8 @@
 -- from the database's clock ('now'), exact and cheap to compare. STRICT makes
 -- SQLite refuse a value of the wrong type instead of storing it. principal, key and
 -- request_id hold 255 bytes each, as on every dialect; headers are idem.EncodeHeader's
--- bytes.
+-- bytes. uncertain (0 or 1) is set, only on an in-progress row, when an attempt's work
+-- may have committed without its outcome.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     principal   TEXT    NOT NULL CHECK (length(CAST(principal AS BLOB)) <= 255),
     "key"       TEXT    NOT NULL CHECK (length(CAST("key" AS BLOB)) <= 255),
@@ -21,14 +22,16 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     body        BLOB,
     created_at  INTEGER NOT NULL,
     locked_at   INTEGER NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
     expires_at  INTEGER NOT NULL,
+    uncertain   INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (principal, "key"),
     CHECK ((state IN ('in_progress', 'released')) = (status IS NULL))
 ) STRICT;
 
--- Stale leases (ListStale): only in-progress rows.
-CREATE INDEX IF NOT EXISTS idempotency_keys_stale_idx
-    ON idempotency_keys (locked_at) WHERE state = 'in_progress';
+-- Stale leases (ListStale): only in-progress rows, by the end of their lease.
+CREATE INDEX IF NOT EXISTS idempotency_keys_lease_idx
+    ON idempotency_keys (lease_expires_at) WHERE state = 'in_progress';
 
 -- The sweeper (PurgeExpired).
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_idx

@@ -4,8 +4,9 @@
 -- turned completed or failed by the settle (in the same transaction as the
 -- handler's own writes), or released when the attempt is released: the key
 -- is free again, and the row keeps its nonce for the next attempt's
--- downstream keys until it expires. Times are
--- PostgreSQL's clock (now()), never the application's.
+-- downstream keys until it expires. An in_progress row whose attempt's
+-- outcome is unknown is kept, marked uncertain. Times are PostgreSQL's
+-- clock (now()), never the application's.
 --
 -- The table has no CHECK constraints: PostgreSQL 15 parses every CHECK
 -- expression anew on each INSERT and UPDATE, and the five this table had
@@ -31,17 +32,25 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     -- in_progress, completed, failed or released; status is NULL exactly
     -- when the row is in_progress or released.
     state       text        NOT NULL,
-    -- Fences settle and release: they only act while it still matches.
+    -- Fences settle, release and keep: they only act while it still matches.
     lease_token text        NOT NULL,
     -- The first attempt's request id; idem bounds it to 255 bytes.
     request_id  text        NOT NULL DEFAULT '',
-    -- Random per record, kept by a takeover and by a release: enters
-    -- idem.DownstreamKey.
+    -- Random per record, kept by a takeover, and by a release for the next
+    -- claim with the same fingerprint: enters idem.DownstreamKey.
     nonce       text        NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    -- When the current lease was taken, and when it ends: an in_progress
+    -- row past its lease_expires_at is stale (its holder crashed, hung or
+    -- was kept), whatever lease the next request asks for.
     locked_at   timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at timestamptz NOT NULL,
     -- Retention: past it the row counts as absent and may be purged.
     expires_at  timestamptz NOT NULL,
+    -- The attempt's work may have committed without its outcome (kept by
+    -- Keep): a takeover only to ask Config.Reconcile, which the takeover
+    -- keeps; cleared by the settle and the release.
+    uncertain   boolean     NOT NULL DEFAULT false,
     -- The stored response; present exactly when the row is settled.
     status      integer,
     -- Response headers, byte-exact, in idem.EncodeHeader's format.
@@ -50,16 +59,17 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
     PRIMARY KEY (principal, key)
 );
 
--- Stale in_progress rows (crashed or hung holders), oldest lease first.
-CREATE INDEX IF NOT EXISTS idempotency_keys_locked_at_idx
-    ON public.idempotency_keys (locked_at) WHERE state = 'in_progress';
+-- Stale in_progress rows (crashed, hung or kept holders), the longest
+-- expired lease first.
+CREATE INDEX IF NOT EXISTS idempotency_keys_lease_expires_at_idx
+    ON public.idempotency_keys (lease_expires_at) WHERE state = 'in_progress';
 
 -- The sweeper's index for deleting expired settled rows in batches. It
 -- leaves in_progress rows out: the claim then writes two index entries
 -- instead of three (the settle, which cannot be a HOT update because it
 -- changes state, writes this one and the primary key's). The sweeper finds
--- the few expired in_progress rows through the locked_at index. A table
--- created with the earlier full index on expires_at works unchanged; drop
--- and recreate the index to get the smaller claim.
+-- the few expired in_progress rows through the lease_expires_at index. A
+-- table created with a full index on expires_at works unchanged; drop and
+-- recreate the index to get the smaller claim.
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx
     ON public.idempotency_keys (expires_at) WHERE state <> 'in_progress';

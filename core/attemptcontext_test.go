@@ -1,0 +1,69 @@
+package idem_test
+
+import (
+	"context"
+	"testing"
+
+	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/storetest"
+)
+
+// frameworkContext is a context as gin's *gin.Context is one by default:
+// it answers Value for string keys from its own keys and passes no other
+// key through to the request's context.
+type frameworkContext struct {
+	context.Context
+	keys map[string]any
+}
+
+func (c frameworkContext) Value(key any) any {
+	if s, ok := key.(string); ok {
+		return c.keys[s]
+	}
+	return nil
+}
+
+// TestAttemptContextThroughAFrameworkContext: a handler that passes the
+// framework's own context finds the attempt (its lease, its downstream
+// key, its store's transaction) once the adapter stored the attempt's
+// context under ContextKey, and finds nothing, rather than something else,
+// without it.
+func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, _ := e.Begin(context.Background(), request("alice", "k"))
+	defer att.Abort()
+	want, err := idem.DownstreamKey(att.Context(), "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bare := frameworkContext{Context: context.Background(), keys: map[string]any{}}
+	if _, ok := idem.AttemptContext(bare); ok {
+		t.Fatal("AttemptContext found an attempt in a context that carries none")
+	}
+	if _, err := idem.DownstreamKey(bare, "charge"); err != idem.ErrNoAttempt {
+		t.Fatalf("DownstreamKey without an attempt: %v, want ErrNoAttempt", err)
+	}
+	if _, ok := memstore.TxFrom(bare); ok {
+		t.Fatal("TxFrom found a transaction in a context that carries none")
+	}
+
+	stored := frameworkContext{Context: context.Background(), keys: map[string]any{idem.ContextKey: att.Context()}}
+	if ac, ok := idem.AttemptContext(stored); !ok || ac != att.Context() {
+		t.Fatalf("AttemptContext = %v, %v; want the attempt's context", ac, ok)
+	}
+	if l, ok := idem.LeaseFrom(stored); !ok || l != att.Lease() {
+		t.Fatalf("LeaseFrom = %+v, %v; want %+v", l, ok, att.Lease())
+	}
+	if got, err := idem.DownstreamKey(stored, "charge"); err != nil || got != want {
+		t.Fatalf("DownstreamKey = %q, %v; want %q", got, err, want)
+	}
+	if _, ok := memstore.TxFrom(stored); !ok {
+		t.Fatal("TxFrom did not find the transaction through the framework's context")
+	}
+}
