@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
@@ -20,7 +19,10 @@ func TestDriverLogsAreScrubbed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := driverLog{mu: new(sync.Mutex), d: d}
+	opened.Lock()
+	opened.dsns = append(opened.dsns, d)
+	opened.Unlock()
+	var l driverLog
 	l.Print("packets.go:58 unexpected EOF on root:s3cr3t-pw@tcp(127.0.0.1:3306)/test")
 	l.Printf(context.Background(), "redis: auth with %q failed\n", "s3cr3t-pw")
 	out := buf.String()

@@ -47,7 +47,9 @@ type checker interface {
 // and creates nothing. Its errors name the DSN redacted (d.Redacted); the
 // caller scrubs what a driver may have quoted (d.Scrub).
 func Store(ctx context.Context, d dsn.DSN, table, prefix string) (*ctl.Opened, error) {
-	routeDriverLogs(d)
+	opened.Lock()
+	opened.dsns = append(opened.dsns, d)
+	opened.Unlock()
 	var (
 		o   *ctl.Opened
 		err error
@@ -79,17 +81,34 @@ func Store(ctx context.Context, d dsn.DSN, table, prefix string) (*ctl.Opened, e
 // logOutput receives the drivers' own log lines.
 var logOutput io.Writer = os.Stderr
 
-// driverLog is a driver's logger that writes each line to logOutput,
-// scrubbed of the DSN's passwords.
-type driverLog struct {
-	mu *sync.Mutex
-	d  dsn.DSN
+// opened holds the DSNs Store was given, whose passwords every driver log
+// line is scrubbed of.
+var opened struct {
+	sync.Mutex
+	dsns []dsn.DSN
 }
 
-func (l driverLog) line(s string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	fmt.Fprintln(logOutput, "idemctl:", strings.TrimRight(l.d.ScrubText(s), "\n"))
+// The log lines go-sql-driver and go-redis write themselves (a broken
+// connection, a failed dial) go through driverLog, so that no log line
+// carries a password either. The loggers are set here, before any
+// connection can log, as the drivers' globals want. pgx and gorm log
+// nothing: pgx has no logger by default, gorm's is Discard.
+func init() {
+	_ = mysql.SetLogger(driverLog{})
+	redis.SetLogger(driverLog{})
+}
+
+// driverLog is a driver's logger that writes each line to logOutput,
+// scrubbed of the passwords of every DSN opened.
+type driverLog struct{}
+
+func (driverLog) line(s string) {
+	opened.Lock()
+	defer opened.Unlock()
+	for _, d := range opened.dsns {
+		s = d.ScrubText(s)
+	}
+	fmt.Fprintln(logOutput, "idemctl:", strings.TrimRight(dsn.Redact(s), "\n"))
 }
 
 // Print implements go-sql-driver's mysql.Logger.
@@ -98,16 +117,6 @@ func (l driverLog) Print(v ...any) { l.line("mysql: " + fmt.Sprint(v...)) }
 // Printf implements go-redis's logger.
 func (l driverLog) Printf(_ context.Context, format string, v ...any) {
 	l.line(fmt.Sprintf(format, v...))
-}
-
-// routeDriverLogs sends the log lines go-sql-driver and go-redis write
-// themselves (a broken connection, a failed dial) through driverLog, so
-// that no log line carries a password either. pgx and gorm log nothing
-// here: pgx has no logger by default, gorm's is Discard.
-func routeDriverLogs(d dsn.DSN) {
-	l := driverLog{mu: new(sync.Mutex), d: d}
-	_ = mysql.SetLogger(l)
-	redis.SetLogger(l)
 }
 
 func openPgx(ctx context.Context, d dsn.DSN, table string) (*ctl.Opened, error) {
