@@ -749,3 +749,51 @@ func TestWrongPasswordIsNotEchoed(t *testing.T) {
 		}
 	}
 }
+
+// A password reaches the driver as written, in both MySQL forms, while no
+// message shows it: on MariaDB, with a user of its own whose password has
+// the characters each form treats specially.
+func TestPasswordReachesTheDriver(t *testing.T) {
+	fix := idemgormtest.NewFixture(t, "mysql")
+	cfg, err := mysqldriver.ParseDSN(idemgormtest.MySQLDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const user, pw = "idemctl_test", "p@ss:w/rd%41?"
+	db := fix.DB.Exec("CREATE USER IF NOT EXISTS '" + user + "'@'%' IDENTIFIED BY '" + pw + "'")
+	if db.Error == nil {
+		db = fix.DB.Exec("GRANT ALL ON " + cfg.DBName + ".* TO '" + user + "'@'%'")
+	}
+	if db.Error != nil {
+		t.Skipf("cannot make a user with a password: %v", db.Error)
+	}
+	t.Cleanup(func() { fix.DB.Exec("DROP USER IF EXISTS '" + user + "'@'%'") })
+	sqlDriver := *cfg
+	sqlDriver.User, sqlDriver.Passwd = user, pw
+	u := url.URL{Scheme: "mysql", User: url.UserPassword(user, pw), Host: cfg.Addr, Path: "/" + cfg.DBName}
+	for _, raw := range []string{sqlDriver.FormatDSN(), u.String()} {
+		d, err := dsn.Parse(raw, "")
+		if err != nil {
+			t.Fatalf("Parse: %v", err)
+		}
+		o, err := open.Store(context.Background(), d, fix.Store.Table(), "")
+		if err != nil {
+			t.Fatalf("open %s: %v", d.Redacted, d.Scrub(err))
+		}
+		var b bytes.Buffer
+		err = ctl.Stats(context.Background(), &b, ctl.Options{Store: o.Store, Name: o.Name})
+		o.Close()
+		if err != nil {
+			t.Errorf("stats on %s: %v", d.Redacted, err)
+		}
+		if strings.Contains(d.Redacted+b.String(), "w/rd") {
+			t.Errorf("the password shows in %q or the output", d.Redacted)
+		}
+	}
+	bad := sqlDriver
+	bad.Passwd = pw + "x"
+	err = ctl.Run(context.Background(), []string{"stats", "--dsn", bad.FormatDSN(), "--table", fix.Store.Table()}, io.Discard, nil, open.Store)
+	if err == nil || strings.Contains(err.Error(), "w/rd") {
+		t.Errorf("a wrong password: %v", err)
+	}
+}
