@@ -308,6 +308,31 @@ func testBadKeys(t *testing.T, s *suite) {
 	}
 }
 
+// AmbiguousKey is one way a request can name its idempotency key
+// ambiguously: Lines are the header's field lines (the metadata's values
+// for gRPC), Keys every key some reading of them names. Every adapter
+// refuses it as key-invalid and claims none of Keys.
+type AmbiguousKey struct {
+	Name  string
+	Lines []string
+	Keys  []string
+}
+
+// AmbiguousKeys are the forms the suites send: several field lines, a
+// list, an Inner List, parameters, a bare key holding a comma.
+var AmbiguousKeys = []AmbiguousKey{
+	{"two field lines", []string{"k-line-1", "k-line-2"}, []string{"k-line-1", "k-line-2", "k-line-1, k-line-2"}},
+	{"two quoted field lines", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
+	{"an empty and a full field line", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
+	{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
+	{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
+	{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
+	{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
+	{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
+	{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
+	{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
+}
+
 // testAmbiguousKeys: a key field that does not name one key (several field
 // lines, a list, an Inner List, parameters) is refused with 400
 // key-invalid, whichever line or member the adapter might have taken: the
@@ -315,42 +340,27 @@ func testBadKeys(t *testing.T, s *suite) {
 func testAmbiguousKeys(t *testing.T, s *suite) {
 	p := &payments{b: s.b}
 	base := s.serve(t, s.config(), p.handle)
-	for _, tc := range []struct {
-		name  string
-		lines []string // the field lines of the key header
-		keys  []string // the keys some reading of them names
-	}{
-		{"two field lines", []string{"k-line-1", "k-line-2"}, []string{"k-line-1", "k-line-2", "k-line-1, k-line-2"}},
-		{"two quoted field lines", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
-		{"an empty and a full field line", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
-		{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
-		{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
-		{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
-		{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
-		{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
-		{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
-		{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range AmbiguousKeys {
+		t.Run(tc.Name, func(t *testing.T) {
 			req, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(paymentBody))
 			if err != nil {
 				t.Fatal(err)
 			}
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Authorization", "Bearer alice")
-			req.Header[idem.DefaultHeader] = tc.lines
+			req.Header[idem.DefaultHeader] = tc.Lines
 			runs := p.runs.Load()
 			r, err := roundTrip(req)
 			if err != nil {
 				t.Fatal(err)
 			}
-			WantProblem(t, fmt.Sprintf("key field lines %q", tc.lines), r, http.StatusBadRequest, idem.ProblemKeyInvalid)
+			WantProblem(t, fmt.Sprintf("key field lines %q", tc.Lines), r, http.StatusBadRequest, idem.ProblemKeyInvalid)
 			if p.runs.Load() != runs {
-				t.Fatalf("key field lines %q: the handler ran", tc.lines)
+				t.Fatalf("key field lines %q: the handler ran", tc.Lines)
 			}
-			for _, key := range tc.keys {
+			for _, key := range tc.Keys {
 				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
-					t.Fatalf("key field lines %q: %q was claimed: %v", tc.lines, key, err)
+					t.Fatalf("key field lines %q: %q was claimed: %v", tc.Lines, key, err)
 				}
 			}
 		})

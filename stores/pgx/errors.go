@@ -27,7 +27,7 @@ var ErrTxOwned = fmt.Errorf("idempgx: %w", idem.ErrTxOwned)
 // Rollback on its transaction: the work it wanted undone is rolled back,
 // nothing is stored, and the engine releases the key. Statements the
 // handler sends after its Rollback return it too.
-var ErrHandlerRolledBack = errors.New("idempgx: the handler rolled the transaction back; nothing was stored")
+var ErrHandlerRolledBack = fmt.Errorf("idempgx: the handler rolled the transaction back; nothing was stored: %w", idem.ErrTxOwned)
 
 // ErrTxAborted is wrapped by the error Settle returns when a statement in
 // the handler's transaction failed (or was refused) and the transaction

@@ -447,7 +447,12 @@ func TestMisconfiguredThroughTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
+	// New refuses this store at start-up (its Check); an application that
+	// skipped the check still gets the problem, not "retry later".
+	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s}); !errors.Is(err, idem.ErrMisconfigured) {
+		t.Fatalf("New on a store without its table = %v, want an error wrapping ErrMisconfigured", err)
+	}
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s, SkipStoreCheck: true})
 	if err != nil {
 		t.Fatal(err)
 	}

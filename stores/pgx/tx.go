@@ -194,6 +194,10 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
 		case f.rolledBack:
 			return ErrHandlerRolledBack
+		case f.refused:
+			// The handler tried to end the store's transaction: its doing,
+			// which a retry repeats (idem.ErrTxOwned), not a failed commit.
+			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, ErrTxOwned)
 		case status == 'E':
 			return fmt.Errorf("idempgx: settle: %w", ErrTxAborted)
 		}
@@ -539,6 +543,7 @@ func (t *storeTx) sameTx(ctx context.Context, pg *pgconn.PgConn, prefix string) 
 // closed it.
 type handleState struct {
 	rolledBack   bool // the handler called Rollback
+	refused      bool // a statement that would end the transaction was refused
 	ended        bool // the handle saw the transaction end behind it
 	raw          bool // Conn handed out the raw connection
 	rawSavepoint bool // … after setting rawSavepoint
@@ -609,6 +614,7 @@ func (h *handle) detached(ctx context.Context) (context.Context, context.CancelF
 // be done, the connection is closed, which aborts it too), and the error
 // wraps ErrTxOwned.
 func (h *handle) refuse(ctx context.Context, what string) error {
+	h.state.refused = true
 	h.abort(ctx)
 	return fmt.Errorf("%w: %q refused: it would end the transaction; the transaction is now aborted", ErrTxOwned, what)
 }

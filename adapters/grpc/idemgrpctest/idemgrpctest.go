@@ -21,6 +21,7 @@ import (
 	idemgrpc "github.com/idemgo/idem/adapters/grpc"
 	"github.com/idemgo/idem/adapters/grpc/internal/testpb"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/storetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -397,39 +398,25 @@ func testKeys(t *testing.T, s *suite) {
 // the method does not run and no reading of the key is claimed.
 func testAmbiguousKeys(t *testing.T, s *suite) {
 	c, srv := s.start(t, idem.Config{}, idemgrpc.Config{})
-	for _, tc := range []struct {
-		name   string
-		values []string // the values of the idempotency-key metadata
-		keys   []string // the keys some reading of them names
-	}{
-		{"two values", []string{"k-value-1", "k-value-2"}, []string{"k-value-1", "k-value-2", "k-value-1, k-value-2"}},
-		{"two quoted values", []string{`"k-quoted-1"`, `"k-quoted-2"`}, []string{"k-quoted-1", "k-quoted-2"}},
-		{"an empty and a full value", []string{"", "k-after-empty"}, []string{"k-after-empty"}},
-		{"a list", []string{"k-list-1, k-list-2"}, []string{"k-list-1", "k-list-2", "k-list-1, k-list-2"}},
-		{"a list of strings", []string{`"k-slist-1", "k-slist-2"`}, []string{"k-slist-1", "k-slist-2"}},
-		{"an Inner List", []string{`("k-inner-1" "k-inner-2")`}, []string{"k-inner-1", "k-inner-2", `("k-inner-1" "k-inner-2")`}},
-		{"a one-member Inner List", []string{"(k-inner)"}, []string{"k-inner", "(k-inner)"}},
-		{"a string with a parameter", []string{`"k-param";x=1`}, []string{"k-param", `"k-param";x=1`}},
-		{"a bare key with a parameter", []string{"k-bparam;x"}, []string{"k-bparam", "k-bparam;x"}},
-		{"a bare list without space", []string{"k-bare-1,k-bare-2"}, []string{"k-bare-1", "k-bare-2", "k-bare-1,k-bare-2"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	// The forms of the HTTP suite, each field line a metadata value.
+	for _, tc := range adaptertest.AmbiguousKeys {
+		t.Run(tc.Name, func(t *testing.T) {
 			var extra []string
-			for _, v := range tc.values {
+			for _, v := range tc.Lines {
 				extra = append(extra, "idempotency-key", v)
 			}
 			runs := srv.runs.Load()
 			a := call(t, c, "alice", "", &testpb.ActRequest{EffectId: randHex(8)}, extra...)
-			want(t, fmt.Sprintf("key values %q", tc.values), a, codes.InvalidArgument, false)
+			want(t, fmt.Sprintf("key values %q", tc.Lines), a, codes.InvalidArgument, false)
 			if a.reason != "KEY_INVALID" {
-				t.Fatalf("key values %q: reason %q, want KEY_INVALID", tc.values, a.reason)
+				t.Fatalf("key values %q: reason %q, want KEY_INVALID", tc.Lines, a.reason)
 			}
 			if srv.runs.Load() != runs {
-				t.Fatalf("key values %q: the method ran", tc.values)
+				t.Fatalf("key values %q: the method ran", tc.Lines)
 			}
-			for _, key := range tc.keys {
+			for _, key := range tc.Keys {
 				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
-					t.Fatalf("key values %q: %q was claimed: %v", tc.values, key, err)
+					t.Fatalf("key values %q: %q was claimed: %v", tc.Lines, key, err)
 				}
 			}
 		})
