@@ -48,5 +48,5 @@ func Example() {
 	// Output:
 	// idem_requests_total claimed /payments 1
 	// idem_requests_total replayed /payments 2
-	// series: 21
+	// series: 23
 }
