@@ -64,7 +64,6 @@ func testCrash(t *testing.T, store string) {
 		lastBusy  time.Duration
 		ok        reply
 		okSent    time.Duration
-		okTook    time.Duration
 	)
 	for deadline := time.Now().Add(3 * crashLease); ; {
 		if time.Now().After(deadline) {
@@ -81,7 +80,7 @@ func testCrash(t *testing.T, store string) {
 		if r.status != http.StatusCreated {
 			t.Fatalf("retry after the crash: %v", r)
 		}
-		ok, okSent, okTook = r, at, time.Since(sent)-at
+		ok, okSent = r, at
 		break
 	}
 	if conflicts == 0 {
@@ -112,11 +111,11 @@ func testCrash(t *testing.T, store string) {
 	if len(left) == 1 && left[0] != ps[0] {
 		t.Fatalf("the retry answered %+v, not the payment the crashed attempt wrote %+v", ps[0], left[0])
 	}
-	// Reconcile found that payment, so the handler (which sleeps
-	// crashDelay) did not run again.
-	if store == "redis" && okTook >= crashDelay {
-		t.Errorf("the takeover took %v: the handler ran again instead of Reconcile answering from the payment", okTook)
-	}
+	// With -store redis the takeover runs the handler again (there is no
+	// Reconcile: it would get the record, not the request): its insert
+	// finds the crashed attempt's payment by the downstream key, compares
+	// it with the request and answers it, as checked above: one payment,
+	// the crashed attempt's.
 	if r := do(t, "POST", second.base+"/payments", acct, key, payBody); r.status != http.StatusCreated || !r.replayed() {
 		t.Fatalf("retry after recovery: %v, want the replay", r)
 	}
