@@ -26,7 +26,8 @@ type habit struct {
 
 // habits are the pgx idioms that would end the store's transaction, which
 // must not compile on the handle, and the code that must: sqlc's generated
-// code, river's executor interface, pgx.BeginFunc and nested savepoints.
+// code, river's executor interface, scany's querier, pgx.BeginFunc and
+// nested savepoints.
 var habits = []habit{
 	{"defer Rollback", "defer tx.Rollback(ctx)", "tx.Rollback undefined (type *idempgx.Handle has no field or method Rollback)"},
 	{"defer Rollback in a closure", "defer func() { _ = tx.Rollback(ctx) }()", "has no field or method Rollback"},
@@ -35,12 +36,13 @@ var habits = []habit{
 	{"Prepare", `_, err := tx.Prepare(ctx, "s", "SELECT 1"); return err`, "has no field or method Prepare"},
 	{"LargeObjects", "_ = tx.LargeObjects()", "has no field or method LargeObjects"},
 	{"as a pgx.Tx", "var _ pgx.Tx = tx", "*idempgx.Handle does not implement pgx.Tx (missing method Commit)"},
-	{"sqlc, river, BeginFunc", `
+	{"sqlc, river, scany, BeginFunc", `
 		q := New(tx) // sqlc's generated constructor takes a DBTX
 		if _, err := q.CountEffects(ctx); err != nil {
 			return err
 		}
 		var _ riverExecutor = tx
+		var _ scanyQuerier = tx
 		return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 			if _, err := New(sp).CountEffects(ctx); err != nil {
 				return err
@@ -54,9 +56,9 @@ var habits = []habit{
 		})`, ""},
 }
 
-// habitFile is the package each habit is checked in: the handler, and the
-// code sqlc (pgx/v5) generates for one query, and the interface river's
-// pgx driver runs its queries through.
+// habitFile is the package each habit is checked in: the handler, the
+// code sqlc (pgx/v5) generates for one query, the interface river's pgx
+// driver runs its queries through, and scany's pgxscan.Querier.
 const habitFile = `package habit
 
 import (
@@ -93,6 +95,10 @@ func (q *Queries) CountEffects(ctx context.Context) (int64, error) {
 	return count, err
 }
 
+type scanyQuerier interface {
+	Query(ctx context.Context, query string, args ...interface{}) (pgx.Rows, error)
+}
+
 type riverExecutor interface {
 	Exec(context.Context, string, ...interface{}) (pgconn.CommandTag, error)
 	Query(context.Context, string, ...interface{}) (pgx.Rows, error)
@@ -105,8 +111,8 @@ type riverExecutor interface {
 // TestHandleHabitsDoNotCompile: the handle has no Commit, Rollback, Conn,
 // Prepare or LargeObjects, so handler code that would end the store's
 // transaction, or reach around it, is a compile error that names the
-// missing method, while sqlc's generated code, river's executor and
-// pgx.BeginFunc take the handle. Each habit is type-checked with go/types
+// missing method, while sqlc's generated code, river's executor, scany's
+// querier and pgx.BeginFunc take the handle. Each habit is type-checked with go/types
 // against the package as it is built now (go list -export), so the test
 // fails as soon as the handle grows one of those methods.
 func TestHandleHabitsDoNotCompile(t *testing.T) {
