@@ -216,8 +216,10 @@ func openPgx(ctx context.Context, dsn string) (*backend, error) {
 	return &backend{store: st, repo: pgxRepo{pool: pool}, where: where, close: pool.Close}, nil
 }
 
-// pgxRepo keeps payments through pgx. Writes go through idempgx.Tx(ctx):
-// the idempotency transaction.
+// pgxRepo keeps payments through pgx. Writes go through idempgx.Tx(ctx),
+// the handle on the idempotency transaction: the store commits them with
+// the stored response, and an error returned rolls them back (the handle
+// has no Commit or Rollback).
 type pgxRepo struct{ pool *pgxpool.Pool }
 
 const paymentCols = "id, amount, currency, description, status, created_at"

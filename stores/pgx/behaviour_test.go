@@ -18,19 +18,38 @@ import (
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
-// The pgx.Tx behaviour suite: the same statements, one by one, through the
+// The behaviour suite: the same statements, one by one, through the
 // handle idempgx gives a handler and through a plain pgx.Tx on the same
 // server, with the outcomes compared: success or error (SQLSTATE, or the
 // kind of client-side error), rows, command tags, and in the end what
-// committed. The plain transaction ends with Commit, ours with Settle; a
+// committed. The steps use what the two have in common (dbtx); Prepare and
+// LargeObjects, which the handle does not have, run in a savepoint, which
+// has them. The plain transaction ends with Commit, ours with Settle; a
 // plain COMMIT answered with ROLLBACK must be a settle that stores nothing.
-// The intended differences (Commit, Rollback and transaction-control
-// statements answer ErrTxOwned) are checked separately, in
-// TestBehaviourIntendedDifferences.
+// The intended differences are checked separately: transaction-control
+// statements answer ErrTxOwned (TestBehaviourIntendedDifferences), nothing
+// hands out the connection (TestNoRouteToTheConnection), and Commit,
+// Rollback, Conn, Prepare and LargeObjects do not compile on the handle
+// (TestHandleHabitsDoNotCompile).
+
+// dbtx is what the handle and a plain pgx.Tx have in common.
+type dbtx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+var (
+	_ dbtx = (*idempgx.Handle)(nil)
+	_ dbtx = pgx.Tx(nil)
+)
 
 // behaviourStep runs one thing through tx against table tbl and describes
 // what happened.
-type behaviourStep func(ctx context.Context, tx pgx.Tx, tbl string) string
+type behaviourStep func(ctx context.Context, tx dbtx, tbl string) string
 
 // describeErr reduces err to what both transactions must agree on.
 func describeErr(err error) string {
@@ -49,14 +68,14 @@ func describeErr(err error) string {
 }
 
 func execStep(sql string, args ...any) behaviourStep {
-	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	return func(ctx context.Context, tx dbtx, tbl string) string {
 		tag, err := tx.Exec(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...)
 		return fmt.Sprintf("exec %s tag=%q", describeErr(err), tag.String())
 	}
 }
 
 func queryStep(sql string, args ...any) behaviourStep {
-	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	return func(ctx context.Context, tx dbtx, tbl string) string {
 		rows, err := tx.Query(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...)
 		if err != nil {
 			return "query " + describeErr(err)
@@ -76,7 +95,7 @@ func queryStep(sql string, args ...any) behaviourStep {
 }
 
 func queryRowStep(sql string, args ...any) behaviourStep {
-	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	return func(ctx context.Context, tx dbtx, tbl string) string {
 		var v any
 		err := tx.QueryRow(ctx, strings.ReplaceAll(sql, "TBL", tbl), args...).Scan(&v)
 		return fmt.Sprintf("queryrow %v %s", v, describeErr(err))
@@ -84,7 +103,7 @@ func queryRowStep(sql string, args ...any) behaviourStep {
 }
 
 func batchStep(sqls ...string) behaviourStep {
-	return func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	return func(ctx context.Context, tx dbtx, tbl string) string {
 		b := &pgx.Batch{}
 		for _, s := range sqls {
 			b.Queue(strings.ReplaceAll(s, "TBL", tbl))
@@ -103,7 +122,7 @@ var behaviourSteps = map[string]behaviourStep{
 	"insert":        execStep("INSERT INTO TBL (n, s) VALUES ($1, $2)", 1, "one"),
 	"insert simple": execStep("INSERT INTO TBL (n, s) VALUES (2, 'two')"),
 	"query all":     queryStep("SELECT n, s FROM TBL ORDER BY n"),
-	"query early close": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	"query early close": func(ctx context.Context, tx dbtx, tbl string) string {
 		rows, err := tx.Query(ctx, "SELECT g FROM generate_series(1, 1000) g")
 		if err != nil {
 			return "query " + describeErr(err)
@@ -117,22 +136,31 @@ var behaviourSteps = map[string]behaviourStep{
 	"query row":    queryRowStep("SELECT count(*) FROM TBL"),
 	"query no row": queryRowStep("SELECT n FROM TBL WHERE n < 0"),
 	"batch":        batchStep("INSERT INTO TBL (n, s) VALUES (3, 'three')", "SELECT 1", "UPDATE TBL SET s = s || '!' WHERE n = 3"),
-	"copy from": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	"copy from": func(ctx context.Context, tx dbtx, tbl string) string {
 		n, err := tx.CopyFrom(ctx, pgx.Identifier(strings.Split(strings.ReplaceAll(tbl, `"`, ""), ".")), []string{"n", "s"},
 			pgx.CopyFromRows([][]any{{10, "ten"}, {11, "eleven"}}))
 		return fmt.Sprintf("copy %d %s", n, describeErr(err))
 	},
-	"prepare": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	"prepare in a savepoint": func(ctx context.Context, tx dbtx, tbl string) string {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return "begin " + describeErr(err)
+		}
 		name := "ins_" + strings.NewReplacer(`"`, "", ".", "_").Replace(tbl)
-		sd, err := tx.Prepare(ctx, name, "INSERT INTO "+tbl+" (n, s) VALUES ($1, $2)")
+		sd, err := sp.Prepare(ctx, name, "INSERT INTO "+tbl+" (n, s) VALUES ($1, $2)")
 		if err != nil {
 			return "prepare " + describeErr(err)
 		}
-		tag, err := tx.Exec(ctx, name, 20, "twenty")
-		return fmt.Sprintf("prepare params=%d exec %s %q", len(sd.ParamOIDs), describeErr(err), tag.String())
+		tag, err := sp.Exec(ctx, name, 20, "twenty")
+		return fmt.Sprintf("prepare params=%d exec %s %q release %s", len(sd.ParamOIDs), describeErr(err), tag.String(), describeErr(sp.Commit(ctx)))
 	},
-	"large objects": func(ctx context.Context, tx pgx.Tx, tbl string) string {
-		lo := tx.LargeObjects()
+	"large objects in a savepoint": func(ctx context.Context, tx dbtx, tbl string) string {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return "begin " + describeErr(err)
+		}
+		defer func() { _ = sp.Commit(ctx) }()
+		lo := sp.LargeObjects()
 		oid, err := lo.Create(ctx, 0)
 		if err != nil {
 			return "lo create " + describeErr(err)
@@ -155,11 +183,7 @@ var behaviourSteps = map[string]behaviourStep{
 		}
 		return fmt.Sprintf("lo wrote %d read %q close %s unlink %s", n, buf[:m], describeErr(obj.Close()), describeErr(lo.Unlink(ctx, oid)))
 	},
-	"conn": func(ctx context.Context, tx pgx.Tx, tbl string) string {
-		tag, err := tx.Conn().Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES (30, 'thirty')")
-		return fmt.Sprintf("conn exec %s %q", describeErr(err), tag.String())
-	},
-	"nested savepoints": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	"nested savepoints": func(ctx context.Context, tx dbtx, tbl string) string {
 		var out []string
 		sp1, err := tx.Begin(ctx)
 		out = append(out, "begin1 "+describeErr(err))
@@ -180,7 +204,7 @@ var behaviourSteps = map[string]behaviourStep{
 		out = append(out, "commit1 "+describeErr(sp1.Commit(ctx)), "commit1 again "+describeErr(sp1.Commit(ctx)))
 		return strings.Join(out, "; ")
 	},
-	"savepoint recovers a failure": func(ctx context.Context, tx pgx.Tx, tbl string) string {
+	"savepoint recovers a failure": func(ctx context.Context, tx dbtx, tbl string) string {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return "begin " + describeErr(err)
@@ -225,8 +249,8 @@ func behaviourScenarios() []behaviourScenario {
 		out = append(out, behaviourScenario{name: name, steps: []string{name, "query all"}})
 	}
 	out = append(out, behaviourScenario{name: "everything", steps: []string{"insert", "insert simple", "query all",
-		"query early close", "query row", "query no row", "batch", "copy from", "prepare", "large objects", "conn",
-		"nested savepoints", "savepoint recovers a failure", "named args", "exec mode", "multi statement", "query all"}})
+		"query early close", "query row", "query no row", "batch", "copy from", "prepare in a savepoint",
+		"large objects in a savepoint", "nested savepoints", "savepoint recovers a failure", "named args", "exec mode", "multi statement", "query all"}})
 	for name := range failures {
 		// The failure first, then a further statement, then the commit.
 		out = append(out, behaviourScenario{name: "first: " + name, steps: []string{name, "insert", "query row"}})
@@ -334,50 +358,54 @@ func TestBehaviourSameAsPgxTx(t *testing.T) {
 }
 
 // TestBehaviourIntendedDifferences: where the handle differs from a pgx.Tx
-// on purpose. Each is refused with ErrTxOwned; the refused statement, like a
-// failed one, aborts the transaction (Commit, which changes nothing, does
-// not), and the settle then stores nothing.
+// on purpose, at run time. Each transaction-control statement is refused
+// with ErrTxOwned; the refused statement, like a failed one, aborts the
+// transaction, and the settle then stores nothing.
 func TestBehaviourIntendedDifferences(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 4, nil))
 	owned := func(err error) bool { return errors.Is(err, idempgx.ErrTxOwned) && errors.Is(err, idem.ErrTxOwned) }
-	cases := []struct {
-		name    string
-		do      func(ctx context.Context, tx pgx.Tx) error
-		aborts  bool
-		settles error // what Settle wraps afterwards
-	}{
-		{"Commit", func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }, false, nil},
-		{"Rollback", func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }, true, idempgx.ErrHandlerRolledBack},
-		{"Exec COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, "COMMIT"); return err }, true, idempgx.ErrTxAborted},
-		{"Query ROLLBACK", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Query(ctx, "ROLLBACK"); return err }, true, idempgx.ErrTxAborted},
-		{"QueryRow BEGIN", func(ctx context.Context, tx pgx.Tx) error { return tx.QueryRow(ctx, "BEGIN").Scan() }, true, idempgx.ErrTxAborted},
-		{"Prepare COMMIT", func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Prepare(ctx, "c", "COMMIT"); return err }, true, idempgx.ErrTxAborted},
-		{"SendBatch with END", func(ctx context.Context, tx pgx.Tx) error {
-			b := &pgx.Batch{}
-			b.Queue("SELECT 1")
-			b.Queue("END")
-			return tx.SendBatch(ctx, b).Close()
-		}, true, idempgx.ErrTxAborted},
-		{"Batch.BeginTx", func(ctx context.Context, tx pgx.Tx) error {
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			b.Queue("SELECT 1")
-			return tx.SendBatch(ctx, b).Close()
-		}, true, idempgx.ErrTxAborted},
-		{"savepoint Exec COMMIT AND CHAIN", func(ctx context.Context, tx pgx.Tx) error {
+	inSavepoint := func(do func(ctx context.Context, sp pgx.Tx) error) func(ctx context.Context, tx *idempgx.Handle) error {
+		return func(ctx context.Context, tx *idempgx.Handle) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return err
 			}
-			_, err = sp.Exec(ctx, "COMMIT AND CHAIN")
+			return do(ctx, sp)
+		}
+	}
+	cases := []struct {
+		name string
+		do   func(ctx context.Context, tx *idempgx.Handle) error
+	}{
+		{"Exec COMMIT", func(ctx context.Context, tx *idempgx.Handle) error { _, err := tx.Exec(ctx, "COMMIT"); return err }},
+		{"Query ROLLBACK", func(ctx context.Context, tx *idempgx.Handle) error { _, err := tx.Query(ctx, "ROLLBACK"); return err }},
+		{"QueryRow BEGIN", func(ctx context.Context, tx *idempgx.Handle) error { return tx.QueryRow(ctx, "BEGIN").Scan() }},
+		{"SendBatch with END", func(ctx context.Context, tx *idempgx.Handle) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			b.Queue("END")
+			return tx.SendBatch(ctx, b).Close()
+		}},
+		{"Batch.BeginTx", func(ctx context.Context, tx *idempgx.Handle) error {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		}},
+		{"savepoint Exec COMMIT AND CHAIN", inSavepoint(func(ctx context.Context, sp pgx.Tx) error {
+			_, err := sp.Exec(ctx, "COMMIT AND CHAIN")
 			return err
-		}, true, idempgx.ErrTxAborted},
-		{"named args rewritten to COMMIT", func(ctx context.Context, tx pgx.Tx) error {
+		})},
+		{"savepoint Prepare COMMIT", inSavepoint(func(ctx context.Context, sp pgx.Tx) error {
+			_, err := sp.Prepare(ctx, "c", "COMMIT")
+			return err
+		})},
+		{"named args rewritten to COMMIT", func(ctx context.Context, tx *idempgx.Handle) error {
 			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo("COMMIT"))
 			return err
-		}, true, idempgx.ErrTxAborted},
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -388,23 +416,98 @@ func TestBehaviourIntendedDifferences(t *testing.T) {
 			if err := c.do(txCtx, tx); !owned(err) {
 				t.Fatalf("%s = %v, want ErrTxOwned", c.name, err)
 			}
-			_, after := tx.Exec(txCtx, "SELECT 1")
-			if aborted := after != nil; aborted != c.aborts {
-				t.Fatalf("a statement after %s: %v; want aborted=%v", c.name, after, c.aborts)
+			if _, err := tx.Exec(txCtx, "SELECT 1"); sqlStateOf(err) != "25P02" {
+				t.Fatalf("a statement after %s: %v; want 25P02 (aborted)", c.name, err)
 			}
-			err := stx.Settle(ctx, okResponse("ok"))
-			if c.settles == nil && err != nil || c.settles != nil && !errors.Is(err, c.settles) {
-				t.Fatalf("settle after %s = %v, want %v", c.name, err, c.settles)
+			if err := stx.Settle(ctx, okResponse("ok")); !errors.Is(err, idempgx.ErrTxAborted) {
+				t.Fatalf("settle after %s = %v, want ErrTxAborted", c.name, err)
 			}
-			want := 1
-			if c.settles != nil {
-				want = 0
-			}
-			if n := e.mustCount(t, req.Key); n != want {
-				t.Fatalf("%d effects committed after %s, want %d", n, c.name, want)
+			if n := e.mustCount(t, req.Key); n != 0 {
+				t.Fatalf("%d effects committed after %s, want 0", n, c.name)
 			}
 		})
 	}
+}
+
+// TestNoRouteToTheConnection: nothing the handle hands out leads to the
+// connection. pgx.Tx and pgx.Rows must have a Conn method; a savepoint's,
+// and that of the rows of Query, of a batch's Query and of a savepoint's
+// Query, return nil, where pgx's return the connection.
+func TestNoRouteToTheConnection(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	e := newEnv(t, newPool(t, 2, nil))
+	_, txCtx, stx, tx := e.begin(t, ctx)
+	sp, err := tx.Begin(txCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := sp.Conn(); c != nil {
+		t.Fatal("a savepoint's Conn returned the connection")
+	}
+	nested, err := sp.Begin(txCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := nested.Conn(); c != nil {
+		t.Fatal("a nested savepoint's Conn returned the connection")
+	}
+	for _, q := range []struct {
+		name  string
+		query func() (pgx.Rows, error)
+	}{
+		{"Query", func() (pgx.Rows, error) { return tx.Query(txCtx, "SELECT 1") }},
+		{"savepoint Query", func() (pgx.Rows, error) { return sp.Query(txCtx, "SELECT 1") }},
+		{"a failed Query", func() (pgx.Rows, error) { return tx.Query(txCtx, "SELECT 1 FROM idem_no_such_table") }},
+		{"a batch's Query", func() (pgx.Rows, error) {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			br := tx.SendBatch(txCtx, b)
+			defer func() { _ = br.Close() }()
+			r, err := br.Query()
+			if err == nil {
+				for r.Next() {
+				}
+			}
+			return r, err
+		}},
+	} {
+		name := q.name
+		rows, err := q.query()
+		if rows == nil {
+			t.Fatalf("%s: no rows (%v)", name, err)
+		}
+		if c := rows.Conn(); c != nil {
+			t.Fatalf("%s: the rows' Conn returned the connection", name)
+		}
+		rows.Close()
+		if name == "a failed Query" {
+			// Recover the transaction for the next query.
+			if err := nested.Rollback(txCtx); err != nil {
+				t.Fatal(err)
+			}
+			if nested, err = sp.Begin(txCtx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// What the rows do is pgx's: they scan as pgx's rows do.
+	n, err := pgx.CollectOneRow(mustQuery(t, tx, txCtx, "SELECT 41 + 1"), pgx.RowTo[int])
+	if err != nil || n != 42 {
+		t.Fatalf("CollectOneRow through the handle = %d, %v", n, err)
+	}
+	if err := stx.Settle(ctx, okResponse("x")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustQuery(t *testing.T, tx *idempgx.Handle, ctx context.Context, sql string) pgx.Rows {
+	t.Helper()
+	rows, err := tx.Query(ctx, sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }
 
 // rewriteTo is a QueryRewriter that turns any statement into sql.

@@ -14,20 +14,14 @@ import (
 )
 
 // ErrTxOwned is returned (wrapped in errors that name the call) when a
-// handler tries to end the transaction it got from Tx: Commit, Rollback, or
-// a transaction-control statement (COMMIT, ROLLBACK, BEGIN, PREPARE
-// TRANSACTION, …) sent through it. The store commits the transaction
-// together with the stored outcome after the handler returns; committing
-// early would make the handler's writes permanent whether or not the
-// outcome can be stored, which is exactly the double effect the store
-// exists to prevent. errors.Is(err, idem.ErrTxOwned) holds for it.
+// handler sends a transaction-control statement (COMMIT, ROLLBACK, BEGIN,
+// PREPARE TRANSACTION, …) through the Handle or one of its savepoints. The
+// store commits the transaction together with the stored outcome after the
+// handler returns; committing early would make the handler's writes
+// permanent whether or not the outcome can be stored, which is exactly the
+// double effect the store exists to prevent. errors.Is(err,
+// idem.ErrTxOwned) holds for it.
 var ErrTxOwned = fmt.Errorf("idempgx: %w", idem.ErrTxOwned)
-
-// ErrHandlerRolledBack is returned by Settle when the handler called
-// Rollback on its transaction: the work it wanted undone is rolled back,
-// nothing is stored, and the engine releases the key. Statements the
-// handler sends after its Rollback return it too.
-var ErrHandlerRolledBack = fmt.Errorf("idempgx: the handler rolled the transaction back; nothing was stored: %w", idem.ErrTxOwned)
 
 // ErrTxAborted is wrapped by the error Settle returns when a statement in
 // the handler's transaction failed (or was refused) and the transaction

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
@@ -88,6 +90,34 @@ func Example() {
 	// 201 {"status":"succeeded"} replayed: false
 	// 201 {"status":"succeeded"} replayed: true
 	// payments: 1
+}
+
+// A handler's queries go through the Handle that Tx returns. Code that sqlc
+// generates takes it (queries := db.New(tx)), and pgx.BeginFunc runs
+// optional work in a savepoint whose failure undoes that work only. The
+// handle has no Commit or Rollback: the store commits the handler's writes
+// with the stored response after the handler returns, and an error
+// returned rolls them back, so defer tx.Rollback(ctx) does not compile.
+func ExampleTx() {
+	createPayment := func(ctx context.Context, id, account string, amount int64) error {
+		tx, ok := idempgx.Tx(ctx)
+		if !ok {
+			return errors.New("no idempotency transaction")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO payments (id, account, amount) VALUES ($1, $2, $3)`,
+			id, account, amount); err != nil {
+			return err // the store rolls back and releases the key: the retry runs again
+		}
+		// Tagging is optional: its failure must not cost the payment.
+		if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			_, err := sp.Exec(ctx, `INSERT INTO payment_tags (payment_id, tag) VALUES ($1, 'first')`, id)
+			return err
+		}); err != nil {
+			log.Printf("payment %s stays untagged: %v", id, err)
+		}
+		return nil // committed with the stored response
+	}
+	_ = createPayment
 }
 
 // fingerprintKey stands for the service's idem.Config.FingerprintKey: in

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/jackc/pgx/v5"
 )
 
 // ClaimSQL exposes the claim statement to the tests, which run it inside a
@@ -35,3 +36,8 @@ func SyncTarget(ctx context.Context, tx idem.Tx) (string, error) {
 	_, err := tx.(*storeTx).syncPoll(ctx, &target)
 	return target.String(), err
 }
+
+// RawConn returns the connection under h, unfiltered, which no method of
+// the handle hands out: the tests end the transaction on it behind the
+// handle, to prove that the store detects it.
+func RawConn(h *Handle) *pgx.Conn { return h.rawConn() }

@@ -23,17 +23,17 @@ func TestFirstStatementInTheTransaction(t *testing.T) {
 	insert := "INSERT INTO " + e.EffectsTable() + " (id) VALUES ($1)"
 	ways := []struct {
 		name  string
-		first func(ctx context.Context, tx pgx.Tx, id string) error
+		first func(ctx context.Context, tx *idempgx.Handle, id string) error
 	}{
-		{"Exec", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"Exec", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			_, err := tx.Exec(ctx, insert, id)
 			return err
 		}},
-		{"Exec in the simple protocol", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"Exec in the simple protocol", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			_, err := tx.Exec(ctx, insert, pgx.QueryExecModeSimpleProtocol, id)
 			return err
 		}},
-		{"Query", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"Query", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			rows, err := tx.Query(ctx, insert+" RETURNING id", id)
 			if err != nil {
 				return err
@@ -41,7 +41,7 @@ func TestFirstStatementInTheTransaction(t *testing.T) {
 			_, err = pgx.CollectRows(rows, pgx.RowTo[string])
 			return err
 		}},
-		{"Query left to Next", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"Query left to Next", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			rows, err := tx.Query(ctx, insert+" RETURNING id", id)
 			if err != nil {
 				return err
@@ -50,17 +50,17 @@ func TestFirstStatementInTheTransaction(t *testing.T) {
 			}
 			return rows.Err()
 		}},
-		{"QueryRow", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"QueryRow", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			var got string
 			return tx.QueryRow(ctx, insert+" RETURNING id", id).Scan(&got)
 		}},
-		{"SendBatch", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"SendBatch", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			b := &pgx.Batch{}
 			b.Queue(insert, id)
 			b.Queue("SELECT 1")
 			return tx.SendBatch(ctx, b).Close()
 		}},
-		{"a savepoint", func(ctx context.Context, tx pgx.Tx, id string) error {
+		{"a savepoint", func(ctx context.Context, tx *idempgx.Handle, id string) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -69,10 +69,6 @@ func TestFirstStatementInTheTransaction(t *testing.T) {
 				return err
 			}
 			return sp.Commit(ctx)
-		}},
-		{"Conn", func(ctx context.Context, tx pgx.Tx, id string) error {
-			_, err := tx.Conn().Exec(ctx, insert, id)
-			return err
 		}},
 	}
 	for _, w := range ways {

@@ -20,7 +20,7 @@ import (
 
 // begin claims a fresh key and begins its transaction; the transaction is
 // rolled back in cleanup if the test leaves it open.
-func (e *env) begin(t *testing.T, ctx context.Context) (idem.ClaimRequest, context.Context, idem.Tx, pgx.Tx) {
+func (e *env) begin(t *testing.T, ctx context.Context) (idem.ClaimRequest, context.Context, idem.Tx, *idempgx.Handle) {
 	t.Helper()
 	req := claimReq("alice", "seal-"+randHex(6), "body", time.Minute)
 	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
@@ -43,13 +43,16 @@ func TestRefusedStatements(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 4, nil))
-	ways := map[string]func(ctx context.Context, tx pgx.Tx, sql string) error{
-		"Exec": func(ctx context.Context, tx pgx.Tx, sql string) error { _, err := tx.Exec(ctx, sql); return err },
-		"Exec with an argument": func(ctx context.Context, tx pgx.Tx, sql string) error {
+	ways := map[string]func(ctx context.Context, tx *idempgx.Handle, sql string) error{
+		"Exec": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
+			_, err := tx.Exec(ctx, sql)
+			return err
+		},
+		"Exec with an argument": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			_, err := tx.Exec(ctx, sql, pgx.QueryExecModeExec)
 			return err
 		},
-		"Query": func(ctx context.Context, tx pgx.Tx, sql string) error {
+		"Query": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			rows, err := tx.Query(ctx, sql)
 			if err == nil || rows == nil || rows.Err() == nil || rows.Next() {
 				return errors.New("Query did not return failed rows")
@@ -57,15 +60,22 @@ func TestRefusedStatements(t *testing.T) {
 			rows.Close()
 			return err
 		},
-		"QueryRow": func(ctx context.Context, tx pgx.Tx, sql string) error { return tx.QueryRow(ctx, sql).Scan() },
-		"SendBatch": func(ctx context.Context, tx pgx.Tx, sql string) error {
+		"QueryRow": func(ctx context.Context, tx *idempgx.Handle, sql string) error { return tx.QueryRow(ctx, sql).Scan() },
+		"SendBatch": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			b := &pgx.Batch{}
 			b.Queue("SELECT 1")
 			b.Queue(sql)
 			return tx.SendBatch(ctx, b).Close()
 		},
-		"Prepare": func(ctx context.Context, tx pgx.Tx, sql string) error { _, err := tx.Prepare(ctx, "", sql); return err },
-		"savepoint Exec": func(ctx context.Context, tx pgx.Tx, sql string) error {
+		"savepoint Prepare": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = sp.Prepare(ctx, "", sql)
+			return err
+		},
+		"savepoint Exec": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -73,7 +83,7 @@ func TestRefusedStatements(t *testing.T) {
 			_, err = sp.Exec(ctx, sql)
 			return err
 		},
-		"nested savepoint Query": func(ctx context.Context, tx pgx.Tx, sql string) error {
+		"nested savepoint Query": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -150,10 +160,12 @@ func sqlStateOf(err error) string {
 	return ""
 }
 
-// TestTxEndedOnTheRawConnection: the one route the handle cannot filter,
-// the raw connection. Whatever ended the transaction is detected — the
-// connection idle after the statement, another transaction with another
-// marker, an aborted transaction without the savepoint Conn set — and
+// TestTxEndedOnTheRawConnection: a transaction ended on the raw
+// connection, which the handle does not hand out (the test takes it
+// through RawConn), stands for any route the handle cannot filter.
+// Whatever ended the transaction is detected — the connection idle after
+// the statement, another transaction with another marker, an aborted
+// transaction without the savepoint rawConn sets — and
 // reported as idem.ErrTxEnded by Settle and by Rollback; Release then
 // changes nothing, and Keep, which the engine calls instead, keeps the
 // claim in progress, Uncertain. A raw statement that only fails, in the
@@ -185,7 +197,7 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
-			_, _ = htx.Conn().Exec(txCtx, c.raw)
+			_, _ = idempgx.RawConn(htx).Exec(txCtx, c.raw)
 			_, nextErr := htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key+"/after")
 			if c.nextRefuse && !errors.Is(nextErr, idem.ErrTxEnded) {
 				t.Fatalf("%q: the next statement through the handle = %v, want ErrTxEnded", c.raw, nextErr)
@@ -246,7 +258,7 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 }
 
 // TestTxEndedThroughTheEngine: a handler that commits on the raw
-// connection and then fails (a 503 the engine would release) or succeeds
+// connection (taken through RawConn, as no handler can) and then fails (a 503 the engine would release) or succeeds
 // must not get its key released: the effect committed, so a retry must not
 // run it again. The engine keeps the claim (Keep), Uncertain, and without
 // Reconcile a retry is answered 409 outcome-unknown, however long after.
@@ -272,7 +284,7 @@ func TestTxEndedThroughTheEngine(t *testing.T) {
 				t.Fatal(err)
 			}
 			tx, _ := idempgx.Tx(a.Context())
-			if _, err := tx.Conn().Exec(a.Context(), "COMMIT"); err != nil {
+			if _, err := idempgx.RawConn(tx).Exec(a.Context(), "COMMIT"); err != nil {
 				t.Fatal(err)
 			}
 			return a.Finish(idem.Result{Status: status, Body: []byte("x")})
@@ -300,20 +312,17 @@ func TestUsed(t *testing.T) {
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 2, nil))
 	for name, c := range map[string]struct {
-		do   func(ctx context.Context, tx pgx.Tx)
+		do   func(ctx context.Context, tx *idempgx.Handle)
 		used bool
 	}{
-		"nothing": {func(context.Context, pgx.Tx) {}, false},
-		"Commit":  {func(ctx context.Context, tx pgx.Tx) { _ = tx.Commit(ctx) }, false},
-		"Exec":    {func(ctx context.Context, tx pgx.Tx) { _, _ = tx.Exec(ctx, "SELECT 1") }, true},
-		"a failed Exec": {func(ctx context.Context, tx pgx.Tx) {
+		"nothing": {func(context.Context, *idempgx.Handle) {}, false},
+		"Exec":    {func(ctx context.Context, tx *idempgx.Handle) { _, _ = tx.Exec(ctx, "SELECT 1") }, true},
+		"a failed Exec": {func(ctx context.Context, tx *idempgx.Handle) {
 			_, _ = tx.Exec(ctx, "SELECT 1/0")
 		}, true},
-		"a refused Exec": {func(ctx context.Context, tx pgx.Tx) { _, _ = tx.Exec(ctx, "COMMIT") }, true},
-		"QueryRow":       {func(ctx context.Context, tx pgx.Tx) { _ = tx.QueryRow(ctx, "SELECT 1").Scan(new(int)) }, true},
-		"Conn":           {func(ctx context.Context, tx pgx.Tx) { _ = tx.Conn() }, true},
-		"LargeObjects":   {func(ctx context.Context, tx pgx.Tx) { _ = tx.LargeObjects() }, true},
-		"Begin":          {func(ctx context.Context, tx pgx.Tx) { sp, _ := tx.Begin(ctx); _ = sp.Commit(ctx) }, true},
+		"a refused Exec": {func(ctx context.Context, tx *idempgx.Handle) { _, _ = tx.Exec(ctx, "COMMIT") }, true},
+		"QueryRow":       {func(ctx context.Context, tx *idempgx.Handle) { _ = tx.QueryRow(ctx, "SELECT 1").Scan(new(int)) }, true},
+		"Begin":          {func(ctx context.Context, tx *idempgx.Handle) { sp, _ := tx.Begin(ctx); _ = sp.Commit(ctx) }, true},
 	} {
 		_, txCtx, stx, htx := e.begin(t, ctx)
 		c.do(txCtx, htx)
@@ -324,10 +333,11 @@ func TestUsed(t *testing.T) {
 	}
 }
 
-// TestLargeObjectsNeverPanic: LargeObjects works in the transaction, never
-// panics, and once the store has finished the transaction, both a new
-// LargeObjects and a large object the handler kept answer pgx.ErrTxClosed
-// instead of running on a connection another request may hold.
+// TestLargeObjectsNeverPanic: a savepoint's LargeObjects works in the
+// transaction, never panics, and once the store has finished the
+// transaction, both a new LargeObjects and a large object the handler kept
+// answer pgx.ErrTxClosed instead of running on a connection another
+// request may hold.
 func TestLargeObjectsNeverPanic(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -335,7 +345,11 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 	e := newEnv(t, pool)
 	for _, settle := range []bool{true, false} {
 		_, txCtx, stx, htx := e.begin(t, ctx)
-		lo := htx.LargeObjects()
+		sp, err := htx.Begin(txCtx) // kept open: the settle commits it
+		if err != nil {
+			t.Fatal(err)
+		}
+		lo := sp.LargeObjects()
 		oid, err := lo.Create(txCtx, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -360,7 +374,7 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 		if _, err := obj.Seek(0, io.SeekStart); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatalf("settle %v: a kept large object after the transaction = %v, want ErrTxClosed", settle, err)
 		}
-		after := htx.LargeObjects()
+		after := sp.LargeObjects()
 		if _, err := after.Create(ctx, 0); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatalf("settle %v: LargeObjects after the transaction: Create = %v, want ErrTxClosed", settle, err)
 		}
@@ -375,14 +389,18 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 			}
 		}
 	}
-	// A handle whose transaction settled without large objects: pgx's own
-	// transaction was never told it ended, and the handle hands out closed
-	// large objects instead of its.
-	_, _, stx, htx := e.begin(t, ctx)
+	// A savepoint whose transaction settled without large objects: pgx's
+	// own transaction was never told it ended, and the savepoint hands out
+	// closed large objects instead of its.
+	_, txCtx, stx, htx := e.begin(t, ctx)
+	sp, err := htx.Begin(txCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := stx.Settle(ctx, okResponse("y")); err != nil {
 		t.Fatal(err)
 	}
-	closed := htx.LargeObjects()
+	closed := sp.LargeObjects()
 	if _, err := closed.Open(ctx, 1, pgx.LargeObjectModeRead); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("LargeObjects on a settled handle: %v", err)
 	}
@@ -473,55 +491,5 @@ func TestBatchReadAsJoined(t *testing.T) {
 	}
 	if n := e.mustCount(t, req.Key); n != 0 {
 		t.Fatalf("%d effects committed", n)
-	}
-}
-
-// TestRollbackStaysRolledBack: the handler's Rollback cannot be undone by
-// rolling back to a savepoint taken before it (which would recover an
-// aborted transaction), nor by a COMMIT on the raw connection: the work it
-// meant to undo never commits.
-func TestRollbackStaysRolledBack(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 2, nil))
-	req, txCtx, stx, htx := e.begin(t, ctx)
-	if err := e.WriteEffect(txCtx, req.Key); err != nil {
-		t.Fatal(err)
-	}
-	sp, err := htx.Begin(txCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := htx.Rollback(txCtx); !errors.Is(err, idem.ErrTxOwned) {
-		t.Fatalf("Rollback = %v, want ErrTxOwned", err)
-	}
-	_ = sp.Rollback(txCtx) // would recover an aborted transaction
-	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrHandlerRolledBack) {
-		t.Fatalf("settle after Rollback and a savepoint's rollback = %v, want ErrHandlerRolledBack", err)
-	}
-	if n := e.mustCount(t, req.Key); n != 0 {
-		t.Fatalf("%d effects committed after the handler's Rollback", n)
-	}
-
-	// Nor by a COMMIT on the raw connection: Rollback aborted the
-	// transaction on the server, so that COMMIT answers ROLLBACK. (The
-	// transaction ended behind the handle all the same, so the claim is
-	// kept.)
-	req, txCtx, stx, htx = e.begin(t, ctx)
-	if err := e.WriteEffect(txCtx, req.Key); err != nil {
-		t.Fatal(err)
-	}
-	if err := htx.Rollback(txCtx); !errors.Is(err, idem.ErrTxOwned) {
-		t.Fatalf("Rollback = %v, want ErrTxOwned", err)
-	}
-	tag, err := htx.Conn().Exec(txCtx, "COMMIT")
-	if err != nil || tag.String() != "ROLLBACK" {
-		t.Fatalf("COMMIT on the raw connection after Rollback answered %q, %v; want ROLLBACK", tag, err)
-	}
-	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idem.ErrTxEnded) {
-		t.Fatalf("settle = %v, want ErrTxEnded", err)
-	}
-	if n := e.mustCount(t, req.Key); n != 0 {
-		t.Fatalf("%d effects committed after the handler's Rollback and a raw COMMIT", n)
 	}
 }

@@ -1,18 +1,20 @@
 // Package idempgx is an idem.Store on PostgreSQL through pgx v5 and
 // pgxpool. It shares the handler's transaction: BeginTx begins a real
-// READ COMMITTED transaction and puts a pgx.Tx over it into the request's
+// READ COMMITTED transaction and puts a Handle on it into the request's
 // context (handlers get it with Tx), the handler's own writes go into it,
 // and Settle stores the response in the same transaction, fenced by the
 // lease token, and commits. Either both the handler's writes and the
 // stored response commit, or neither does.
 //
-// The transaction is sealed: the handle refuses Commit, Rollback and
-// transaction-control statements (ErrTxOwned), a failed statement aborts
-// the transaction as PostgreSQL does, and a transaction that ended anyway
-// (through the raw connection Conn returns) is detected and reported as
-// idem.ErrTxEnded: its claim is never released, and the engine keeps it
-// (Keep) in progress, marked uncertain, for Config.Reconcile or an
-// operator.
+// The transaction is sealed. The Handle has the methods of sqlc's DBTX
+// (Exec, Query, QueryRow, SendBatch, CopyFrom) and Begin, which opens a
+// savepoint, and no Commit, Rollback or Conn: ending the transaction, or
+// reaching around it, does not compile. Transaction-control statements
+// are refused (ErrTxOwned), a failed statement aborts the transaction as
+// PostgreSQL does, and a transaction that ended anyway (by a route the
+// handle does not see) is detected and reported as idem.ErrTxEnded: its
+// claim is never released, and the engine keeps it (Keep) in progress,
+// marked uncertain, for Config.Reconcile or an operator.
 //
 // Each record carries its lease deadline (lease_expires_at, the database's
 // clock): an in-progress record past it is stale, whatever lease the next
@@ -346,9 +348,10 @@ func (p deadPeer) total() time.Duration { return time.Duration(p.userTimeout) * 
 
 // leaseSetting is the transaction-local setting BeginTx puts a random
 // marker into. Settle checks it in the same transaction: a different value
-// means the transaction BeginTx began has ended and another one began (a
-// handler sent COMMIT; BEGIN on the raw connection), so its work may have
-// committed without the outcome.
+// means the transaction BeginTx began has ended and another one began
+// (COMMIT; BEGIN by a route the handle does not see: the connection a
+// QueryRewriter is given, a statement the lexer misreads), so its work may
+// have committed without the outcome.
 const leaseSetting = "idem.lease"
 
 // txEndedMarker is in the error the settle's first statement raises when
@@ -872,8 +875,8 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 // takeover runs the handler, which is what the release allowed anyway.
 //
 // Release changes nothing, and returns an error wrapping idem.ErrTxEnded,
-// for a lease whose transaction this store saw end behind its back (the
-// handler committed on the raw connection, then answered with an error):
+// for a lease whose transaction this store saw end behind its back (a
+// COMMIT by a route the handle does not see, then an error answer):
 // part of that work may have committed, so the claim must be kept (Keep),
 // never released.
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {

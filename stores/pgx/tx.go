@@ -21,44 +21,18 @@ import (
 
 type txKey struct{}
 
-// Tx returns the transaction BeginTx put into ctx, for the handler's own
-// queries. ok is false when ctx carries none (the request was not claimed,
-// for instance when the idempotency key is optional and absent).
+// Tx returns the handle on the transaction BeginTx put into ctx, for the
+// handler's own queries. ok is false when ctx carries none (the request was
+// not claimed, for instance when the idempotency key is optional and
+// absent). ctx may be a framework's own context an adapter stored the
+// attempt in (see idem.AttemptContext).
 //
-// The store owns the transaction and seals it: it commits it together with
-// the stored response after the handler returns, or rolls it back, and
-// nothing the handler does through this handle can end it early.
-//
-//   - Commit returns ErrTxOwned and does nothing.
-//   - Rollback returns ErrTxOwned, rolls the handler's work back and makes
-//     the settle store nothing, so the key is released; to abandon work,
-//     return an error (or a 5xx) instead.
-//   - Transaction-control statements (COMMIT, END, ROLLBACK except
-//     ROLLBACK TO SAVEPOINT, ABORT, BEGIN, START TRANSACTION, PREPARE
-//     TRANSACTION, COMMIT/ROLLBACK PREPARED, … AND CHAIN) sent through
-//     Exec, Query, QueryRow, SendBatch or Prepare are refused with
-//     ErrTxOwned before they reach the server, also inside multi-statement
-//     strings, and the refusal aborts the transaction as a failed
-//     statement does.
-//   - A statement that fails on the server aborts the transaction, as in
-//     PostgreSQL: later statements fail until a savepoint is rolled back
-//     to, and a settle stores nothing.
-//   - Savepoints (Begin) work as in pgx, and the savepoint handles are
-//     sealed the same way.
-//
-// Conn returns the raw connection, which the store cannot filter: a
-// transaction ended through it is detected (the handle then answers every
-// statement with an error wrapping idem.ErrTxEnded, and the engine keeps
-// the claim in progress, marked uncertain, for Config.Reconcile or an
-// operator), but what was committed stays committed. Do not use it to end
-// the transaction.
-//
-// Once the store has finished the transaction, every method returns
-// pgx.ErrTxClosed (LargeObjects returns large objects whose methods do),
-// except Conn, which reaches the connection directly: do not keep it, or
-// anything LargeObjects returned, past the handler.
-func Tx(ctx context.Context) (pgx.Tx, bool) {
-	h, ok := ctx.Value(txKey{}).(*handle)
+// The handle has no Commit, Rollback or Conn: the store commits the
+// transaction together with the stored outcome after the handler returns
+// (see Handle).
+func Tx(ctx context.Context) (*Handle, bool) {
+	ctx, _ = idem.AttemptContext(ctx)
+	h, ok := ctx.Value(txKey{}).(*Handle)
 	if !ok || h == nil {
 		return nil, false
 	}
@@ -106,7 +80,7 @@ func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, ide
 		return ctx, nil, wrap("begin", err)
 	}
 	st := &storeTx{store: s, lease: l, marker: marker, conn: conn}
-	st.h = &handle{real: real, conn: conn.Conn(), owner: st}
+	st.h = &Handle{real: real, txConn: conn.Conn(), owner: st}
 	return context.WithValue(ctx, txKey{}, st.h), st, nil
 }
 
@@ -118,7 +92,7 @@ func newMarker() string {
 	return hex.EncodeToString(b[:])
 }
 
-// rawSavepoint is the savepoint Conn sets before it hands out the raw
+// rawSavepoint is the savepoint rawConn sets before it hands out the raw
 // connection. In an aborted transaction it is the only way to ask the
 // server whether the transaction is still the one BeginTx began: ROLLBACK
 // TO it succeeds only in that transaction.
@@ -130,23 +104,23 @@ const rawSavepoint = "idem_raw"
 const abortSQL = "SELECT 'idempgx: a statement that would end the transaction was refused; the transaction is aborted'::int"
 
 // errTxEnded is what the handle answers once the transaction ended by a
-// route it could not refuse.
-var errTxEnded = fmt.Errorf("idempgx: %w: the transaction ended outside the handle (on the raw connection); nothing more runs through it", idem.ErrTxEnded)
+// route it could not refuse (see Handle).
+var errTxEnded = fmt.Errorf("idempgx: %w: the transaction ended outside the handle; nothing more runs through it", idem.ErrTxEnded)
 
 // storeTx is the idem.Tx the engine drives.
 type storeTx struct {
 	store  *Store
 	lease  idem.Lease
 	marker string
-	h      *handle
+	h      *Handle
 
 	mu   sync.Mutex
 	conn *pgxpool.Conn // nil once finished and returned to the pool
 }
 
 // Used implements idem.Tx: whether the handler ran, or tried to run,
-// anything through the handle, or took its raw connection or large
-// objects.
+// anything through the handle or its savepoints, or took a savepoint's
+// large objects.
 func (t *storeTx) Used() bool {
 	t.h.mu.Lock()
 	defer t.h.mu.Unlock()
@@ -163,7 +137,6 @@ func (t *storeTx) Used() bool {
 //
 //   - idem.ErrLeaseLost when the fence missed (the UPDATE raises, so the
 //     server skips the queued COMMIT);
-//   - ErrHandlerRolledBack when the handler called Rollback;
 //   - an error wrapping ErrTxAborted when a statement failed (or was
 //     refused) and left the transaction aborted;
 //   - an error wrapping idem.ErrTxEnded when the transaction ended behind
@@ -186,14 +159,12 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 		return fmt.Errorf("idempgx: settle: invalid outcome state %q", out.State)
 	}
 	pg := t.conn.Conn().PgConn()
-	if f.rolledBack || f.ended || pg.IsBusy() || pg.IsClosed() || pg.TxStatus() != 'T' {
+	if f.ended || pg.IsBusy() || pg.IsClosed() || pg.TxStatus() != 'T' {
 		status := pg.TxStatus()
 		ended, err := t.abandon(ctx, f)
 		switch {
 		case ended:
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
-		case f.rolledBack:
-			return ErrHandlerRolledBack
 		case f.refused:
 			// The handler tried to end the store's transaction: its doing,
 			// which a retry repeats (idem.ErrTxOwned), not a failed commit.
@@ -266,7 +237,7 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 		return wrap("settle: commit", closeErr)
 	}
 	// Committed. The connection is idle, so it goes back to the pool
-	// without another round trip. Large objects the handler opened hold
+	// without another round trip. Large objects a savepoint handed out hold
 	// pgx's own transaction, which does not know the batch committed: it
 	// is closed (a ROLLBACK outside a transaction, answered with a
 	// warning), so that they answer pgx.ErrTxClosed instead of running on
@@ -363,7 +334,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	h := t.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	pg := h.conn.PgConn()
+	pg := h.txConn.PgConn()
 	switch {
 	case h.closed:
 		return false, fmt.Errorf("idempgx: sync: %w", pgx.ErrTxClosed)
@@ -381,7 +352,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	if *target == 0 {
 		var began *string
 		var insert string
-		if err := h.conn.QueryRow(sctx, syncSQL).Scan(&began, &insert, &flush); err != nil {
+		if err := h.txConn.QueryRow(sctx, syncSQL).Scan(&began, &insert, &flush); err != nil {
 			return false, wrap("sync", err)
 		}
 		now, err := parseLSN(insert)
@@ -396,7 +367,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 				*target = b
 			}
 		}
-	} else if err := h.conn.QueryRow(sctx, syncPollSQL).Scan(&flush); err != nil {
+	} else if err := h.txConn.QueryRow(sctx, syncPollSQL).Scan(&flush); err != nil {
 		return false, wrap("sync", err)
 	}
 	f, err := parseLSN(flush)
@@ -458,12 +429,13 @@ func (t *storeTx) Rollback(ctx context.Context) error {
 // ended transaction's lease is remembered, so that Release leaves the
 // claim in progress. Callers hold t.mu.
 //
-// Without the raw connection, only statements the handle filtered ran, so
-// an open transaction is BeginTx's. With it, an open transaction is asked
-// for the marker: in the same round trip as the ROLLBACK when it is not
-// aborted, after a ROLLBACK TO the savepoint Conn set when it is; without
-// that savepoint an aborted transaction cannot be told apart from another
-// one and counts as ended.
+// Unless rawConn handed out the raw connection (the API has no route to
+// it; the tests take it to end the transaction behind the handle), only
+// statements the handle filtered ran, so an open transaction is BeginTx's.
+// With it, an open transaction is asked for the marker: in the same round
+// trip as the ROLLBACK when it is not aborted, after a ROLLBACK TO the
+// savepoint rawConn set when it is; without that savepoint an aborted
+// transaction cannot be told apart from another one and counts as ended.
 func (t *storeTx) abandon(ctx context.Context, f handleState) (ended bool, err error) {
 	conn := t.conn
 	t.conn = nil
@@ -542,23 +514,61 @@ func (t *storeTx) sameTx(ctx context.Context, pg *pgconn.PgConn, prefix string) 
 // handleState is what the store needs to know about the handle once it has
 // closed it.
 type handleState struct {
-	rolledBack   bool // the handler called Rollback
 	refused      bool // a statement that would end the transaction was refused
 	ended        bool // the handle saw the transaction end behind it
-	raw          bool // Conn handed out the raw connection
+	raw          bool // rawConn handed out the raw connection
 	rawSavepoint bool // … after setting rawSavepoint
-	loUsed       bool // LargeObjects handed out pgx's transaction's large objects
+	loUsed       bool // a savepoint handed out pgx's transaction's large objects
 }
 
-// handle is the pgx.Tx a handler gets from Tx. It runs the handler's
-// statements through the real pgx transaction BeginTx began, after
-// refusing those that would end it, and watches the connection's
-// transaction status before and after each. Its methods are serialised
-// with each other and with the store's Settle and Rollback.
-type handle struct {
-	real  pgx.Tx
-	conn  *pgx.Conn
-	owner *storeTx
+// Handle is the handler's way into the transaction the store owns. It has
+// no Commit, Rollback or Conn, on purpose: the store commits the
+// transaction together with the stored outcome after the handler returns,
+// or rolls it back. To roll the handler's work back, return an error (or
+// a 5xx response); for nested work, Begin opens a savepoint, a pgx.Tx
+// whose Commit releases it and whose Rollback rolls back to it.
+//
+// Its methods are those of the DBTX interface sqlc generates for pgx/v5
+// (river's queries run on the same shape), plus Begin: code generated by
+// sqlc takes it, as do pgx.BeginFunc and libraries that query through a
+// small interface (scany's pgxscan). Code that wants a pgx.Tx gets a
+// savepoint from Begin.
+//
+//   - Transaction-control statements (COMMIT, END, ROLLBACK except
+//     ROLLBACK TO SAVEPOINT, ABORT, BEGIN, START TRANSACTION, PREPARE
+//     TRANSACTION, COMMIT/ROLLBACK PREPARED, … AND CHAIN) sent through
+//     Exec, Query, QueryRow or SendBatch, of the handle or of a savepoint
+//     (and a savepoint's Prepare), are refused with ErrTxOwned before they
+//     reach the server, also inside multi-statement strings, and the
+//     refusal aborts the transaction as a failed statement does.
+//   - A statement that fails on the server aborts the transaction, as in
+//     PostgreSQL: later statements fail until a savepoint is rolled back
+//     to, and a settle stores nothing.
+//   - Nothing hands out the connection: the Rows that Query and a batch's
+//     Query return, and a savepoint, answer nil from Conn (pgx.Tx and
+//     pgx.Rows require the method).
+//   - Once the store has finished the transaction, every method returns
+//     pgx.ErrTxClosed, and so do the savepoints and the large objects a
+//     savepoint handed out: do not keep them past the handler.
+//
+// A pgx.QueryRewriter argument (pgx.NamedArgs, …) is given the
+// connection, as pgx's interface says, to rewrite the statement; the
+// handle filters the rewritten text. A transaction ended behind the handle
+// all the same (on that connection, or by a statement the filter does not
+// know) is detected where it can be: by the connection's status, idle
+// after a COMMIT or ROLLBACK, and at the settle by a marker BeginTx sets,
+// which another transaction does not have. Every later statement then
+// fails with an error wrapping idem.ErrTxEnded, and the engine keeps the
+// claim in progress, marked uncertain, for Config.Reconcile or an
+// operator, since what was committed stays committed. The README names
+// the ends that cannot be seen.
+//
+// Its methods are serialised with each other and with the store's Settle
+// and Rollback.
+type Handle struct {
+	real   pgx.Tx
+	txConn *pgx.Conn // real's connection
+	owner  *storeTx
 
 	mu         sync.Mutex
 	closed     bool // the store finished the transaction
@@ -568,7 +578,7 @@ type handle struct {
 }
 
 // close marks the handle finished and returns its state.
-func (h *handle) close() handleState {
+func (h *Handle) close() handleState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
@@ -576,18 +586,14 @@ func (h *handle) close() handleState {
 }
 
 // enter checks, with h.mu held, that a statement may go out: the store has
-// not finished the transaction, the handler has not rolled it back, and it
-// has not ended behind the handle (the connection is idle).
-func (h *handle) enter() error {
-	switch {
-	case h.closed:
+// not finished the transaction, and it has not ended behind the handle
+// (the connection is idle).
+func (h *Handle) enter() error {
+	if h.closed {
 		return pgx.ErrTxClosed
-	case h.state.rolledBack:
-		h.used = true
-		return ErrHandlerRolledBack
 	}
 	h.used = true
-	if h.state.ended || h.conn.PgConn().TxStatus() == 'I' {
+	if h.state.ended || h.txConn.PgConn().TxStatus() == 'I' {
 		h.state.ended = true
 		return errTxEnded
 	}
@@ -596,8 +602,8 @@ func (h *handle) enter() error {
 
 // leave records, with h.mu held, whether the statement that just ran left
 // the connection idle: the transaction ended, and it reports so.
-func (h *handle) leave() bool {
-	if !h.state.ended && h.conn.PgConn().TxStatus() == 'I' {
+func (h *Handle) leave() bool {
+	if !h.state.ended && h.txConn.PgConn().TxStatus() == 'I' {
 		h.state.ended = true
 	}
 	return h.state.ended
@@ -605,7 +611,7 @@ func (h *handle) leave() bool {
 
 // detached returns a context for the store's own statements on the
 // handle's connection: not cancelled with the handler's, bounded.
-func (h *handle) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+func (h *Handle) detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), h.owner.store.txTimeout)
 }
 
@@ -613,29 +619,32 @@ func (h *handle) detached(ctx context.Context) (context.Context, context.CancelF
 // on the server as if the statement had failed there (or, if that cannot
 // be done, the connection is closed, which aborts it too), and the error
 // wraps ErrTxOwned.
-func (h *handle) refuse(ctx context.Context, what string) error {
+func (h *Handle) refuse(ctx context.Context, what string) error {
 	h.state.refused = true
 	h.abort(ctx)
 	return fmt.Errorf("%w: %q refused: it would end the transaction; the transaction is now aborted", ErrTxOwned, what)
 }
 
 // abort makes the server abort the open transaction, with h.mu held.
-func (h *handle) abort(ctx context.Context) {
-	if h.conn.PgConn().TxStatus() != 'T' {
+func (h *Handle) abort(ctx context.Context) {
+	if h.txConn.PgConn().TxStatus() != 'T' {
 		return // already aborted, or ended (which enter reports)
 	}
 	actx, cancel := h.detached(ctx)
 	defer cancel()
-	_, _ = h.conn.Exec(actx, abortSQL)
-	if pg := h.conn.PgConn(); pg.TxStatus() != 'E' && !pg.IsClosed() {
-		_ = h.conn.Close(actx)
+	_, _ = h.txConn.Exec(actx, abortSQL)
+	if pg := h.txConn.PgConn(); pg.TxStatus() != 'E' && !pg.IsClosed() {
+		_ = h.txConn.Close(actx)
 	}
 }
 
-// Begin starts a savepoint inside the store's transaction. The savepoint
-// handle is sealed like this one; it is closed, like the transaction, once
-// the store has finished it.
-func (h *handle) Begin(ctx context.Context) (pgx.Tx, error) {
+// Begin opens a savepoint inside the store's transaction and returns it as
+// a pgx.Tx: its Commit releases the savepoint, its Rollback rolls back to
+// it, and its statements are filtered like the handle's. So
+// pgx.BeginFunc(ctx, h, fn) runs fn in a savepoint, and an error from fn
+// undoes fn's work only. The savepoint is closed, like the handle, once
+// the store has finished the transaction.
+func (h *Handle) Begin(ctx context.Context) (pgx.Tx, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
@@ -653,38 +662,8 @@ func (h *handle) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &savepoint{root: h, name: name}, nil
 }
 
-// Commit refuses: the store commits the transaction with the outcome. It
-// returns ErrTxOwned and changes nothing, or pgx.ErrTxClosed once the store
-// has finished the transaction.
-func (h *handle) Commit(context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return pgx.ErrTxClosed
-	}
-	return ErrTxOwned
-}
-
-// Rollback refuses to end the transaction but honours the intent: the
-// transaction is aborted on the server, nothing more runs through the
-// handle, and the settle stores nothing (ErrHandlerRolledBack), so the
-// work is never committed and the engine releases the key. It returns
-// ErrTxOwned, or pgx.ErrTxClosed once the store has finished the
-// transaction.
-func (h *handle) Rollback(ctx context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return pgx.ErrTxClosed
-	}
-	h.used = true
-	h.state.rolledBack = true
-	h.abort(ctx)
-	return ErrTxOwned
-}
-
 // CopyFrom runs COPY FROM STDIN in the transaction, as pgx.Tx does.
-func (h *handle) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+func (h *Handle) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
@@ -702,7 +681,7 @@ func (h *handle) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnN
 // batch, before anything is sent, if any query holds a
 // transaction-control statement. A batch that begins its own transaction
 // (Batch.BeginTx) is refused the same way.
-func (h *handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (h *Handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
@@ -720,7 +699,7 @@ func (h *handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			rw, args = r, args[1:]
 		}
 		if rw != nil {
-			sql, rargs, err := rw.RewriteQuery(ctx, h.conn, q.SQL, args)
+			sql, rargs, err := rw.RewriteQuery(ctx, h.txConn, q.SQL, args)
 			if err != nil {
 				return pgx.FailedBatchResults(b, fmt.Errorf("rewrite query failed: %w", err))
 			}
@@ -735,17 +714,17 @@ func (h *handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			return pgx.FailedBatchResults(b, h.refuse(ctx, words))
 		}
 	}
-	return h.real.SendBatch(ctx, b)
+	return batchResults{h.real.SendBatch(ctx, b)}
 }
 
-// LargeObjects returns the large objects of pgx's own transaction, the one
-// BeginTx began; it never fails or panics. Once the store has finished the
-// transaction (or it ended behind the handle, or the handler rolled it
-// back) their methods return pgx.ErrTxClosed.
-func (h *handle) LargeObjects() pgx.LargeObjects {
+// savepointLargeObjects returns the large objects of pgx's own transaction, the one
+// BeginTx began, for a savepoint's LargeObjects; it never fails or panics.
+// Once the store has finished the transaction (or it ended behind the
+// handle) their methods return pgx.ErrTxClosed.
+func (h *Handle) savepointLargeObjects() pgx.LargeObjects {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed || h.state.ended || h.state.rolledBack {
+	if h.closed || h.state.ended {
 		return closedTx.LargeObjects()
 	}
 	h.used, h.state.loUsed = true, true
@@ -761,9 +740,9 @@ var closedTx = func() pgx.Tx {
 	return pgx.FailedBatchResults(&b, pgx.ErrTxClosed).Tx()
 }()
 
-// Prepare prepares sql on the connection, as pgx.Tx does, after refusing
-// a transaction-control statement.
-func (h *handle) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+// prepareFiltered prepares sql on the connection, for a savepoint's Prepare, as
+// pgx.Tx does, after refusing a transaction-control statement.
+func (h *Handle) prepareFiltered(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
@@ -781,13 +760,13 @@ func (h *handle) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 
 // Exec runs sql in the transaction, as pgx.Tx does, after refusing a
 // transaction-control statement anywhere in it.
-func (h *handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (h *Handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	sql, args, err := rewrite(ctx, h.conn, sql, args, false)
+	sql, args, err := rewrite(ctx, h.txConn, sql, args, false)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -802,33 +781,35 @@ func (h *handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 // Query runs sql in the transaction, as pgx.Tx does, after refusing a
-// transaction-control statement anywhere in it. The rows are pgx's own.
-func (h *handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+// transaction-control statement anywhere in it. The rows are pgx's own,
+// except that their Conn returns nil.
+func (h *Handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
-		return errRows{err, h.conn.TypeMap()}, err
+		return errRows{err, h.txConn.TypeMap()}, err
 	}
-	sql, args, err := rewrite(ctx, h.conn, sql, args, true)
+	sql, args, err := rewrite(ctx, h.txConn, sql, args, true)
 	if err != nil {
-		return errRows{err, h.conn.TypeMap()}, err
+		return errRows{err, h.txConn.TypeMap()}, err
 	}
 	if words, bad := txControlStatement(sql); bad {
 		err := h.refuse(ctx, words)
-		return errRows{err, h.conn.TypeMap()}, err
+		return errRows{err, h.txConn.TypeMap()}, err
 	}
-	return h.real.Query(ctx, sql, args...)
+	r, err := h.real.Query(ctx, sql, args...)
+	return rows{r}, err
 }
 
 // QueryRow runs sql in the transaction, as pgx.Tx does, after refusing a
 // transaction-control statement anywhere in it.
-func (h *handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (h *Handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
 		return errRow{err}
 	}
-	sql, args, err := rewrite(ctx, h.conn, sql, args, true)
+	sql, args, err := rewrite(ctx, h.txConn, sql, args, true)
 	if err != nil {
 		return errRow{err}
 	}
@@ -838,28 +819,29 @@ func (h *handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	return h.real.QueryRow(ctx, sql, args...)
 }
 
-// Conn returns the transaction's connection. What runs on it is part of
-// the transaction but is not filtered: a transaction ended through it is
-// only detected afterwards. The first call sets a savepoint (one round
-// trip) by which the store can later tell an aborted transaction from
-// another one. Do not keep the connection past the handler.
-func (h *handle) Conn() *pgx.Conn {
+// rawConn returns the transaction's connection, unfiltered. No method of
+// the handle or its savepoints hands it out; the tests take it (through
+// export_test.go) to end the transaction behind the handle and prove that
+// the store detects it. The first call sets a savepoint (one round trip)
+// by which the store can later tell an aborted transaction from another
+// one.
+func (h *Handle) rawConn() *pgx.Conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return h.conn
+		return h.txConn
 	}
 	h.used = true
 	if !h.state.raw {
 		h.state.raw = true
-		if h.conn.PgConn().TxStatus() == 'T' {
+		if h.txConn.PgConn().TxStatus() == 'T' {
 			ctx, cancel := h.detached(context.Background())
-			_, err := h.conn.Exec(ctx, "SAVEPOINT "+rawSavepoint)
+			_, err := h.txConn.Exec(ctx, "SAVEPOINT "+rawSavepoint)
 			cancel()
 			h.state.rawSavepoint = err == nil
 		}
 	}
-	return h.conn
+	return h.txConn
 }
 
 // rewrite does what pgx does with a statement's leading option arguments
@@ -900,13 +882,13 @@ options:
 	return sql, append(opts, rest...), nil
 }
 
-// savepoint is a savepoint inside a handle: Commit releases it and
-// Rollback rolls back to it, as pgx's savepoints do, and every statement
-// goes through the handle's filter. Once it is released or rolled back,
-// or the store has finished the transaction, its methods return
-// pgx.ErrTxClosed.
+// savepoint is a savepoint inside a handle, the pgx.Tx that Begin
+// returns: Commit releases it and Rollback rolls back to it, as pgx's
+// savepoints do, and every statement goes through the handle's filter.
+// Once it is released or rolled back, or the store has finished the
+// transaction, its methods return pgx.ErrTxClosed.
 type savepoint struct {
-	root   *handle
+	root   *Handle
 	name   string
 	mu     sync.Mutex
 	closed bool
@@ -942,7 +924,7 @@ func (s *savepoint) end(ctx context.Context, sql string) error {
 	return err
 }
 
-// Begin starts a savepoint nested in this one.
+// Begin opens a savepoint nested in this one.
 func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := s.open(); err != nil {
 		return nil, err
@@ -974,20 +956,24 @@ func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 	return s.root.SendBatch(ctx, b)
 }
 
-// LargeObjects is the handle's LargeObjects.
+// LargeObjects returns the large objects of pgx's own transaction, the one
+// BeginTx began; it never fails or panics. Once the store has finished the
+// transaction (or it ended behind the handle) their methods return
+// pgx.ErrTxClosed.
 func (s *savepoint) LargeObjects() pgx.LargeObjects {
 	if err := s.open(); err != nil {
 		return closedTx.LargeObjects()
 	}
-	return s.root.LargeObjects()
+	return s.root.savepointLargeObjects()
 }
 
-// Prepare is the handle's Prepare.
+// Prepare prepares sql on the connection, as pgx.Tx does, after refusing
+// a transaction-control statement.
 func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
-	return s.root.Prepare(ctx, name, sql)
+	return s.root.prepareFiltered(ctx, name, sql)
 }
 
 // Exec is the handle's Exec.
@@ -1001,7 +987,7 @@ func (s *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 // Query is the handle's Query.
 func (s *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if err := s.open(); err != nil {
-		return errRows{err, s.root.conn.TypeMap()}, err
+		return errRows{err, s.root.txConn.TypeMap()}, err
 	}
 	return s.root.Query(ctx, sql, args...)
 }
@@ -1014,8 +1000,29 @@ func (s *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	return s.root.QueryRow(ctx, sql, args...)
 }
 
-// Conn is the handle's Conn.
-func (s *savepoint) Conn() *pgx.Conn { return s.root.Conn() }
+// Conn returns nil. pgx.Tx requires the method, but the connection is the
+// store's: what runs on it escapes the handle's filter, and a COMMIT there
+// would commit the handler's writes whether or not the outcome can be
+// stored. A caller that uses the nil connection panics, in the handler,
+// before anything reaches the server.
+func (s *savepoint) Conn() *pgx.Conn { return nil }
+
+// rows are pgx's rows of a query run through the handle, without their
+// connection.
+type rows struct{ pgx.Rows }
+
+// Conn returns nil: the connection is the store's (see savepoint.Conn).
+func (rows) Conn() *pgx.Conn { return nil }
+
+// batchResults are pgx's results of a batch sent through the handle, whose
+// queries' rows come without their connection.
+type batchResults struct{ pgx.BatchResults }
+
+// Query returns the next query's rows.
+func (b batchResults) Query() (pgx.Rows, error) {
+	r, err := b.BatchResults.Query()
+	return rows{r}, err
+}
 
 type errRow struct{ err error }
 
@@ -1039,8 +1046,8 @@ func (r errRows) Conn() *pgx.Conn                              { return nil }
 func (r errRows) TypeMap() *pgtype.Map                         { return r.tm }
 
 var (
-	_ pgx.Tx      = (*handle)(nil)
 	_ pgx.Tx      = (*savepoint)(nil)
+	_ pgx.Rows    = rows{}
 	_ pgx.Rows    = errRows{}
 	_ idem.Tx     = (*storeTx)(nil)
 	_ idem.Syncer = (*storeTx)(nil)

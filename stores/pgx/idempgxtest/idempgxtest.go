@@ -181,26 +181,11 @@ func (e *Env) Backend() storetest.Backend {
 			_, err := tx.Exec(ctx, sql, args...)
 			return err
 		},
-		EndHandle: func(ctx context.Context, commit bool) error {
-			tx, ok := idempgx.Tx(ctx)
-			if !ok {
-				return errors.New("no idempgx transaction in context")
-			}
-			if commit {
-				return tx.Commit(ctx)
-			}
-			return tx.Rollback(ctx)
-		},
-		// COMMIT on the raw connection the handle's Conn returns: the one
-		// route the handle cannot filter.
-		EndTxAround: func(ctx context.Context) error {
-			tx, ok := idempgx.Tx(ctx)
-			if !ok {
-				return errors.New("no idempgx transaction in context")
-			}
-			_, err := tx.Conn().Exec(ctx, "COMMIT")
-			return err
-		},
+		// EndHandle and EndTxAround stay nil: the handle has no Commit or
+		// Rollback, and no route to the connection. (idempgx's own tests
+		// set EndTxAround through a hook to the raw connection that only
+		// they can reach, to prove the store detects a transaction ended
+		// behind the handle.)
 	}
 }
 
