@@ -64,7 +64,7 @@ type Backend struct {
 	// It selects the statements the section sends.
 	Dialect string
 	// Exec runs sql with args through the handle the store gave the
-	// handler (pgx.Tx.Exec, gorm's db.Exec), as a handler would, and
+	// handler (idempgx.Handle.Exec, gorm's db.Exec), as a handler would, and
 	// returns its error. Required when Dialect is set.
 	Exec func(ctx context.Context, sql string, args ...any) error
 	// EndHandle calls the handle's own Commit (commit true) or Rollback,
@@ -72,7 +72,7 @@ type Backend struct {
 	// no such methods.
 	EndHandle func(ctx context.Context, commit bool) error
 	// EndTxAround ends the transaction by a route the handle cannot refuse
-	// beforehand (the raw connection pgx.Tx.Conn returns; a deadlock the
+	// beforehand (the raw connection, which only idempgx's own tests reach; a deadlock the
 	// server resolves by rolling the transaction back), so the store can
 	// only notice afterwards. Nil when the store has no such route.
 	EndTxAround func(ctx context.Context) error
