@@ -48,9 +48,11 @@ var (
 type handle struct{ t *storeTx }
 
 var (
-	_ gorm.ConnPool       = (*handle)(nil)
-	_ gorm.Tx             = (*handle)(nil)
-	_ gorm.GetDBConnector = (*handle)(nil)
+	_ gorm.ConnPool         = (*handle)(nil)
+	_ gorm.Tx               = (*handle)(nil)
+	_ gorm.GetDBConnector   = (*handle)(nil)
+	_ gorm.ConnPoolBeginner = (*handle)(nil)
+	_ gorm.Tx               = (*begun)(nil)
 )
 
 // ExecContext implements gorm.ConnPool.
@@ -118,6 +120,48 @@ func (h *handle) Rollback() error {
 // handle answers an error instead of a pool that would run statements
 // outside the transaction.
 func (h *handle) GetDBConn() (*sql.DB, error) { return nil, errNoDB }
+
+// BeginTx implements gorm.ConnPoolBeginner, so that db.Begin() on the
+// handle (a handler's own tx := db.Begin(), and the default transaction
+// GORM opens around each write) gives a working *gorm.DB in the store's
+// transaction instead of GORM's ErrInvalidTransaction. Nothing is begun:
+// its Commit does nothing (the work commits with the stored outcome after
+// the handler returns), and its Rollback, which cannot undo part of the
+// store's transaction, is refused with ErrTxOwned and makes the settle
+// store nothing, as Rollback on the handle does; after a failed statement
+// (GORM's default transaction rolls back a failed write) it does nothing
+// more, since the failure aborted the transaction already. For nested
+// work that may roll back on its own, db.Transaction sets a savepoint.
+// Options the store's transaction cannot honour (an isolation level, read
+// only) are refused with ErrTxOwned.
+func (h *handle) BeginTx(_ context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
+	if opts != nil && (opts.Isolation != sql.LevelDefault || opts.ReadOnly) {
+		return nil, fmt.Errorf("idemgorm: Begin with isolation %v, read only %v, refused: the handler runs in the idempotency transaction, whose isolation is the store's: %w",
+			opts.Isolation, opts.ReadOnly, ErrTxOwned)
+	}
+	return &begun{h}, nil
+}
+
+// begun is the ConnPool of a *gorm.DB the handler began on the handle: the
+// handle's statements, with a Commit that waits for the store's and a
+// Rollback that is refused (see handle.BeginTx).
+type begun struct{ *handle }
+
+// Commit implements gorm.TxCommitter: the work commits with the store's
+// transaction.
+func (b *begun) Commit() error { return nil }
+
+// Rollback implements gorm.TxCommitter: refused, and nothing is stored,
+// unless a statement already failed and aborted the transaction.
+func (b *begun) Rollback() error {
+	b.t.mu.Lock()
+	defer b.t.mu.Unlock()
+	if b.t.failed != nil {
+		return nil
+	}
+	b.t.rollbackAsked = true
+	return errRollbackRefused
+}
 
 // admit decides whether query may run now.
 func (t *storeTx) admit(query string) (verdict, error) {

@@ -97,11 +97,7 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if n := count(t, f, req.Key); n != 0 {
 			t.Fatalf("the write is visible from outside after a refused Commit: %d", n)
 		}
-		// A commit through a GORM transaction begun on the handle: Begin
-		// gives no new transaction.
-		if nested := db.Begin(); nested.Error == nil {
-			t.Fatal("Begin on the handle began a transaction")
-		}
+		// (db.Begin() on the handle: TestBeginOnTheHandle.)
 		// After a refused Commit the transaction is intact and settles.
 		if err := tx.Settle(ctx, created(req.Key)); err != nil {
 			t.Fatalf("settle after a refused Commit: %v", err)
@@ -172,6 +168,59 @@ func TestRefusedStatementsNeverReachTheServer(t *testing.T) {
 		}
 		if n := count(t, f, req.Key); n != 0 {
 			t.Fatalf("%d effects committed", n)
+		}
+	})
+}
+
+// TestBeginOnTheHandle: db.Begin() on the handle, the GORM habit, gives a
+// working *gorm.DB in the idempotency transaction, never GORM's "invalid
+// transaction": its Commit waits for the store's, so the write commits
+// with the stored outcome; its Rollback is refused with ErrTxOwned and the
+// settle stores nothing (its write is not committed); options the store
+// cannot honour are refused.
+func TestBeginOnTheHandle(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, f *fixture) {
+		ctx := testCtx(t)
+
+		req, _, tx, db := begin(t, f)
+		began := db.Begin()
+		if began.Error != nil {
+			t.Fatalf("Begin on the handle: %v", began.Error)
+		}
+		if err := insertEffect(began, f, req.Key); err != nil {
+			t.Fatalf("a write through the begun db: %v", err)
+		}
+		if err := began.Commit().Error; err != nil {
+			t.Fatalf("Commit of the begun db: %v", err)
+		}
+		if n := count(t, f, req.Key); n != 0 {
+			t.Fatalf("the begun db's Commit committed the write before the settle (%d rows)", n)
+		}
+		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+			t.Fatalf("settle: %v", err)
+		}
+		if n := count(t, f, req.Key); n != 1 {
+			t.Fatalf("after the settle: %d rows, want the begun db's write committed with the outcome", n)
+		}
+
+		req, _, tx, db = begin(t, f)
+		began = db.Begin()
+		if err := insertEffect(began, f, req.Key); err != nil {
+			t.Fatal(err)
+		}
+		if err := began.Rollback().Error; !errors.Is(err, idem.ErrTxOwned) {
+			t.Fatalf("Rollback of the begun db = %v, want an error wrapping idem.ErrTxOwned", err)
+		}
+		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrTxOwned) {
+			t.Fatalf("settle after the begun db's Rollback = %v, want an error wrapping idem.ErrTxOwned", err)
+		}
+		if n := count(t, f, req.Key); n != 0 {
+			t.Fatalf("after a refused Rollback: %d rows committed, want none", n)
+		}
+
+		_, _, _, db = begin(t, f)
+		if err := db.Begin(&sql.TxOptions{ReadOnly: true}).Error; !errors.Is(err, idem.ErrTxOwned) {
+			t.Fatalf("Begin(read only) = %v, want an error wrapping idem.ErrTxOwned", err)
 		}
 	})
 }
