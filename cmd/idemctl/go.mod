@@ -1,6 +1,6 @@
 module github.com/idemgo/idem/cmd/idemctl
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/glebarez/sqlite v1.11.0

@@ -1,6 +1,6 @@
 module github.com/idemgo/idem/observers/prometheus
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/idemgo/idem/core v0.1.0

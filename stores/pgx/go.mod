@@ -1,6 +1,6 @@
 module github.com/idemgo/idem/stores/pgx
 
-go 1.26.8
+go 1.26
 
 require (
 	github.com/idemgo/idem/core v0.1.0
