@@ -31,8 +31,12 @@ func responseSize(resp *idem.Response) int64 {
 // put stores e under k, replacing what was there, and keeps the counts.
 // Callers hold s.mu.
 func (s *Store) put(k recordKey, e entry) {
-	if old, ok := s.records[k]; ok {
+	old, ok := s.records[k]
+	if ok {
 		s.account(k.principal, -1, -old.size(k))
+	}
+	if !ok || old.expires != e.expires {
+		s.expiries.push(expiry{at: e.expires, k: k})
 	}
 	s.records[k] = e
 	s.account(k.principal, 1, e.size(k))

@@ -65,6 +65,8 @@ type Store struct {
 	// bytes is what all records cost; usage what each principal's do.
 	bytes int64
 	usage map[string]usage
+	// expiries orders the records by expiry, for evictExpired.
+	expiries expiryQueue
 }
 
 // usage is what one principal's records cost.
@@ -157,14 +159,16 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	return idem.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
 }
 
-// evictExpired deletes at most n records expired at now. Callers hold s.mu.
+// evictExpired deletes at most n records expired at now, the soonest
+// expired first, reading only the expired ones (see expiryQueue). Callers
+// hold s.mu.
 func (s *Store) evictExpired(now int64, n int) {
-	for k, e := range s.records {
-		if n == 0 {
-			return
-		}
-		if now >= e.expires {
-			s.remove(k, e)
+	for n > 0 && len(s.expiries) > 0 && s.expiries[0].at <= now {
+		x := s.expiries.pop()
+		// A record whose expiry changed since x was queued (claimed
+		// again) has a later place in the queue.
+		if e, ok := s.records[x.k]; ok && e.expires == x.at {
+			s.remove(x.k, e)
 			n--
 		}
 	}

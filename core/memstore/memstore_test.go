@@ -340,7 +340,7 @@ var benchResponse = idem.Response{
 
 // BenchmarkFirstRequest claims a new key, begins a transaction and settles.
 func BenchmarkFirstRequest(b *testing.B) {
-	s := memstore.New(memstore.WithMaxRecords(b.N + 1))
+	s := memstore.New(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
 	ctx := context.Background()
 	reqs := make([]idem.ClaimRequest, b.N)
 	for i := range reqs {
