@@ -642,25 +642,15 @@ func (a *Attempt) settle(res Result) verdict {
 			// The handler called Commit or Rollback on the handle: the
 			// store refused it and rolled everything back. A bug in the
 			// handler, not a store failure, and retrying does not help.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
-			defer cancel()
-			if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
-				err = errors.Join(err, rerr)
-			}
-			return done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: err})
+			return done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: a.releaseAfterSettle(err)})
 		case a.mustKeep():
 			// Reconcile said the effect happened, and storing it failed:
 			// kept, not released, for the next takeover to ask again.
 			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: 1, err: errors.Join(err, a.keepLease(sctx))})
 		}
 		// The commit failed: nothing of the handler's work stands, so the
-		// key is released for the retry. The settle may have used up its
-		// context's time, so the release gets its own.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), e.cfg.StoreTimeout)
-		defer cancel()
-		if rerr := e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
-			err = errors.Join(err, rerr)
-		}
+		// key is released for the retry.
+		err = a.releaseAfterSettle(err)
 		v := verdict{problem: ProblemCommitFailed, retryAfter: 1, err: err}
 		if errors.Is(err, ErrMisconfigured) {
 			v.problem, v.retryAfter = ProblemMisconfigured, 0
@@ -672,6 +662,18 @@ func (a *Attempt) settle(res Result) verdict {
 		outcome = OutcomeStaleReclaimed
 	}
 	return done(outcome, verdict{resp: handlerResp, stored: state})
+}
+
+// releaseAfterSettle releases the claim after a Settle that stored
+// nothing, on a context of its own (the settle may have used up its
+// time), and returns err joined with the release's error, if any.
+func (a *Attempt) releaseAfterSettle(err error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.e.cfg.StoreTimeout)
+	defer cancel()
+	if rerr := a.e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		return errors.Join(err, rerr)
+	}
+	return err
 }
 
 // ErrOutcomeUnknown is the Event's Err when a retry finds a record whose
