@@ -29,25 +29,28 @@ const ContextKey = "github.com/idemgo/idem/core.AttemptContext"
 // their transaction, so that a handler never falls back to running outside
 // the transaction because it passed the framework's context.
 func AttemptContext(ctx context.Context) (context.Context, bool) {
-	if _, ok := ctx.Value(attemptKey{}).(*Attempt); ok {
-		return ctx, true
+	ac, a := attemptIn(ctx)
+	return ac, a != nil
+}
+
+// attemptIn returns the attempt ctx runs in and the context that carries
+// it (see AttemptContext), or ctx and nil outside an attempt.
+func attemptIn(ctx context.Context) (context.Context, *Attempt) {
+	if a, ok := ctx.Value(attemptKey{}).(*Attempt); ok {
+		return ctx, a
 	}
 	if ac, ok := ctx.Value(ContextKey).(context.Context); ok && ac != nil {
-		if _, ok := ac.Value(attemptKey{}).(*Attempt); ok {
-			return ac, true
+		if a, ok := ac.Value(attemptKey{}).(*Attempt); ok {
+			return ac, a
 		}
 	}
-	return ctx, false
+	return ctx, nil
 }
 
 // attemptOf returns the attempt ctx runs in (see AttemptContext).
 func attemptOf(ctx context.Context) (*Attempt, bool) {
-	ac, ok := AttemptContext(ctx)
-	if !ok {
-		return nil, false
-	}
-	a, ok := ac.Value(attemptKey{}).(*Attempt)
-	return a, ok
+	_, a := attemptIn(ctx)
+	return a, a != nil
 }
 
 // LeaseFrom returns the lease of the attempt running with ctx, if any.
