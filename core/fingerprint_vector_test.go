@@ -11,8 +11,8 @@ import (
 // TestFingerprintVectors pins the stored fingerprint bytes: a store keeps
 // them for the record's lifetime, so a change to how they are computed
 // must not change them (a retry across an upgrade would get 422). The
-// vectors were computed by the code of 30 November 2026 (hand-prepared
-// HMAC pads, before the pooled crypto/hmac states) for keys shorter than,
+// vectors were computed with hand-prepared HMAC pads, independently of
+// the pooled crypto/hmac states the code uses, for keys shorter than,
 // as long as and longer than a SHA-256 block, raw and JSON bodies, a body
 // longer than a block and an ignore path.
 func TestFingerprintVectors(t *testing.T) {

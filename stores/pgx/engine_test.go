@@ -174,8 +174,7 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 }
 
 // TestPoolPinning: one principal's slow requests cannot make another's
-// queue for the pool (issue 19's figures: a pool of 10, 3 s handlers, 12
-// at once).
+// queue for the pool (a pool of 10, 3 s handlers, 12 at once).
 func TestPoolPinning(t *testing.T) {
 	e := newEnv(t, newPool(t, 10, nil))
 	storetest.PoolPinning(t, e.Store, 10, 3*time.Second)
