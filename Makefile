@@ -1,6 +1,6 @@
 # One Go module per folder; `go test ./...` does not work at a workspace
 # root, so every target walks the modules.
-MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/pgx stores/gorm stores/redis cmd/idemctl observers/prometheus observers/otel conformance examples
+MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/pgx stores/sql stores/gorm stores/redis cmd/idemctl observers/prometheus observers/otel conformance examples
 GO      ?= go
 BIN     := $(CURDIR)/bin
 STATICCHECK_VERSION := v0.8.2

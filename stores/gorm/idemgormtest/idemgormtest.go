@@ -5,7 +5,7 @@
 // (IDEM_MYSQL_DSN) or a fresh SQLite file. An unreachable server fails the
 // test with t.Fatal; it never skips, so a store that was never tested
 // cannot look green. The store's own tests and the conformance module
-// share it; it imports only core, idemgorm, GORM and its drivers.
+// share it; the business table is idemsqltest's, written through GORM.
 //
 // Importing the package silences the MySQL driver's logger: PoisonTx kills
 // MySQL connections on purpose, and the driver would print a line for each.
@@ -13,13 +13,9 @@ package idemgormtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"database/sql"
 	"errors"
 	"fmt"
-	"io"
-	"log"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,6 +26,7 @@ import (
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
+	"github.com/idemgo/idem/stores/sql/idemsqltest"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -41,26 +38,10 @@ import (
 var Dialects = []string{"postgres", "mysql", "sqlite"}
 
 // PostgresDSN returns IDEM_PG_DSN, or the local test database.
-func PostgresDSN() string {
-	if dsn := os.Getenv("IDEM_PG_DSN"); dsn != "" {
-		return dsn
-	}
-	return "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable"
-}
+func PostgresDSN() string { return idemsqltest.PostgresDSN() }
 
 // MySQLDSN returns IDEM_MYSQL_DSN, or the local test database.
-func MySQLDSN() string {
-	if dsn := os.Getenv("IDEM_MYSQL_DSN"); dsn != "" {
-		return dsn
-	}
-	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
-}
-
-func init() {
-	// The poisoning tests kill connections on purpose; keep the driver's
-	// "invalid connection" lines out of the test output.
-	_ = mysqldriver.SetLogger(log.New(io.Discard, "", 0))
-}
+func MySQLDSN() string { return idemsqltest.MySQLDSN() }
 
 // GormConfig returns a fresh config for each gorm.Open: Open keeps the
 // *gorm.Config it is given and writes the dialector into it, so a shared
@@ -214,12 +195,8 @@ func OpenResolverDB(t testing.TB, dialect string, prepare bool) *gorm.DB {
 	return db
 }
 
-// RandSuffix returns 10 random hex digits, for names no other test uses.
-func RandSuffix() string {
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// RandSuffix is idemsqltest.RandSuffix.
+func RandSuffix() string { return idemsqltest.RandSuffix() }
 
 // Fixture is a fresh store on a fresh table, plus a business table.
 type Fixture struct {
@@ -254,123 +231,39 @@ func NewFixtureOn(t testing.TB, db *gorm.DB, dialect string, opts ...idemgorm.Op
 	if store.Dialect() != dialect {
 		t.Fatalf("store detected dialect %q on a %s *gorm.DB", store.Dialect(), dialect)
 	}
-	ctx := context.Background()
-	if err := store.Migrate(ctx); err != nil {
+	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	f := &Fixture{DB: db, Store: store, Dialect: dialect, Effects: table + "_effects"}
-	var ddl []string
-	switch dialect {
-	case "postgres":
-		ddl = []string{"CREATE TABLE " + f.Effects + " (id text NOT NULL)"}
-	case "mysql":
-		ddl = []string{"CREATE TABLE " + f.Effects + " (id VARCHAR(255) NOT NULL, KEY (id)) ENGINE=InnoDB",
-			// The rows EndTxAround deadlocks on.
-			"CREATE TABLE " + f.Effects + "_locks (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB",
-			"INSERT INTO " + f.Effects + "_locks VALUES (1, 0), (2, 0)"}
-	case "sqlite":
-		ddl = []string{
-			"CREATE TABLE " + f.Effects + "_parent (id INTEGER PRIMARY KEY)",
-			"CREATE TABLE " + f.Effects + " (id TEXT NOT NULL, parent INTEGER REFERENCES " + f.Effects +
-				"_parent(id) DEFERRABLE INITIALLY DEFERRED)",
-		}
-	}
-	for _, q := range ddl {
-		if err := db.Exec(q).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		if dialect == "sqlite" {
-			return // the file goes with t.TempDir
-		}
-		for _, tbl := range []string{f.Effects, f.Effects + "_locks", table} {
-			if err := db.Exec("DROP TABLE IF EXISTS " + tbl).Error; err != nil {
-				t.Errorf("drop %s: %v", tbl, err)
+	if dialect != "sqlite" {
+		t.Cleanup(func() {
+			if err := db.Exec("DROP TABLE IF EXISTS " + table).Error; err != nil {
+				t.Errorf("drop %s: %v", table, err)
 			}
-		}
-	})
+		})
+	}
+	f := &Fixture{DB: db, Store: store, Dialect: dialect, Effects: table + "_effects"}
+	idemsqltest.CreateEffects(t, f.primary(t), dialect, f.Effects)
 	return f
 }
 
-// WriteEffect inserts one business row for id through the idempotency
-// transaction ctx carries, as a handler would.
-func (f *Fixture) WriteEffect(ctx context.Context, id string) error {
-	tx, ok := idemgorm.Tx(ctx)
-	if !ok {
-		return errors.New("no idemgorm transaction in context")
+// primary is the *sql.DB of the primary, where the business table is:
+// the *gorm.DB's own pool, which dbresolver leaves in place.
+func (f *Fixture) primary(t testing.TB) *sql.DB {
+	p, err := f.DB.DB()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return tx.Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", id).Error
+	return p
 }
 
-// CountEffects returns the number of committed business rows for id.
-func (f *Fixture) CountEffects(ctx context.Context, id string) (int, error) {
-	var n int64
-	// On the primary: with dbresolver configured, reads go to a replica.
-	err := f.DB.WithContext(ctx).Clauses(dbresolver.Write).Raw("SELECT COUNT(*) FROM "+f.Effects+" WHERE id = ?", id).Scan(&n).Error
-	return int(n), err
-}
-
-// PoisonTx makes the transaction in ctx unable to commit, each dialect
-// in the way it really happens:
-//   - PostgreSQL: a failing statement aborts the transaction;
-//   - MySQL: the connection dies under the transaction (it kills
-//     itself) and the server rolls the transaction back;
-//   - SQLite: a row that breaks a deferred foreign key, so COMMIT itself
-//     fails (and SQLite leaves the transaction open).
-func (f *Fixture) PoisonTx(ctx context.Context) error {
-	tx, ok := idemgorm.Tx(ctx)
-	if !ok {
-		return errors.New("no idemgorm transaction in context")
-	}
-	switch f.Dialect {
-	case "postgres":
-		if err := tx.Exec("SELECT 1/0").Error; err == nil {
-			return errors.New("SELECT 1/0 succeeded")
-		}
-	case "mysql":
-		// The connection dies under the transaction, as when the network
-		// or the server drops it; the server rolls the transaction back.
-		_ = tx.Exec("KILL CONNECTION_ID()").Error
-	case "sqlite":
-		if err := tx.Exec("INSERT INTO " + f.Effects + " (id, parent) VALUES ('poison', 424242)").Error; err != nil {
-			return fmt.Errorf("insert the deferred violation: %w", err)
-		}
-	}
-	return nil
-}
-
-// Backend returns the suites' view of f.
+// Backend returns the suites' view of f: idemsqltest's business table,
+// written through the *gorm.DB of idemgorm.Tx, and GORM's Commit and
+// Rollback as EndHandle.
 func (f *Fixture) Backend() storetest.Backend {
-	b := storetest.Backend{
-		Store:        f.Store,
-		WriteEffect:  f.WriteEffect,
-		CountEffects: f.CountEffects,
-		PoisonTx:     f.PoisonTx,
-		// SQLite has one writer: the suite must not hold a write open
-		// while it expects another write to go through.
-		SingleWriter: f.Dialect == "sqlite",
-		Dialect:      f.Dialect,
-		Exec:         Exec,
-		EndHandle:    EndHandle,
-	}
-	switch f.Dialect {
-	case "mysql":
-		b.EndTxAround = f.deadlock
-	case "sqlite":
-		b.EndTxAround = f.interrupt
-	default:
-		// PostgreSQL through GORM has no route around the handle that
-		// ends the transaction and lets anything run after it: the
-		// handle filters COMMIT, ROLLBACK, END, ABORT, PREPARE
-		// TRANSACTION and BEGIN, and never hands out the *sql.Tx or a
-		// *sql.DB; PostgreSQL refuses COMMIT inside DO and CALL within a
-		// transaction block; a backend that dies (pg_terminate_backend)
-		// rolls everything back and leaves a dead connection, on which
-		// nothing more runs — a failed statement, which the
-		// failing-statement cases cover.
-		b.EndTxAround = nil
-	}
+	sqlDB, _ := f.DB.DB() // as primary: NewFixtureOn checked it
+	e := idemsqltest.Effects{DB: sqlDB, Dialect: f.Dialect, Table: f.Effects, Exec: Exec}
+	b := storetest.Backend{Store: f.Store, EndHandle: EndHandle}
+	e.Fill(&b)
 	return b
 }
 
@@ -395,66 +288,6 @@ func EndHandle(ctx context.Context, commit bool) error {
 		return tx.Commit().Error
 	}
 	return tx.Rollback().Error
-}
-
-// deadlock ends the MySQL transaction ctx carries by a real deadlock that
-// InnoDB resolves by rolling it back: the handler's transaction locks row
-// 1, a heavier helper transaction (it has modified more rows, so InnoDB
-// picks the handler as the victim) locks row 2 and waits for row 1, and the
-// handler asks for row 2.
-func (f *Fixture) deadlock(ctx context.Context) error {
-	tx, ok := idemgorm.Tx(ctx)
-	if !ok {
-		return errors.New("no idemgorm transaction in context")
-	}
-	locks := f.Effects + "_locks"
-	if err := tx.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 1").Error; err != nil {
-		return fmt.Errorf("lock row 1: %w", err)
-	}
-	other := f.DB.WithContext(context.Background()).Begin()
-	if other.Error != nil {
-		return other.Error
-	}
-	defer other.Rollback()
-	for i := range 50 {
-		if err := other.Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", fmt.Sprintf("heavy-%d", i)).Error; err != nil {
-			return err
-		}
-	}
-	if err := other.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 2").Error; err != nil {
-		return err
-	}
-	otherDone := make(chan error, 1)
-	go func() { otherDone <- other.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 1").Error }()
-	time.Sleep(200 * time.Millisecond) // let it wait for row 1
-	err := tx.Exec("UPDATE " + locks + " SET v = v + 1 WHERE id = 2").Error
-	if oerr := <-otherDone; oerr != nil {
-		return fmt.Errorf("the helper transaction: %w", oerr)
-	}
-	var my *mysqldriver.MySQLError
-	if !errors.As(err, &my) || my.Number != 1213 {
-		return fmt.Errorf("the handler's UPDATE answered %v, want the deadlock victim's 1213", err)
-	}
-	return nil
-}
-
-// interrupt ends the SQLite transaction ctx carries the way SQLite does
-// by itself: a write in it is interrupted (the driver interrupts on a
-// cancelled context), and SQLite rolls the whole transaction back.
-func (f *Fixture) interrupt(ctx context.Context) error {
-	tx, ok := idemgorm.Tx(ctx)
-	if !ok {
-		return errors.New("no idemgorm transaction in context")
-	}
-	qctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	err := tx.WithContext(qctx).Exec(`INSERT INTO ` + f.Effects + ` (id)
-		WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000)
-		SELECT 'bulk' FROM n`).Error
-	if err == nil {
-		return errors.New("the long INSERT was not interrupted")
-	}
-	return nil
 }
 
 // NewBackend returns the storetest.NewBackend of dialect ("postgres",

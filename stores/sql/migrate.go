@@ -1,4 +1,4 @@
-package idemgorm
+package idemsql
 
 import (
 	"context"
@@ -85,7 +85,7 @@ func (s *Store) migrate(ctx context.Context, pool *sql.DB) error {
 		return s.wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "idemgorm:migrate:"+s.Table()); err != nil {
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "idemsql:migrate:"+s.Table()); err != nil {
 		return s.wrap("migrate: advisory lock", err)
 	}
 	for _, st := range stmts {
@@ -142,7 +142,7 @@ func (s *Store) Check(ctx context.Context) error {
 		return s.wrap("check", err)
 	}
 	fail := func(column, problem string) error {
-		return idem.WrapStoreError("idemgorm", "check", idem.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
+		return idem.WrapStoreError("idemsql", "check", idem.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
 	}
 	var rows *sql.Rows
 	switch s.dialect {

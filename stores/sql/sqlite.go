@@ -1,4 +1,4 @@
-package idemgorm
+package idemsql
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 // Keep the connection pool larger than one (the default is unlimited): the
 // handler's transaction holds a connection while the engine and other
 // requests need others; with SetMaxOpenConns(1) a request whose handler
-// reads through the base *gorm.DB would wait for itself.
+// reads through the *sql.DB would wait for itself.
 func SQLiteDSN(path string, busyTimeout time.Duration) string {
 	if busyTimeout <= 0 {
 		busyTimeout = 10 * time.Second

@@ -1,4 +1,4 @@
-package idemgorm
+package idemsql
 
 import (
 	"context"
@@ -16,8 +16,7 @@ import (
 // a locking read aborts the handler's transaction like any other failed
 // statement) the handle runs the query on its connection and hands the
 // caller rows of a small in-process driver that relays the real rows and
-// reports every error it passes on. The same driver makes the *sql.Stmt
-// the handle answers StmtContext with, which refuses to run.
+// reports every error it passes on.
 
 // relayKey is the context key carrying a relayed query to relayConn.
 type relayKey struct{}
@@ -33,15 +32,12 @@ type relayPayload struct {
 var (
 	relayOnce sync.Once
 	relayPool *sql.DB
-	// refusedStmt is the statement StmtContext hands out: it never runs.
-	refusedStmt *sql.Stmt
 )
 
 func relayDB() *sql.DB {
 	relayOnce.Do(func() {
 		relayPool = sql.OpenDB(relayConnector{})
 		relayPool.SetMaxIdleConns(64)
-		refusedStmt, _ = relayPool.Prepare("refused")
 	})
 	return relayPool
 }
@@ -76,16 +72,16 @@ func (relayDriver) Open(string) (driver.Conn, error) { return relayConn{}, nil }
 
 type relayConn struct{}
 
-func (relayConn) Prepare(string) (driver.Stmt, error) { return refusedDriverStmt{}, nil }
+func (relayConn) Prepare(string) (driver.Stmt, error) { return nil, errPreparedRefused }
 func (relayConn) Close() error                        { return nil }
 func (relayConn) Begin() (driver.Tx, error) {
-	return nil, errors.New("idemgorm: relay: no transactions")
+	return nil, errors.New("idemsql: relay: no transactions")
 }
 
 func (relayConn) QueryContext(ctx context.Context, _ string, _ []driver.NamedValue) (driver.Rows, error) {
 	p, _ := ctx.Value(relayKey{}).(*relayPayload)
 	if p == nil {
-		return nil, errors.New("idemgorm: relay: no rows to relay")
+		return nil, errors.New("idemsql: relay: no rows to relay")
 	}
 	if p.err != nil {
 		return nil, relayErr(p.err)
@@ -215,16 +211,4 @@ func (r *relayedRows) ColumnTypePrecisionScale(i int) (int64, int64, bool) {
 		return t.DecimalSize()
 	}
 	return 0, 0, false
-}
-
-// refusedDriverStmt is the statement behind refusedStmt.
-type refusedDriverStmt struct{}
-
-func (refusedDriverStmt) Close() error  { return nil }
-func (refusedDriverStmt) NumInput() int { return -1 }
-func (refusedDriverStmt) Exec([]driver.Value) (driver.Result, error) {
-	return nil, errPreparedRefused
-}
-func (refusedDriverStmt) Query([]driver.Value) (driver.Rows, error) {
-	return nil, errPreparedRefused
 }

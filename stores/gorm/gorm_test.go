@@ -2,11 +2,11 @@ package idemgorm_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +17,12 @@ import (
 	"gorm.io/gorm"
 )
 
+// The GORM layer's own tests: what GORM does with the *gorm.DB of Tx
+// (Commit, Rollback, Begin, nested Transaction, PrepareStmt sessions).
+// The store under it is idemsql's, tested there.
+
+type fixture = idemgormtest.Fixture
+
 // prepareModes are the two ways a *gorm.DB can be opened that change the
 // pool GORM hands out: plain, and PrepareStmt (GORM wraps the pool in
 // *gorm.PreparedStmtDB and transactions in *gorm.PreparedStmtTX).
@@ -25,7 +31,7 @@ var prepareModes = []bool{false, true}
 // forEachVariant runs fn for every dialect and both PrepareStmt modes, on
 // a fresh fixture.
 func forEachVariant(t *testing.T, fn func(t *testing.T, f *fixture)) {
-	for _, d := range dialects {
+	for _, d := range idemgormtest.Dialects {
 		for _, prep := range prepareModes {
 			t.Run(fmt.Sprintf("%s/PrepareStmt=%v", d, prep), func(t *testing.T) {
 				db := idemgormtest.OpenDBVariant(t, d, idemgormtest.Variant{PrepareStmt: prep})
@@ -35,15 +41,31 @@ func forEachVariant(t *testing.T, fn func(t *testing.T, f *fixture)) {
 	}
 }
 
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func created(id string) idem.Outcome {
+	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"id":"` + id + `"}`),
+	}}
+}
+
 // begin claims a fresh key and begins its transaction.
 func begin(t *testing.T, f *fixture) (idem.ClaimRequest, context.Context, idem.Tx, *gorm.DB) {
 	t.Helper()
 	ctx := testCtx(t)
-	req := claimReq("alice", "seal-"+randSuffix(), "body", time.Minute)
+	fp := sha256.Sum256([]byte("body"))
+	s := idemgormtest.RandSuffix()
+	req := idem.ClaimRequest{Principal: "alice", Key: "seal-" + s, Fingerprint: fp[:], Token: "tok-" + s,
+		Nonce: "n-" + s, RequestID: "req-" + s, Lease: time.Minute, Retention: time.Hour}
 	if res, err := f.Store.Claim(ctx, req); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
-	txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
+	txCtx, tx, err := f.Store.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +83,11 @@ func insertEffect(db *gorm.DB, f *fixture, id string) error {
 
 func count(t *testing.T, f *fixture, id string) int {
 	t.Helper()
-	n, err := f.CountEffects(testCtx(t), id)
-	if err != nil {
+	var n int64
+	if err := f.DB.Raw("SELECT COUNT(*) FROM "+f.Effects+" WHERE id = ?", id).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return int(n)
 }
 
 // TestHandleCannotEndTheTransaction: Commit and Rollback on the handle are
@@ -129,45 +151,6 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		}
 		if n := count(t, f, req2.Key); n != 0 {
 			t.Fatalf("%d effects after a Rollback, want 0", n)
-		}
-	})
-}
-
-// TestRefusedStatementsNeverReachTheServer: statements that would commit
-// are refused before they reach the server. On MySQL a CREATE TABLE (which
-// commits implicitly) leaves no table behind; everywhere a COMMIT leaves
-// the earlier write uncommitted.
-func TestRefusedStatementsNeverReachTheServer(t *testing.T) {
-	forEachVariant(t, func(t *testing.T, f *fixture) {
-		req, _, tx, db := begin(t, f)
-		if err := insertEffect(db, f, req.Key); err != nil {
-			t.Fatal(err)
-		}
-		stmts := []string{"COMMIT", "/* x */ commit", "SELECT 1; COMMIT", "ROLLBACK", "BEGIN"}
-		if f.Dialect == "mysql" {
-			stmts = append(stmts, "CREATE TABLE "+f.Effects+"_ddl (id INT)", "SET autocommit = 1", "/*!COMMIT*/")
-		}
-		for _, q := range stmts {
-			if err := db.Exec(q).Error; !errors.Is(err, idemgorm.ErrTxOwned) {
-				t.Fatalf("Exec(%q) = %v, want ErrTxOwned", q, err)
-			}
-			if n := count(t, f, req.Key); n != 0 {
-				t.Fatalf("after %q the write is visible from outside", q)
-			}
-		}
-		if f.Dialect == "mysql" {
-			var n int64
-			if err := f.DB.Raw("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
-				f.Effects+"_ddl").Scan(&n).Error; err != nil || n != 0 {
-				t.Fatalf("the refused CREATE TABLE reached the server: %d tables, %v", n, err)
-			}
-		}
-		// A refused statement is a failed statement: nothing is stored.
-		if err := tx.Settle(testCtx(t), created(req.Key)); err == nil {
-			t.Fatal("settle after refused statements succeeded")
-		}
-		if n := count(t, f, req.Key); n != 0 {
-			t.Fatalf("%d effects committed", n)
 		}
 	})
 }
@@ -283,117 +266,6 @@ func TestNestedTransactionsAreSavepoints(t *testing.T) {
 	})
 }
 
-// TestFailedStatementAbortsTheTransaction: after any failed statement on
-// the handle every later statement is refused with ErrTxAborted and Settle
-// stores nothing, on every dialect, as on PostgreSQL; a ROLLBACK TO
-// SAVEPOINT taken before the failure recovers; gorm.ErrRecordNotFound is
-// not a failure.
-func TestFailedStatementAbortsTheTransaction(t *testing.T) {
-	forEachVariant(t, func(t *testing.T, f *fixture) {
-		ctx := testCtx(t)
-
-		// Not found is no failure.
-		req, _, tx, db := begin(t, f)
-		var row struct{ ID string }
-		if err := db.Table(f.Effects).Where("id = ?", "nobody").First(&row).Error; !errors.Is(err, gorm.ErrRecordNotFound) {
-			t.Fatalf("First on no row = %v", err)
-		}
-		if err := insertEffect(db, f, req.Key); err != nil {
-			t.Fatalf("a write after ErrRecordNotFound: %v", err)
-		}
-		if err := tx.Settle(ctx, created(req.Key)); err != nil {
-			t.Fatalf("settle after ErrRecordNotFound: %v", err)
-		}
-
-		// A swallowed failure aborts.
-		req, _, tx, db = begin(t, f)
-		if err := insertEffect(db, f, req.Key); err != nil {
-			t.Fatal(err)
-		}
-		if err := db.Exec("INSERT INTO idem_no_such_table VALUES (1)").Error; err == nil {
-			t.Fatal("the failing statement succeeded")
-		}
-		if err := insertEffect(db, f, req.Key+"/after"); !errors.Is(err, idemgorm.ErrTxAborted) {
-			t.Fatalf("a write after a failed statement = %v, want ErrTxAborted", err)
-		}
-		var one int
-		if err := db.Raw("SELECT 1").Scan(&one).Error; !errors.Is(err, idemgorm.ErrTxAborted) {
-			t.Fatalf("a read after a failed statement = %v, want ErrTxAborted", err)
-		}
-		if err := tx.Settle(ctx, created(req.Key)); err == nil {
-			t.Fatal("settle after a failed statement succeeded")
-		}
-		if n := count(t, f, req.Key) + count(t, f, req.Key+"/after"); n != 0 {
-			t.Fatalf("%d effects committed by an aborted transaction", n)
-		}
-
-		// A failure while reading rows aborts too: the error comes after
-		// the first rows (SQLite: integer overflow on the third row;
-		// PostgreSQL: division by zero on the third; MySQL: a
-		// conversion error in strict mode on the third).
-		req, _, tx, db = begin(t, f)
-		if err := insertEffect(db, f, req.Key); err != nil {
-			t.Fatal(err)
-		}
-		q := map[string]string{
-			"sqlite":   "SELECT CASE WHEN i = 3 THEN abs(-9223372036854775807 - 1) ELSE i END FROM (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3)",
-			"postgres": "SELECT 1 / (3 - i) FROM generate_series(1, 5) AS i",
-			"mysql":    "SELECT (SELECT 1 UNION ALL SELECT i) FROM (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS t",
-		}[f.Dialect]
-		rows, err := db.Raw(q).Rows()
-		if err == nil {
-			for rows.Next() {
-			}
-			err = rows.Err()
-			_ = rows.Close()
-		}
-		if err == nil {
-			t.Fatalf("%s: the row-reading failure did not happen", f.Dialect)
-		}
-		if err := insertEffect(db, f, req.Key+"/after"); !errors.Is(err, idemgorm.ErrTxAborted) {
-			t.Fatalf("a write after a failure while reading rows = %v, want ErrTxAborted", err)
-		}
-		if err := tx.Settle(ctx, created(req.Key)); err == nil {
-			t.Fatal("settle after a failure while reading rows succeeded")
-		}
-		if n := count(t, f, req.Key); n != 0 {
-			t.Fatalf("%d effects committed", n)
-		}
-
-		// ROLLBACK TO a savepoint taken before the failure recovers.
-		req, _, tx, db = begin(t, f)
-		if err := insertEffect(db, f, req.Key); err != nil {
-			t.Fatal(err)
-		}
-		if err := db.Exec("SAVEPOINT before_failure").Error; err != nil {
-			t.Fatal(err)
-		}
-		if err := insertEffect(db, f, req.Key+"/undone"); err != nil {
-			t.Fatal(err)
-		}
-		if err := db.Exec("SELECT no_such_column FROM " + f.Effects).Error; err == nil {
-			t.Fatal("the failing statement succeeded")
-		}
-		if err := db.Exec("ROLLBACK TO SAVEPOINT no_such_savepoint").Error; !errors.Is(err, idemgorm.ErrTxAborted) {
-			t.Fatalf("ROLLBACK TO an unknown savepoint = %v, want ErrTxAborted", err)
-		}
-		if err := db.Exec("ROLLBACK TO SAVEPOINT before_failure").Error; err != nil {
-			t.Fatalf("ROLLBACK TO SAVEPOINT: %v", err)
-		}
-		if err := insertEffect(db, f, req.Key+"/recovered"); err != nil {
-			t.Fatalf("a write after recovering: %v", err)
-		}
-		if err := tx.Settle(ctx, created(req.Key)); err != nil {
-			t.Fatalf("settle after recovering: %v", err)
-		}
-		for id, want := range map[string]int{"": 1, "/undone": 0, "/recovered": 1} {
-			if n := count(t, f, req.Key+id); n != want {
-				t.Errorf("effect %q: %d, want %d", id, n, want)
-			}
-		}
-	})
-}
-
 // TestPrepareStmtSessionOnTheHandleIsRefused: a gorm.Session{PrepareStmt:
 // true} made from the handle would run prepared statements the store
 // cannot see (or, for statements GORM prepared on the pool, outside the
@@ -425,78 +297,9 @@ func TestPrepareStmtSessionOnTheHandleIsRefused(t *testing.T) {
 // TestHostilePrepareStmt runs core/storetest's hostile-handler section on
 // *gorm.DBs opened with PrepareStmt: true.
 func TestHostilePrepareStmt(t *testing.T) {
-	for _, d := range dialects {
+	for _, d := range idemgormtest.Dialects {
 		t.Run(d, func(t *testing.T) {
 			storetest.RunHostile(t, idemgormtest.NewBackendVariant(d, idemgormtest.Variant{PrepareStmt: true}))
 		})
-	}
-}
-
-// TestHeadersByteExact: header names and values with NUL bytes, invalid
-// UTF-8 and several values are replayed byte for byte.
-func TestHeadersByteExact(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d, func(t *testing.T) {
-			f := newFixture(t, d)
-			ctx := testCtx(t)
-			req := claimReq("alice", "hdr-"+randSuffix(), "body", time.Minute)
-			if _, err := f.Store.Claim(ctx, req); err != nil {
-				t.Fatal(err)
-			}
-			_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := http.Header{
-				"Content-Type": {"application/json"},
-				"X-Nul":        {"a\x00b"},
-				"X-Bad-Utf8":   {"\xff\xfe\xfd", "\u0000"},
-				"X-Empty":      {""},
-				"X-Many":       {"1", "2", "3"},
-			}
-			out := idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Header: h, Body: []byte("\x00\xff")}}
-			if err := tx.Settle(ctx, out); err != nil {
-				t.Fatal(err)
-			}
-			rec, err := f.Store.Get(ctx, "alice", req.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprintf("%q", rec.Response.Header) != fmt.Sprintf("%q", h) || string(rec.Response.Body) != "\x00\xff" {
-				t.Fatalf("stored %q %q, want %q %q", rec.Response.Header, rec.Response.Body, h, "\x00\xff")
-			}
-		})
-	}
-}
-
-// TestTxUsed: Used reports whether the handler ran anything through the
-// handle; the store's own statements do not count.
-func TestTxUsed(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d, func(t *testing.T) {
-			f := newFixture(t, d)
-			_, _, tx, db := begin(t, f)
-			if tx.Used() {
-				t.Fatal("Used before the handler ran anything")
-			}
-			var one int
-			if err := db.Raw("SELECT 1").Scan(&one).Error; err != nil {
-				t.Fatal(err)
-			}
-			if !tx.Used() {
-				t.Fatal("not Used after a SELECT through the handle")
-			}
-		})
-	}
-}
-
-// refusedEverywhere is a sanity check of the test helpers: the handle's
-// error names what was refused.
-func TestRefusalSaysWhy(t *testing.T) {
-	f := newFixture(t, "sqlite")
-	_, _, _, db := begin(t, f)
-	err := db.Exec("COMMIT").Error
-	if err == nil || !strings.Contains(err.Error(), "COMMIT") {
-		t.Fatalf("refusal %v does not name the statement", err)
 	}
 }

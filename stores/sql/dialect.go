@@ -1,4 +1,4 @@
-package idemgorm
+package idemsql
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// dialect is the SQL flavour of the database behind the *gorm.DB.
+// dialect is the SQL flavour of the database behind the *sql.DB.
 type dialect int
 
 const (
@@ -29,7 +29,7 @@ func (d dialect) String() string {
 	return fmt.Sprintf("dialect(%d)", int(d))
 }
 
-// dialectOf maps a GORM dialector name to a dialect.
+// dialectOf maps a dialect name (as WithDialect and GORM name it) to a dialect.
 func dialectOf(name string) (dialect, error) {
 	switch name {
 	case "postgres", "pgx":
@@ -39,7 +39,7 @@ func dialectOf(name string) (dialect, error) {
 	case "sqlite", "sqlite3":
 		return dialectSQLite, nil
 	}
-	return 0, fmt.Errorf("idemgorm: unsupported GORM dialect %q (want postgres, mysql or sqlite)", name)
+	return 0, fmt.Errorf("idemsql: unsupported dialect %q (want postgres, mysql or sqlite)", name)
 }
 
 // beginSQL starts the handler's transaction. SQLite's is IMMEDIATE: it
@@ -86,7 +86,7 @@ func parseTableName(s string, d dialect) (tableName, error) {
 	case len(parts) == 2 && d != dialectSQLite && identRE.MatchString(parts[0]) && identRE.MatchString(parts[1]):
 		return tableName{schema: parts[0], name: parts[1]}, nil
 	}
-	return tableName{}, fmt.Errorf("idemgorm: invalid table name %q: want [a-z_][a-z0-9_]* (at most 48 characters)"+
+	return tableName{}, fmt.Errorf("idemsql: invalid table name %q: want [a-z_][a-z0-9_]* (at most 48 characters)"+
 		", or schema.table on postgres and mysql", s)
 }
 
@@ -197,13 +197,17 @@ type queries struct {
 	takeFreed      string // fenced claim of a released record
 	settle         string
 	settlePipe     string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
-	settlePins     string // PostgreSQL: the settings pinned before the settle, in a statement of their own
-	release        string
-	keep           string
-	get            string
-	purge          string
-	pickMy         string // MySQL: the expired batch PurgeExpired deletes by primary key
-	listStale      string
+	// settleScriptParts is PostgreSQL's settlePins, settlePipe and COMMIT
+	// in one query string, the timeouts in it and split where the
+	// settle's arguments go (settleScript).
+	settleScriptParts []string
+	settlePins        string // PostgreSQL: the settings pinned before the settle, in a statement of their own
+	release           string
+	keep              string
+	get               string
+	purge             string
+	pickMy            string // MySQL: the expired batch PurgeExpired deletes by primary key
+	listStale         string
 
 	// PostgreSQL: set_config values for the lock and statement timeouts.
 	lockTimeoutPG, stmtTimeoutPG string
@@ -463,12 +467,17 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND lease_expires_at <= " + now +
 		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
+	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"
+	q.stmtTimeoutPG = strconv.FormatInt(max(2*lock.Milliseconds(), 1), 10) + "ms"
+	if d == dialectPostgres {
+		// The timeouts are digits and "ms": safe as literals.
+		pins := strings.Replace(strings.Replace(q.settlePins, "?", "'"+q.lockTimeoutPG+"'", 1), "?", "'"+q.stmtTimeoutPG+"'", 1)
+		q.settleScriptParts = strings.Split(pins+"; "+q.settlePipe+"; COMMIT", "?")
+	}
 	for _, p := range []*string{&q.claimPG, &q.claimPGDurable, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
 		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}
-	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"
-	q.stmtTimeoutPG = strconv.FormatInt(max(2*lock.Milliseconds(), 1), 10) + "ms"
 	return q
 }

@@ -1,4 +1,4 @@
-package idemgorm
+package idemsql
 
 import (
 	"context"

@@ -1,0 +1,240 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+)
+
+// ErrTxOwned is idem.ErrTxOwned: the handle refuses transaction-control
+// statements and PrepareContext with an error wrapping it.
+var ErrTxOwned = idem.ErrTxOwned
+
+// ErrTxEnded is idem.ErrTxEnded: Settle returns an error wrapping it when
+// the database ended the handler's transaction by itself (a MySQL
+// deadlock, an interrupted SQLite statement) before the settle.
+var ErrTxEnded = idem.ErrTxEnded
+
+// ErrTxAborted is wrapped by the error every statement gets after an
+// earlier statement on the handle failed, as PostgreSQL answers in an
+// aborted transaction, on every dialect: the transaction is aborted and
+// Settle stores nothing. A ROLLBACK TO SAVEPOINT to a savepoint taken
+// before the failure recovers, as in PostgreSQL.
+var ErrTxAborted = errors.New("idemsql: the idempotency transaction is aborted: an earlier statement in it failed; nothing more runs in it and nothing will be stored")
+
+var (
+	errPreparedRefused = fmt.Errorf("idemsql: prepared statements are refused on the idempotency transaction: the store must see each statement run in it: %w", ErrTxOwned)
+	errFinished        = errors.New("idemsql: the idempotency transaction is finished: the handler returned, so nothing more runs in it")
+)
+
+// Handle is the idempotency transaction as a handler gets it from Tx: the
+// four methods of sqlc's DBTX (and of GORM's ConnPool), so sqlc's generated
+// code and plain database/sql code run in the transaction.
+//
+// It has no Commit, Rollback, Conn or Begin, so that handler code that
+// would end the store's transaction, or reach around it, does not compile:
+// the store commits the handler's writes together with the stored outcome
+// after the handler returns; to roll back, return an error (or a 5xx).
+// Statements that would end or implicitly commit the transaction (COMMIT,
+// ROLLBACK, BEGIN, and on MySQL DDL and the other statements that commit
+// implicitly) are refused with an error wrapping ErrTxOwned before they
+// reach the database, and so is PrepareContext: a prepared statement would
+// run later, where the store cannot see it. After a statement fails, every
+// later one is refused with ErrTxAborted and nothing is stored, except
+// that ROLLBACK TO SAVEPOINT to an earlier savepoint recovers; SAVEPOINT
+// and RELEASE SAVEPOINT run as written. Rows and Row report their errors
+// to the store as the handler reads them. Once the handler has returned,
+// every method fails.
+//
+// A Handle is safe for concurrent use, as the *sql.Conn under it is; the
+// statements of one transaction still run one at a time.
+type Handle struct{ t *storeTx }
+
+// ExecContext runs query with args in the idempotency transaction.
+func (h *Handle) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	v, err := h.t.admit(query)
+	if err != nil {
+		return nil, err
+	}
+	res, err := h.t.conn.ExecContext(ctx, query, args...)
+	h.t.after(v, err)
+	return res, err
+}
+
+// QueryContext runs query with args in the idempotency transaction and
+// returns its rows; an error met while reading them aborts the
+// transaction, as a failed statement does.
+func (h *Handle) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	v, err := h.t.admit(query)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := h.t.conn.QueryContext(ctx, query, args...)
+	h.t.after(v, err)
+	return relayQuery(ctx, rows, err, h.t.seen)
+}
+
+// QueryRowContext runs query with args in the idempotency transaction and
+// returns its first row, as (*sql.DB).QueryRowContext does; its error,
+// refusals included, comes with Scan.
+func (h *Handle) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	v, err := h.t.admit(query)
+	if err != nil {
+		return relayRow(ctx, nil, err, h.t.seen)
+	}
+	rows, err := h.t.conn.QueryContext(ctx, query, args...)
+	h.t.after(v, err)
+	return relayRow(ctx, rows, err, h.t.seen)
+}
+
+// PrepareContext is refused with an error wrapping ErrTxOwned, and the
+// transaction is aborted: a prepared statement would run later without
+// passing the handle. sqlc's generated code prepares only with
+// emit_prepared_queries, on the pool, never on a DBTX it runs through.
+func (h *Handle) PrepareContext(context.Context, string) (*sql.Stmt, error) {
+	h.t.refuse(errPreparedRefused)
+	return nil, errPreparedRefused
+}
+
+// admit decides whether query may run now.
+func (t *storeTx) admit(query string) (verdict, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return verdict{}, errFinished
+	}
+	t.used = true
+	v := t.inspect(query)
+	if t.failed != nil && v.refused == "" {
+		if !t.lost && v.single && len(v.ops) == 1 && v.ops[0].kind == stmtRollbackTo && t.hasSavepoint(v.ops[0].name) {
+			return v, nil
+		}
+		return v, fmt.Errorf("%w (first failure: %v)", ErrTxAborted, t.failed)
+	}
+	if v.refused != "" {
+		err := fmt.Errorf("idemsql: refused before it reached the database: %s: %w", v.refused, ErrTxOwned)
+		if t.failed != nil {
+			// Already aborted: nothing will be stored either way.
+			return v, fmt.Errorf("%w: %w (first failure: %v)", err, ErrTxAborted, t.failed)
+		}
+		t.failLocked(err)
+		return v, err
+	}
+	if v.dirty {
+		t.dirty = true
+	}
+	return v, nil
+}
+
+// inspect is the package's inspect, except that when the readings of
+// query disagree (MySQL's 'it\'s; COMMIT' is one string, or a string and
+// a COMMIT under NO_BACKSLASH_ESCAPES) it asks the session how it reads
+// quotes now, and follows that reading. A query that may change the
+// reading on its way is refused. Called with t.mu held.
+func (t *storeTx) inspect(query string) verdict {
+	d := t.store.dialect
+	vs := readAll(d, query)
+	if v, ok := agreed(vs); ok {
+		return v
+	}
+	if mentionsQuoting(query) {
+		return inspect(d, query)
+	}
+	m, err := t.sessionReading()
+	if err != nil {
+		return verdict{refused: fmt.Sprintf("the statement reads differently under different quoting settings, and the session's could not be read: %v", err)}
+	}
+	for i, r := range d.readings() {
+		if r == m {
+			return vs[i]
+		}
+	}
+	return inspect(d, query)
+}
+
+// sessionReading asks the transaction's session how it reads quotes.
+func (t *storeTx) sessionReading() (lexMode, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var v string
+	switch t.store.dialect {
+	case dialectMySQL:
+		if err := t.conn.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode LIMIT 1").Scan(&v); err != nil {
+			return lexMode{}, err
+		}
+		v = strings.ToUpper(v)
+		return lexMode{backslash: !strings.Contains(v, "NO_BACKSLASH_ESCAPES"), ansiQuotes: strings.Contains(v, "ANSI_QUOTES")}, nil
+	case dialectPostgres:
+		if err := t.conn.QueryRowContext(ctx, "SELECT current_setting('standard_conforming_strings') LIMIT 1").Scan(&v); err != nil {
+			return lexMode{}, err
+		}
+		return lexMode{backslash: v != "on"}, nil
+	}
+	return lexMode{}, nil
+}
+
+// after records how an admitted statement went.
+func (t *storeTx) after(v verdict, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
+		t.failLocked(err)
+		return
+	}
+	for _, op := range v.ops {
+		switch op.kind {
+		case stmtSavepoint:
+			t.savepoints = append(t.savepoints, op.name)
+		case stmtRollbackTo:
+			if i := t.lastSavepoint(op.name); i >= 0 {
+				t.savepoints = t.savepoints[:i+1]
+				if v.single {
+					t.failed = nil // recovered, as in PostgreSQL
+				}
+			}
+		case stmtRelease:
+			if i := t.lastSavepoint(op.name); i >= 0 {
+				t.savepoints = t.savepoints[:i]
+			}
+		}
+	}
+}
+
+// seen records an error met while the handler read rows.
+func (t *storeTx) seen(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.failLocked(err)
+}
+
+func (t *storeTx) refuse(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.used = true
+	t.failLocked(err)
+}
+
+func (t *storeTx) failLocked(err error) {
+	if t.failed == nil {
+		t.failed = err
+	}
+	if t.store.endsTx(err) {
+		t.lost = true
+	}
+}
+
+func (t *storeTx) hasSavepoint(name string) bool { return t.lastSavepoint(name) >= 0 }
+
+func (t *storeTx) lastSavepoint(name string) int {
+	for i := len(t.savepoints) - 1; i >= 0; i-- {
+		if t.savepoints[i] == name {
+			return i
+		}
+	}
+	return -1
+}
