@@ -14,6 +14,7 @@ require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemgo/idem/adapters/nethttp v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -30,3 +31,5 @@ require (
 )
 
 replace github.com/idemgo/idem/core => ../../core
+
+replace github.com/idemgo/idem/adapters/nethttp => ../../adapters/nethttp
