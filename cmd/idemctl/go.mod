@@ -54,3 +54,5 @@ replace (
 )
 
 replace github.com/idemgo/idem/stores/sql => ../../stores/sql
+
+replace github.com/idemgo/idem/adapters/nethttp => ../../adapters/nethttp

@@ -44,3 +44,5 @@ require (
 replace github.com/idemgo/idem/core => ../../core
 
 replace github.com/idemgo/idem/stores/sql => ../sql
+
+replace github.com/idemgo/idem/adapters/nethttp => ../../adapters/nethttp
