@@ -1,0 +1,388 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	idem "github.com/idemgo/idem/core"
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+// pgStore opens PostgreSQL on a pool of at most conns connections, whose
+// sessions start with the run-time parameters params ("name=value"), and a
+// store on a fresh table, dropped afterwards.
+func pgStore(t *testing.T, conns int, params ...string) (*Store, *sql.DB) {
+	t.Helper()
+	dsn := os.Getenv("IDEM_PG_DSN")
+	if dsn == "" {
+		dsn = "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable"
+	}
+	for _, p := range params {
+		dsn += " " + p
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("PostgreSQL unreachable (IDEM_PG_DSN): %v", err)
+	}
+	db.SetMaxOpenConns(conns)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := New(db, WithTable("idem_dur_"+suffix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + s.Table()) })
+	return s, db
+}
+
+// showSync reads synchronous_commit where db runs (a session, a
+// transaction).
+func showSync(t *testing.T, db querier) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRowContext(context.Background(), "SHOW synchronous_commit").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// flushedTo reports whether PostgreSQL's flushed WAL has reached lsn.
+func flushedTo(t *testing.T, db querier, lsn string) bool {
+	t.Helper()
+	var durable bool
+	if err := db.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST($1 AS pg_lsn)", lsn).Scan(&durable); err != nil {
+		t.Fatal(err)
+	}
+	return durable
+}
+
+// TestPostgresClaimOnlyCommitsWithoutFlush: on PostgreSQL the claim
+// statement turns synchronous_commit off for its own transaction and for
+// nothing else: the session (one pooled connection here) keeps its setting,
+// and so does the handler's transaction, whose settle commit flushes the
+// claim with it. The Durable claim's statement turns it on.
+func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
+	s, db := pgStore(t, 1) // every statement below shares one session
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	server := showSync(t, db)
+	if server == "off" {
+		t.Fatal("the test server runs with synchronous_commit=off; this test needs it on")
+	}
+
+	for query, want := range map[string]string{s.q.claimPG: "off", s.q.claimPGDurable: "on"} {
+		var inClaim string
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+		rows, err := tx.Query(query, s.q.lockTimeoutPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Nonce,
+			r.Lease.Microseconds(), r.Retention.Microseconds(), r.Principal, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = rows.Close()
+		inClaim = showSync(t, tx)
+		_ = tx.Rollback()
+		if inClaim != want {
+			t.Fatalf("synchronous_commit in the claim's transaction = %q, want %s", inClaim, want)
+		}
+	}
+
+	r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	if got := showSync(t, db); got != server {
+		t.Fatalf("synchronous_commit after a claim = %q, want the session's %q", got, server)
+	}
+	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	htx, _ := Tx(txCtx)
+	if got := showSync(t, htx); got != server {
+		t.Fatalf("synchronous_commit in the handler's transaction = %q, want %q", got, server)
+	}
+}
+
+// TestPostgresSyncOnTheTxConnection: the Tx of a PostgreSQL attempt is an
+// idem.Syncer whose Sync returns once the claim before it is durable, on
+// the transaction's own connection: the pool here has one connection,
+// which the transaction holds, so a Sync that asked the pool for another
+// would wait until its context ended. Five claims, each checked within
+// milliseconds of its claim, well inside the WAL writer's 200 ms delay, so
+// a Sync that returned at once would be caught.
+func TestPostgresSyncOnTheTxConnection(t *testing.T) {
+	s, db := pgStore(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 5 {
+		r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		var claimed string // at or past the claim's commit record
+		if err := db.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
+			t.Fatal(err)
+		}
+		txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Before the table's cleanup, which needs the pool's connection.
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		syncer, ok := tx.(idem.Syncer)
+		if !ok {
+			t.Fatalf("the PostgreSQL Tx (%T) is not an idem.Syncer", tx)
+		}
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		err = syncer.Sync(sctx)
+		scancel()
+		if err != nil {
+			t.Fatalf("sync with the pool's one connection held by the transaction: %v", err)
+		}
+		// The transaction goes on after Sync.
+		htx, _ := Tx(txCtx)
+		if err := execOn(htx, "SELECT 1"); err != nil {
+			t.Fatalf("a statement after Sync: %v", err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !flushedTo(t, db, claimed) {
+			t.Fatalf("claim %d: Sync returned before its WAL (up to %s) was flushed", i, claimed)
+		}
+	}
+
+	// Sync after the transaction ended, or after a failed statement, runs
+	// nothing.
+	r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+	if _, err := s.Claim(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	htx, _ := Tx(txCtx)
+	_ = execOn(htx, "SELECT 1/0")
+	if err := tx.(idem.Syncer).Sync(ctx); !errors.Is(err, ErrTxAborted) {
+		t.Fatalf("Sync after a failed statement = %v, want ErrTxAborted", err)
+	}
+	_ = tx.Rollback(ctx)
+	if err := tx.(idem.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {
+		t.Fatalf("Sync after Rollback = %v, want the transaction finished", err)
+	}
+}
+
+// TestPostgresSyncWaitsForTheClaimOnly: the position Sync waits for is the
+// one BEGIN recorded, at or past the claim's commit and before the
+// handler's first write, never the position when DownstreamKey is called,
+// which includes the handler's uncommitted writes: on an idle server the
+// WAL writer does not flush those until a page fills or the background
+// writer logs, up to 15 s, and DownstreamKey would fail at StoreTimeout.
+func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
+	s, db := pgStore(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	var claimed string
+	if err := db.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	htx, _ := Tx(txCtx)
+	var beforeWrites string
+	if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&beforeWrites); err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		if err := execOn(htx, "CREATE TEMPORARY TABLE IF NOT EXISTS idem_sync_writes (v text); INSERT INTO idem_sync_writes VALUES (repeat('x', 1000))"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ok bool
+	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
+		AND CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("Sync's position is not between the claim's (%s) and the handler's first write (%s)", claimed, beforeWrites)
+	}
+	if err := tx.(idem.Syncer).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !flushedTo(t, db, claimed) {
+		t.Fatalf("Sync returned before the WAL was flushed up to the claim (%s)", claimed)
+	}
+}
+
+// TestPostgresDurableClaimCommitsSynchronously: a trigger on the store's
+// table records synchronous_commit as each write of the store sees it, on
+// sessions whose own default is off. A claim that inserts runs with it off,
+// unless Durable; the takeovers (of a stale claim, of a released record)
+// and Keep, which do not hand their durability to a later Sync, run with
+// it on.
+func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
+	s, db := pgStore(t, 4, "synchronous_commit=off")
+	if got := showSync(t, db); got != "off" {
+		t.Fatalf("the sessions start with synchronous_commit %q, want off", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	seen := s.Table() + "_seen"
+	fn := "idem_seen_" + suffix()
+	for _, q := range []string{
+		"CREATE TABLE " + seen + " (token text, op text, sync text)",
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " + seen +
+			" VALUES (NEW.lease_token, TG_OP, current_setting('synchronous_commit')); RETURN NEW; END $$",
+		"CREATE TRIGGER " + fn + " AFTER INSERT OR UPDATE ON " + s.Table() + " FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
+	} {
+		if err := execErr(db, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + seen)
+		_, _ = db.Exec("DROP FUNCTION IF EXISTS " + fn + "() CASCADE")
+	})
+	sawSync := func(token string) string {
+		t.Helper()
+		var v []string
+		rows, err := db.Query("SELECT sync FROM "+seen+" WHERE token = $1", token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var x string
+			if err := rows.Scan(&x); err != nil {
+				t.Fatal(err)
+			}
+			v = append(v, x)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(v) != 1 {
+			t.Fatalf("the trigger saw %d writes with token %q, want 1", len(v), token)
+		}
+		return v[0]
+	}
+	claim := func(r idem.ClaimRequest, reclaim bool) {
+		t.Helper()
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed || res.Reclaimed != reclaim {
+			t.Fatalf("claim %s: %+v %v", r.Token, res, err)
+		}
+	}
+
+	async := req("durable-"+suffix(), "body", "async-"+suffix(), 10*time.Millisecond, time.Hour)
+	claim(async, false)
+	if got := sawSync(async.Token); got != "off" {
+		t.Fatalf("a claim that is not Durable ran with synchronous_commit %q, want off", got)
+	}
+	durable := req("durable-"+suffix(), "body", "durable-"+suffix(), time.Hour, time.Hour)
+	durable.Durable = true
+	claim(durable, false)
+	if got := sawSync(durable.Token); got != "on" {
+		t.Fatalf("a Durable claim ran with synchronous_commit %q, want on", got)
+	}
+
+	time.Sleep(20 * time.Millisecond) // async's lease ends
+	takeover := req(async.Key, "body", "takeover-"+suffix(), time.Hour, time.Hour)
+	claim(takeover, true)
+	if got := sawSync(takeover.Token); got != "on" {
+		t.Fatalf("a takeover ran with synchronous_commit %q, want on", got)
+	}
+	if err := s.Keep(ctx, leaseOfReq(takeover)); err != nil {
+		t.Fatal(err)
+	}
+	var kept string
+	if err := db.QueryRowContext(context.Background(), "SELECT sync FROM "+seen+" WHERE token = $1 ORDER BY ctid DESC LIMIT 1", takeover.Token).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept != "on" {
+		t.Fatalf("Keep ran with synchronous_commit %q, want on", kept)
+	}
+	if err := s.Release(ctx, leaseOfReq(durable)); err != nil {
+		t.Fatal(err)
+	}
+	freed := req(durable.Key, "other body", "freed-"+suffix(), time.Hour, time.Hour)
+	claim(freed, false)
+	if got := sawSync(freed.Token); got != "on" {
+		t.Fatalf("the claim of a released record ran with synchronous_commit %q, want on", got)
+	}
+}
+
+func leaseOfReq(r idem.ClaimRequest) idem.Lease {
+	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+}
+
+// TestPostgresSettleCommitsDurably: the settle commits with synchronous_commit
+// at least on whatever the handler set, session-wide or LOCAL: right after
+// Settle returns, another connection finds the WAL flushed past a position
+// read inside the handler's transaction. Without the pin the WAL writer
+// would flush it up to 200 ms later; five rounds per setting make a miss
+// all but certain to show.
+func TestPostgresSettleCommitsDurably(t *testing.T) {
+	s, db := pgStore(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, set := range []string{"SET synchronous_commit = off", "SET LOCAL synchronous_commit = off"} {
+		t.Run(set, func(t *testing.T) {
+			for i := range 5 {
+				r := req("settle-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
+				if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+					t.Fatalf("claim: %+v %v", res, err)
+				}
+				txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+				if err != nil {
+					t.Fatal(err)
+				}
+				htx, _ := Tx(txCtx)
+				if err := execOn(htx, set); err != nil {
+					t.Fatal(err)
+				}
+				var inside string
+				if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&inside); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+					t.Fatal(err)
+				}
+				if !flushedTo(t, db, inside) {
+					t.Fatalf("round %d: after Settle the WAL is not flushed up to %s, read inside the handler's transaction", i, inside)
+				}
+			}
+		})
+	}
+}
+
+// querier is what showSync and flushedTo read through: the *sql.DB or the
+// handle.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// execOn runs q through the handle h and returns its error.
+func execOn(h *Handle, q string) error {
+	_, err := h.ExecContext(context.Background(), q)
+	return err
+}
