@@ -95,3 +95,32 @@ func exportData(t *testing.T, pkgs ...string) map[string]string {
 	}
 	return exports
 }
+
+// CheckNotLinked fails the test when a program that imports exactly pkgs
+// would link a package whose import path starts with one of forbidden. A
+// program's packages are the union of its imports' dependencies, so the
+// packages go list -deps lists for pkgs are those of such a program. It
+// fails too when go list does not list pkgs themselves, so that a check
+// that lists nothing cannot pass.
+func CheckNotLinked(t *testing.T, forbidden []string, pkgs ...string) {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	listed := map[string]bool{}
+	for _, d := range deps {
+		listed[d] = true
+		for _, f := range forbidden {
+			if strings.HasPrefix(d, f) {
+				t.Errorf("a program importing %s links %s", strings.Join(pkgs, " and "), d)
+			}
+		}
+	}
+	for _, p := range pkgs {
+		if !listed[p] {
+			t.Fatalf("go list -deps does not list %s itself:\n%s", p, out)
+		}
+	}
+}

@@ -15,7 +15,9 @@ import (
 func TestConformance(t *testing.T) {
 	for _, d := range idemgormtest.Dialects {
 		t.Run(d, func(t *testing.T) {
-			t.Parallel()
+			if d != "sqlite" { // SQLite runs alone, as in idemsql's
+				t.Parallel()
+			}
 			storetest.Run(t, func(t testing.TB) storetest.Backend {
 				return idemgormtest.NewFixtureOn(t, idemgormtest.OpenResolverDB(t, d, false), d).Backend()
 			})

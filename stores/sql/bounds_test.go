@@ -528,17 +528,20 @@ func TestImmuneToTheSession(t *testing.T) {
 }
 
 // TestSettleOutlivesTheHandlersStatementTimeout: a handler that runs SET
-// LOCAL statement_timeout = '1ms' does not bound the settle. A trigger
-// makes the settle's UPDATE take 20 ms, so the test does not depend on
+// LOCAL statement_timeout = '5ms' does not bound the settle. A trigger
+// makes the settle's UPDATE take 50 ms, so the test does not depend on
 // how fast the machine is: a settle that set its own statement_timeout
 // inside the UPDATE (where it applies only from the next statement on)
-// ran under the handler's 1 ms and was cancelled.
+// ran under the handler's 5 ms and was cancelled. The statement that pins
+// the settle's settings runs under the handler's timeout itself, as every
+// statement after a SET LOCAL does: a handler's timeout shorter than that
+// one statement (microseconds) fails the settle, and nothing is stored.
 func TestSettleOutlivesTheHandlersStatementTimeout(t *testing.T) {
 	f := idemsqltest.NewFixture(t, "pgx")
 	ctx := testCtx(t)
 	fn := "idem_slow_" + idemsqltest.RandSuffix()
 	for _, q := range []string{
-		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$",
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$",
 		"CREATE TRIGGER " + fn + " BEFORE UPDATE ON " + f.Store.Table() + " FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
 	} {
 		mustExec(t, f.DB, q)
@@ -556,11 +559,11 @@ func TestSettleOutlivesTheHandlersStatementTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	htx, _ := idemsql.Tx(txCtx)
-	if _, err := htx.ExecContext(txCtx, "SET LOCAL statement_timeout = '1ms'"); err != nil {
+	if _, err := htx.ExecContext(txCtx, "SET LOCAL statement_timeout = '5ms'"); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Settle(ctx, created("slow")); err != nil {
-		t.Fatalf("settle after the handler's SET LOCAL statement_timeout = '1ms': %v", err)
+		t.Fatalf("settle after the handler's SET LOCAL statement_timeout = '5ms': %v", err)
 	}
 	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
 		t.Fatalf("after the settle: %+v %v", rec, err)
