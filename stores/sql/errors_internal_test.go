@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"testing"
 
+	_ "github.com/glebarez/go-sqlite"
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
@@ -37,8 +38,8 @@ func TestDriverErrorsWithoutTheDrivers(t *testing.T) {
 
 	ctx := context.Background()
 	for driver, dsn := range map[string]string{
-		"pgx":      "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable",
-		"postgres": "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable",
+		"pgx":      pgTestDSN,
+		"postgres": pgTestDSN,
 		"mysql":    "root@tcp(127.0.0.1:3306)/test",
 	} {
 		db, err := sql.Open(driver, dsn)
@@ -52,3 +53,24 @@ func TestDriverErrorsWithoutTheDrivers(t *testing.T) {
 		}
 	}
 }
+
+// TestDriverDetection: New names the dialect by the driver's package, and
+// takes the one-round-trip settle on the PostgreSQL drivers that send an
+// argument-less Exec as a simple query.
+func TestDriverDetection(t *testing.T) {
+	for driver, want := range map[string]string{"pgx": "postgres", "postgres": "postgres", "mysql": "mysql", "sqlite": "sqlite"} {
+		dsn := map[string]string{"pgx": pgTestDSN, "postgres": pgTestDSN, "mysql": "root@tcp(127.0.0.1:3306)/test",
+			"sqlite": t.TempDir() + "/d.db"}[driver]
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		s, err := New(db, WithTable("idem_detect"))
+		if err != nil || s.Dialect() != want || s.pgScript != (want == "postgres") {
+			t.Errorf("%s: %v, dialect %v, one-round-trip settle %v", driver, err, s, s != nil && s.pgScript)
+		}
+	}
+}
+
+const pgTestDSN = "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable"
