@@ -67,8 +67,11 @@ func TestDriverDetection(t *testing.T) {
 		}
 		defer db.Close()
 		s, err := New(db, WithTable("idem_detect"))
-		if err != nil || s.Dialect() != want || s.pgScript != (want == "postgres") {
-			t.Errorf("%s: %v, dialect %v, one-round-trip settle %v", driver, err, s, s != nil && s.pgScript)
+		if err != nil {
+			t.Fatalf("%s: %v", driver, err)
+		}
+		if s.Dialect() != want || s.pgScript != (want == "postgres") {
+			t.Errorf("%s: dialect %s, one-round-trip settle %v; want %s", driver, s.Dialect(), s.pgScript, want)
 		}
 	}
 }
