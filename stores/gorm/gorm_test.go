@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
@@ -47,25 +48,25 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-func created(id string) idem.Outcome {
-	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+func created(id string) idemstore.Outcome {
+	return idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"` + id + `"}`),
 	}}
 }
 
 // begin claims a fresh key and begins its transaction.
-func begin(t *testing.T, f *fixture) (idem.ClaimRequest, context.Context, idem.Tx, *gorm.DB) {
+func begin(t *testing.T, f *fixture) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *gorm.DB) {
 	t.Helper()
 	ctx := testCtx(t)
 	fp := sha256.Sum256([]byte("body"))
 	s := idemgormtest.RandSuffix()
-	req := idem.ClaimRequest{Principal: "alice", Key: "seal-" + s, Fingerprint: fp[:], Token: "tok-" + s,
+	req := idemstore.ClaimRequest{Principal: "alice", Key: "seal-" + s, Fingerprint: fp[:], Token: "tok-" + s,
 		Nonce: "n-" + s, RequestID: "req-" + s, Lease: time.Minute, Retention: time.Hour}
 	if res, err := f.Store.Claim(ctx, req); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
-	txCtx, tx, err := f.Store.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+	txCtx, tx, err := f.Store.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,10 +144,10 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if n := count(t, f, req2.Key); n != 0 {
 			t.Fatalf("the write is visible from outside after a refused Rollback: %d", n)
 		}
-		if err := tx2.Settle(ctx, created(req2.Key)); err == nil || errors.Is(err, idem.ErrTxEnded) {
+		if err := tx2.Settle(ctx, created(req2.Key)); err == nil || errors.Is(err, idemstore.ErrTxEnded) {
 			t.Fatalf("settle after Rollback = %v, want a plain error (nothing stored, key released)", err)
 		}
-		if rec, err := f.Store.Get(ctx, "alice", req2.Key); err != nil || rec.State != idem.StateInProgress {
+		if rec, err := f.Store.Get(ctx, "alice", req2.Key); err != nil || rec.State != idemstore.StateInProgress {
 			t.Fatalf("record after a refused Rollback: %+v %v", rec, err)
 		}
 		if n := count(t, f, req2.Key); n != 0 {
@@ -179,7 +180,7 @@ func TestBeginOnTheHandle(t *testing.T) {
 		if n := count(t, f, req.Key); n != 0 {
 			t.Fatalf("the begun db's Commit committed the write before the settle (%d rows)", n)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 			t.Fatalf("settle: %v", err)
 		}
 		if n := count(t, f, req.Key); n != 1 {
@@ -194,7 +195,7 @@ func TestBeginOnTheHandle(t *testing.T) {
 		if err := began.Rollback().Error; !errors.Is(err, idem.ErrTxOwned) {
 			t.Fatalf("Rollback of the begun db = %v, want an error wrapping idem.ErrTxOwned", err)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrTxOwned) {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrTxOwned) {
 			t.Fatalf("settle after the begun db's Rollback = %v, want an error wrapping idem.ErrTxOwned", err)
 		}
 		if n := count(t, f, req.Key); n != 0 {

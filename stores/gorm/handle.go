@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemsql "github.com/idemgo/idem/stores/sql"
 	"gorm.io/gorm"
 )
@@ -17,8 +18,8 @@ import (
 // and transaction-control statements with an error wrapping it.
 var ErrTxOwned = idem.ErrTxOwned
 
-// ErrTxEnded is idem.ErrTxEnded (see idemsql.ErrTxEnded).
-var ErrTxEnded = idem.ErrTxEnded
+// ErrTxEnded is idemstore.ErrTxEnded (see idemsql.ErrTxEnded).
+var ErrTxEnded = idemstore.ErrTxEnded
 
 // ErrTxAborted is idemsql.ErrTxAborted: every statement after a failed one
 // fails with it, and nothing is stored. A ROLLBACK TO SAVEPOINT to a

@@ -1,4 +1,4 @@
-// Package idemgorm is an idem.Store for GORM applications on PostgreSQL,
+// Package idemgorm is an idemstore.Store for GORM applications on PostgreSQL,
 // MySQL/MariaDB and SQLite: the idemsql store on the *sql.DB behind the
 // *gorm.DB, whose transaction handlers reach as a *gorm.DB with Tx (or
 // DB). The handler's own writes and the stored outcome commit in one
@@ -18,13 +18,13 @@ import (
 	"fmt"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemsql "github.com/idemgo/idem/stores/sql"
 	"gorm.io/gorm"
 	"gorm.io/plugin/dbresolver"
 )
 
-// Store is an idem.Store on a *gorm.DB: an idemsql.Store on its *sql.DB
+// Store is an idemstore.Store on a *gorm.DB: an idemsql.Store on its *sql.DB
 // (the primary's, when gorm.io/plugin/dbresolver is configured), whose
 // BeginTx also puts the GORM session of the transaction into the context.
 // The store runs its own statements on the *sql.DB, never through GORM's
@@ -104,10 +104,10 @@ func primary(db *gorm.DB) (*sql.DB, error) {
 	return nil, fmt.Errorf("idemgorm: the *gorm.DB's connection pool is a %T, which hands out no *sql.DB", p)
 }
 
-// BeginTx implements idem.Store: idemsql's BeginTx, with the transaction's
+// BeginTx implements idemstore.Store: idemsql's BeginTx, with the transaction's
 // GORM session in the returned context, for Tx and DB. The session is
 // made here, once per transaction, without a round trip.
-func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+func (s *Store) BeginTx(ctx context.Context, lease idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	ctx, tx, err := s.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return ctx, nil, err
@@ -120,4 +120,4 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 	return context.WithValue(ctx, sessionKey{}, s.session(h)), tx, nil
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemsql "github.com/idemgo/idem/stores/sql"
 	"github.com/idemgo/idem/stores/sql/idemsqltest"
 )
@@ -33,19 +34,19 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
+func claimReq(principal, key, body string, lease time.Duration) idemstore.ClaimRequest {
 	fp := sha256.Sum256([]byte(body))
 	s := idemsqltest.RandSuffix()
-	return idem.ClaimRequest{Principal: principal, Key: key, Fingerprint: fp[:], Token: "tok-" + s,
+	return idemstore.ClaimRequest{Principal: principal, Key: key, Fingerprint: fp[:], Token: "tok-" + s,
 		Nonce: "n-" + s, RequestID: "req-" + s, Lease: lease, Retention: time.Hour}
 }
 
-func leaseOf(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOf(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-func created(id string) idem.Outcome {
-	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+func created(id string) idemstore.Outcome {
+	return idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"` + id + `"}`),
 	}}
@@ -86,7 +87,7 @@ func holdRow(t *testing.T, f *fixture, key string) func() {
 // TestLockTimeoutBoundsWaits: a claim, a replay, a takeover, a release and
 // a settle that meet a row another transaction holds (a settle not yet
 // committed) answer within the store's lock timeout, with an error
-// wrapping idem.ErrTransient, instead of waiting for that transaction;
+// wrapping idemstore.ErrTransient, instead of waiting for that transaction;
 // whatever lock_timeout or innodb_lock_wait_timeout the connection
 // carries. Get does not wait at all.
 func TestLockTimeoutBoundsWaits(t *testing.T) {
@@ -108,8 +109,8 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 				if took > bound {
 					t.Fatalf("%s took %v, want at most %v (lock timeout %v)", what, took, bound, lock)
 				}
-				if !errors.Is(err, idem.ErrTransient) {
-					t.Fatalf("%s after %v: %v, want an error wrapping idem.ErrTransient", what, took, err)
+				if !errors.Is(err, idemstore.ErrTransient) {
+					t.Fatalf("%s after %v: %v, want an error wrapping idemstore.ErrTransient", what, took, err)
 				}
 				t.Logf("%s answered in %v: %v", what, took.Round(time.Millisecond), err)
 			}
@@ -132,7 +133,7 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 				return err
 			})
 			start := time.Now()
-			if rec, err := f.Store.Get(ctx, "alice", settled.Key); err != nil || rec.State != idem.StateCompleted {
+			if rec, err := f.Store.Get(ctx, "alice", settled.Key); err != nil || rec.State != idemstore.StateCompleted {
 				t.Fatalf("Get under the held row: %+v %v", rec, err)
 			}
 			if took := time.Since(start); took > lock/2 {
@@ -339,7 +340,7 @@ func TestClaimNeverReturnsTwoRows(t *testing.T) {
 		}
 		next := claimReq("alice", first.Key, "body", time.Minute)
 		done := make(chan struct{})
-		var res idem.ClaimResult
+		var res idemstore.ClaimResult
 		go func() {
 			defer close(done)
 			res, err = f.Store.Claim(ctx, next)
@@ -490,7 +491,7 @@ func TestImmuneToTheSession(t *testing.T) {
 				t.Fatalf("settle: %v", err)
 			}
 			if res, err := store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed ||
-				res.Record.State != idem.StateCompleted || res.Record.Response == nil {
+				res.Record.State != idemstore.StateCompleted || res.Record.Response == nil {
 				t.Fatalf("replay: %+v %v", res, err)
 			}
 			// The expired-row path, which on MySQL is the upsert.
@@ -508,7 +509,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 			again := claimReq("alice", exp.Key, "other", time.Minute)
-			if res, err := store.Claim(ctx, again); err != nil || !res.Claimed || res.Record.State != idem.StateInProgress {
+			if res, err := store.Claim(ctx, again); err != nil || !res.Claimed || res.Record.State != idemstore.StateInProgress {
 				t.Fatalf("claim of an expired row: %+v %v", res, err)
 			}
 			if err := store.Release(ctx, leaseOf(again)); err != nil {
@@ -520,7 +521,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			if _, err := store.PurgeExpired(ctx, 10); err != nil {
 				t.Fatalf("purge: %v", err)
 			}
-			if rec, err := direct.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+			if rec, err := direct.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted {
 				t.Fatalf("the record as seen from a clean session: %+v %v", rec, err)
 			}
 		})
@@ -565,7 +566,7 @@ func TestSettleOutlivesTheHandlersStatementTimeout(t *testing.T) {
 	if err := tx.Settle(ctx, created("slow")); err != nil {
 		t.Fatalf("settle after the handler's SET LOCAL statement_timeout = '5ms': %v", err)
 	}
-	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("after the settle: %+v %v", rec, err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // TestDriverErrorsWithoutTheDrivers: the store classifies the real
@@ -23,7 +23,7 @@ import (
 func TestDriverErrorsWithoutTheDrivers(t *testing.T) {
 	deadlock := &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}
 	for _, err := range []error{deadlock, fmt.Errorf("a: %w", fmt.Errorf("b: %w", deadlock)), errors.Join(errors.New("x"), deadlock)} {
-		if n, ok := mysqlNumber(err); !ok || n != 1213 || !isFastTransient(err) || errorClass(err) != idem.ClassTransient {
+		if n, ok := mysqlNumber(err); !ok || n != 1213 || !isFastTransient(err) || errorClass(err) != idemstore.ClassTransient {
 			t.Errorf("%v: number %d, %v; fast transient %v", err, n, ok, isFastTransient(err))
 		}
 	}
@@ -48,7 +48,7 @@ func TestDriverErrorsWithoutTheDrivers(t *testing.T) {
 		}
 		defer db.Close()
 		_, err = db.ExecContext(ctx, "SELECT * FROM idem_no_such_table")
-		if err == nil || !isMisconfigured(err) || errorClass(err) != idem.ClassMisconfigured {
+		if err == nil || !isMisconfigured(err) || errorClass(err) != idemstore.ClassMisconfigured {
 			t.Errorf("%s: no such table = %v, not misconfigured", driver, err)
 		}
 	}

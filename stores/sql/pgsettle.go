@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // leaseLostMarker is in the error the one-round-trip settle raises when its
@@ -43,7 +43,7 @@ func (t *storeTx) settleAndCommit(ctx context.Context, args []any) (bool, error)
 	if _, err := t.conn.ExecContext(ctx, script); err != nil {
 		t.endConn(ctx, false)
 		if isLeaseLost(err) {
-			return true, idem.ErrLeaseLost
+			return true, idemstore.ErrLeaseLost
 		}
 		return true, t.store.wrap("settle", err)
 	}
