@@ -52,6 +52,24 @@ func created(id string) idemstore.Outcome {
 	}}
 }
 
+// settledKey claims key for alice and settles it with a 201.
+func settledKey(t *testing.T, f *fixture, key string) idem.ClaimRequest {
+	t.Helper()
+	ctx := testCtx(t)
+	req := claimReq("alice", key, "body", time.Minute)
+	if _, err := f.Store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, created(key)); err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
 // mustExec runs q on db with args, failing the test on an error.
 func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
 	t.Helper()
@@ -116,17 +134,7 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 			}
 
 			// A settled key: its replay meets the held row.
-			settled := claimReq("alice", "lock-"+idemsqltest.RandSuffix(), "body", time.Minute)
-			if _, err := f.Store.Claim(ctx, settled); err != nil {
-				t.Fatal(err)
-			}
-			_, tx, err := f.Store.BeginTx(ctx, leaseOf(settled))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Settle(ctx, created("s")); err != nil {
-				t.Fatal(err)
-			}
+			settled := settledKey(t, f, "lock-"+idemsqltest.RandSuffix())
 			end := holdRow(t, f, settled.Key)
 			within("a replay", func(ctx context.Context) error {
 				_, err := f.Store.Claim(ctx, claimReq("alice", settled.Key, "body", time.Minute))

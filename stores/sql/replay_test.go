@@ -13,17 +13,7 @@ import (
 func TestReplayWritesNothingPostgres(t *testing.T) {
 	f := idemsqltest.NewFixture(t, "pgx")
 	ctx := testCtx(t)
-	req := claimReq("alice", "pgreplay-"+idemsqltest.RandSuffix(), "body", time.Minute)
-	if _, err := f.Store.Claim(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Settle(ctx, created("r")); err != nil {
-		t.Fatal(err)
-	}
+	req := settledKey(t, f, "pgreplay-"+idemsqltest.RandSuffix())
 	sys := func() string {
 		var ctid, xmin, xmax string
 		err := f.DB.QueryRow(`SELECT ctid::text, xmin::text, xmax::text FROM `+f.Store.Table()+` WHERE principal = $1 AND "key" = $2`,
@@ -51,17 +41,7 @@ func TestReplayWritesNothingPostgres(t *testing.T) {
 func TestReplayWritesNothingSQLite(t *testing.T) {
 	f := idemsqltest.NewFixture(t, "sqlite")
 	ctx := testCtx(t)
-	req := claimReq("alice", "litereplay-"+idemsqltest.RandSuffix(), "body", time.Minute)
-	if _, err := f.Store.Claim(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	_, tx, err := f.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Settle(ctx, created("r")); err != nil {
-		t.Fatal(err)
-	}
+	req := settledKey(t, f, "litereplay-"+idemsqltest.RandSuffix())
 	observer, err := f.DB.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
