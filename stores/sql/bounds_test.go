@@ -53,7 +53,7 @@ func created(id string) idemstore.Outcome {
 }
 
 // settledKey claims key for alice and settles it with a 201.
-func settledKey(t *testing.T, f *fixture, key string) idem.ClaimRequest {
+func settledKey(t *testing.T, f *fixture, key string) idemstore.ClaimRequest {
 	t.Helper()
 	ctx := testCtx(t)
 	req := claimReq("alice", key, "body", time.Minute)
