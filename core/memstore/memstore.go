@@ -121,6 +121,7 @@ func (s *Store) Len() int {
 // Claim implements idem.Store. The whole decision runs under one lock, which
 // is the in-memory form of a single atomic statement.
 func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+	req.RequestID = idem.BoundRequestID(req.RequestID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()

@@ -212,3 +212,58 @@ func DownstreamKeyOnAFullPool(t *testing.T, store idem.Store, poolSize int) {
 	}
 	t.Logf("pool %d, %d handlers inside DownstreamKey at once: %v each", poolSize, poolSize, took)
 }
+
+// testPool runs DownstreamKeyOnAFullPool on a store whose pool holds four
+// connections, and PoolPinning on one of ten when the store's handlers
+// each hold a connection (Backend.HandlerHoldsConn).
+func testPool(t *testing.T, b Backend) {
+	if b.Pool == nil {
+		t.Skip("not applicable: the store has no connection pool to empty (Backend.Pool)")
+	}
+	t.Run("DownstreamKeyOnAFullPool", func(t *testing.T) { DownstreamKeyOnAFullPool(t, b.Pool(t, 4), 4) })
+	t.Run("PoolPinning", func(t *testing.T) {
+		if !b.HandlerHoldsConn {
+			t.Skip("not applicable: the store's handlers hold no pool connection (Backend.HandlerHoldsConn)")
+		}
+		PoolPinning(t, b.Pool(t, 10), 10, 3*time.Second)
+	})
+}
+
+// testSyncer: a store that declares Backend.Syncer honours
+// ClaimRequest.Durable and hands out a Tx that is an idem.Syncer whose Sync
+// succeeds, before and after the handler's write.
+func testSyncer(t *testing.T, b Backend) {
+	if !b.Syncer {
+		t.Skip("not applicable: the backend declares no Syncer (Backend.Syncer)")
+	}
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("sync"), "body")
+	req.Durable = true
+	if res := mustClaim(t, b.Store, req); !res.Claimed {
+		t.Fatal("a durable claim of a new key did not claim it")
+	}
+	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	syncer, ok := tx.(idem.Syncer)
+	if !ok {
+		t.Fatal("Backend.Syncer is set, but the store's Tx is no idem.Syncer")
+	}
+	if err := syncer.Sync(ctx); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if err := b.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncer.Sync(ctx); err != nil {
+		t.Fatalf("Sync after the handler's write: %v", err)
+	}
+	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("synced")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := effects(t, b, req.Key); n != 1 {
+		t.Fatalf("%d business writes after a synced settle, want 1", n)
+	}
+}

@@ -247,6 +247,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	if req.Retention <= 0 {
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
 	}
+	req.RequestID = idem.BoundRequestID(req.RequestID)
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
 	takeOverUncertain := "0"
