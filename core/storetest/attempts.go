@@ -21,7 +21,7 @@ import (
 func testFailedAttempts(t *testing.T, b Backend) {
 	ctx := ctxT(t)
 	eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey, Store: b.Store,
-		RequestTimeout: time.Second, StoreTimeout: 5 * time.Second, Lease: 10 * time.Second})
+		RequestTimeout: 750 * time.Millisecond, StoreTimeout: 5 * time.Second, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

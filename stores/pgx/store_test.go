@@ -380,7 +380,7 @@ func TestNoClaimRerunsUnderContention(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 10, nil))
 	ctx := testCtx(t)
-	for round := range envInt("IDEM_PGX_ROUNDS", 200) {
+	for round := range envInt("IDEM_PGX_ROUNDS", 60) {
 		key, gate, done := "k"+randHex(6), make(chan struct{}), make(chan error, 16)
 		for range 16 {
 			go func() {
