@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -26,7 +27,7 @@ func TestBounded(t *testing.T) {
 	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	claim := func(key string, retention time.Duration) error {
-		_, err := s.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
+		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
 		return err
 	}
 	for _, k := range []string{"a", "b"} {
@@ -38,7 +39,7 @@ func TestBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := claim("d", time.Hour)
-	if !errors.Is(err, idem.ErrTransient) || !errors.Is(err, memstore.ErrFull) {
+	if !errors.Is(err, idemstore.ErrTransient) || !errors.Is(err, memstore.ErrFull) {
 		t.Fatalf("claim on a full store = %v, want ErrFull wrapped as transient", err)
 	}
 	if s.Len() != 3 {
@@ -63,7 +64,7 @@ func newClocked() (*memstore.Store, *clock) {
 	return memstore.New(memstore.WithClock(clk.Now)), clk
 }
 
-func claim(t testing.TB, s *memstore.Store, req idem.ClaimRequest) idem.ClaimResult {
+func claim(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest) idemstore.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(context.Background(), req)
 	if err != nil {
@@ -72,14 +73,14 @@ func claim(t testing.TB, s *memstore.Store, req idem.ClaimRequest) idem.ClaimRes
 	return res
 }
 
-func settle(t testing.TB, s *memstore.Store, req idem.ClaimRequest, resp idem.Response) {
+func settle(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest, resp idem.Response) {
 	t.Helper()
 	ctx := context.Background()
-	_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+	_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: resp}); err != nil {
 		t.Fatalf("Settle(%s): %v", req.Key, err)
 	}
 }
@@ -90,11 +91,11 @@ func TestClock(t *testing.T) {
 	t.Parallel()
 	s, clk := newClocked()
 	start := clk.now
-	req := func(token string) idem.ClaimRequest {
-		return idem.ClaimRequest{Principal: "p", Key: "k", Fingerprint: []byte("fp"), Token: token,
+	req := func(token string) idemstore.ClaimRequest {
+		return idemstore.ClaimRequest{Principal: "p", Key: "k", Fingerprint: []byte("fp"), Token: token,
 			RequestID: "r-" + token, Lease: time.Minute, Retention: time.Hour}
 	}
-	check := func(res idem.ClaimResult, claimed, reclaimed bool, token string, created, locked time.Time) {
+	check := func(res idemstore.ClaimResult, claimed, reclaimed bool, token string, created, locked time.Time) {
 		t.Helper()
 		rec := res.Record
 		if res.Claimed != claimed || res.Reclaimed != reclaimed || rec.LeaseToken != token || !res.Now.Equal(clk.now) ||
@@ -146,7 +147,7 @@ var benchResponse = idem.Response{
 func BenchmarkFirstRequest(b *testing.B) {
 	s := memstore.New(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
 	ctx := context.Background()
-	reqs := make([]idem.ClaimRequest, b.N)
+	reqs := make([]idemstore.ClaimRequest, b.N)
 	for i := range reqs {
 		reqs[i] = benchClaim(strconv.Itoa(i))
 	}
@@ -156,8 +157,8 @@ func BenchmarkFirstRequest(b *testing.B) {
 		if _, err := s.Claim(ctx, req); err != nil {
 			b.Fatal(err)
 		}
-		_, tx, _ := s.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: benchResponse}); err != nil {
+		_, tx, _ := s.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: benchResponse}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // testFailedAttempts drives the store through the engine, as an adapter
@@ -150,27 +151,27 @@ func testTxContext(t *testing.T, b Backend) {
 	if !errors.Is(txCtx.Err(), context.Canceled) {
 		t.Fatalf("after the parent was cancelled the transaction's context has %v", txCtx.Err())
 	}
-	if err := tx.Settle(context.WithoutCancel(parent), idem.Outcome{State: idem.StateCompleted, Response: okResponse("c")}); err != nil {
+	if err := tx.Settle(context.WithoutCancel(parent), idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("c")}); err != nil {
 		t.Fatalf("settle after the request was cancelled: %v", err)
 	}
 	if n := effects(t, b, req.Key); n != 1 {
 		t.Fatalf("%d business writes after the settle, want 1", n)
 	}
-	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateCompleted {
+	if rec := get(t, b, "alice", req.Key); rec.State != idemstore.StateCompleted {
 		t.Fatalf("record %s after the settle, want completed", rec.State)
 	}
 }
 
-// testRequestIDBound: a request id longer than idem.MaxRequestIDLength is
-// stored cut at a character boundary (idem.BoundRequestID), whoever calls
+// testRequestIDBound: a request id longer than idemstore.MaxRequestIDLength is
+// stored cut at a character boundary (idemstore.BoundRequestID), whoever calls
 // Claim.
 func testRequestIDBound(t *testing.T, b Backend) {
-	for _, id := range []string{strings.Repeat("r", idem.MaxRequestIDLength), strings.Repeat("r", idem.MaxRequestIDLength-1) + "ü",
-		strings.Repeat("ü", idem.MaxRequestIDLength)} {
+	for _, id := range []string{strings.Repeat("r", idemstore.MaxRequestIDLength), strings.Repeat("r", idemstore.MaxRequestIDLength-1) + "ü",
+		strings.Repeat("ü", idemstore.MaxRequestIDLength)} {
 		req := claimReq("alice", uniq("rid"), "body")
 		req.RequestID = id
 		mustClaim(t, b.Store, req)
-		want := idem.BoundRequestID(id)
+		want := idemstore.BoundRequestID(id)
 		if got := get(t, b, "alice", req.Key).RequestID; got != want {
 			t.Fatalf("request id of %d bytes stored as %d bytes %q, want %d bytes", len(id), len(got), got, len(want))
 		}
@@ -183,7 +184,7 @@ func testRequestIDBound(t *testing.T, b Backend) {
 func testListStaleByLeaseDeadline(t *testing.T, b Backend) {
 	ctx := ctxT(t)
 	principal := uniq("deadline")
-	claim := func(name string, lease time.Duration) idem.ClaimRequest {
+	claim := func(name string, lease time.Duration) idemstore.ClaimRequest {
 		req := claimReq(principal, uniq(name), "body")
 		req.Lease = lease
 		mustClaim(t, b.Store, req)
@@ -253,8 +254,8 @@ func testConnectionLost(t *testing.T, b Backend) {
 	if err := b.DropConn(txCtx); err != nil {
 		t.Fatalf("DropConn: %v", err)
 	}
-	err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("x")})
-	if err == nil || errors.Is(err, idem.ErrLeaseLost) || !errors.Is(err, idem.ErrTransient) {
+	err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("x")})
+	if err == nil || errors.Is(err, idemstore.ErrLeaseLost) || !errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("settle on a dropped connection = %v, want a transient error", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {

@@ -1,4 +1,4 @@
-// Package storetest is the conformance suite every idem.Store must pass.
+// Package storetest is the conformance suite every idemstore.Store must pass.
 // A store's own tests call Run with a function that makes a fresh Backend
 // on a real server; the suite states the Store contract as tests.
 package storetest
@@ -7,7 +7,7 @@ import (
 	"context"
 	"testing"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Backend is a Store plus what the suite needs to observe a store's
@@ -16,7 +16,7 @@ import (
 type Backend struct {
 	// Store is the store under test. Each Backend must start empty, or use
 	// principals and keys no other Backend sees (a fresh table or schema).
-	Store idem.Store
+	Store idemstore.Store
 	// WriteEffect records one business write for id inside the transaction
 	// that ctx carries (as BeginTx returned it). It must fail when ctx
 	// carries no transaction.
@@ -113,12 +113,12 @@ type Backend struct {
 	// DownstreamKey needs no connection beyond the handler's, and, with
 	// HandlerHoldsConn, that one principal cannot pin the pool. Nil for a
 	// store with no pool (memstore).
-	Pool func(t testing.TB, size int) idem.Store
+	Pool func(t testing.TB, size int) idemstore.Store
 	// HandlerHoldsConn is set for stores whose transaction holds one pool
 	// connection for the handler's whole run (the SQL stores), so that a
 	// principal's slow handlers can empty the pool.
 	HandlerHoldsConn bool
-	// Syncer is set for stores whose Tx is an idem.Syncer (the claim
+	// Syncer is set for stores whose Tx is an idemstore.Syncer (the claim
 	// commits asynchronously and Sync makes it durable); the suite then
 	// checks Sync and durable claims.
 	Syncer bool

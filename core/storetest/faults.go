@@ -13,6 +13,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 )
 
@@ -36,7 +37,7 @@ type FaultTarget struct {
 	// server received it and after it ran it (its answer lost), and checks
 	// that the store sends it again and recognises its own work: the
 	// claim and the takeover are the caller's, a release that had run
-	// answers idem.ErrLeaseLost and the key is free either way.
+	// answers idemstore.ErrLeaseLost and the key is free either way.
 	Takeover, Release []byte
 }
 
@@ -172,7 +173,7 @@ func checkFaultOutcome(t *testing.T, b Backend, key string, first, final *idem.R
 	if err != nil {
 		t.Fatalf("%s: no record after completion: %v", key, err)
 	}
-	if n != 1 || rec.State != idem.StateCompleted {
+	if n != 1 || rec.State != idemstore.StateCompleted {
 		t.Fatalf("%s: %d effects and a %s record: want exactly one effect with its completed record", key, n, rec.State)
 	}
 	if !bytes.Equal(rec.Response.Body, final.Body) {
@@ -209,19 +210,19 @@ func testResent(t *testing.T, target FaultTarget) {
 				pattern = target.Takeover
 			}
 			req := claimReq("alice", key, "body")
-			var res idem.ClaimResult
+			var res idemstore.ClaimResult
 			cut(pattern, when, func() { res, err = b.Store.Claim(ctx, req) })
 			if err != nil || !res.Claimed || res.Reclaimed != stale || res.Record.LeaseToken != req.Token {
 				t.Fatalf("claim cut %v (stale %v): %+v, %v; want the caller's, Reclaimed %v", when, stale, res, err, stale)
 			}
-			if rec := get(t, b, "alice", key); rec.State != idem.StateInProgress || rec.LeaseToken != req.Token {
+			if rec := get(t, b, "alice", key); rec.State != idemstore.StateInProgress || rec.LeaseToken != req.Token {
 				t.Fatalf("after the claim cut %v (stale %v) the record is %+v", when, stale, rec)
 			}
 		}
 		req := claimReq("alice", uniq("rel"), "body")
 		mustClaim(t, b.Store, req)
 		cut(target.Release, when, func() { err = b.Store.Release(ctx, leaseOf(req)) })
-		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
+		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("release cut %v: %v", when, err)
 		}
 		if rec, free := Free(t, b.Store, "alice", req.Key); !free {

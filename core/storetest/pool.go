@@ -12,6 +12,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // PoolPinning proves that one principal cannot pin a store's connection
@@ -32,7 +34,7 @@ import (
 //     without waiting.
 //
 // It takes about 2*hold.
-func PoolPinning(t *testing.T, store idem.Store, poolSize int, hold time.Duration) {
+func PoolPinning(t *testing.T, store idemstore.Store, poolSize int, hold time.Duration) {
 	storeTimeout := 500 * time.Millisecond
 	tests := []struct {
 		name       string
@@ -72,7 +74,7 @@ func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (t
 	var running atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		principal := r.Header.Get("X-Principal")
-		eng.HandleHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+		idemadapter.HandleHTTP(eng, w, r, principal, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 			if principal == "alice" {
 				running.Add(1)
 				defer running.Add(-1)
@@ -149,7 +151,7 @@ func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (t
 // whose DownstreamKey waited for a second pool connection (to make the
 // claim durable) would leave every one of them waiting for the others.
 // store's pool must hold exactly poolSize connections.
-func DownstreamKeyOnAFullPool(t *testing.T, store idem.Store, poolSize int) {
+func DownstreamKeyOnAFullPool(t *testing.T, store idemstore.Store, poolSize int) {
 	const storeTimeout = 2 * time.Second
 	eng, err := idem.New(idem.Config{Store: store, FingerprintKey: FingerprintKey,
 		StoreTimeout: storeTimeout, RequestTimeout: 4 * storeTimeout})
@@ -224,7 +226,7 @@ func testPool(t *testing.T, b Backend) {
 }
 
 // testSyncer: a store that declares Backend.Syncer honours
-// ClaimRequest.Durable and hands out a Tx that is an idem.Syncer whose Sync
+// ClaimRequest.Durable and hands out a Tx that is an idemstore.Syncer whose Sync
 // succeeds, before and after the handler's write.
 func testSyncer(t *testing.T, b Backend) {
 	if !b.Syncer {
@@ -241,9 +243,9 @@ func testSyncer(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	syncer, ok := tx.(idem.Syncer)
+	syncer, ok := tx.(idemstore.Syncer)
 	if !ok {
-		t.Fatal("Backend.Syncer is set, but the store's Tx is no idem.Syncer")
+		t.Fatal("Backend.Syncer is set, but the store's Tx is no idemstore.Syncer")
 	}
 	if err := syncer.Sync(ctx); err != nil {
 		t.Fatalf("Sync: %v", err)
@@ -254,7 +256,7 @@ func testSyncer(t *testing.T, b Backend) {
 	if err := syncer.Sync(ctx); err != nil {
 		t.Fatalf("Sync after the handler's write: %v", err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("synced")}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("synced")}); err != nil {
 		t.Fatal(err)
 	}
 	if n := effects(t, b, req.Key); n != 1 {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // testTakeoverRacingSettle: a holder whose lease ends at once settles
@@ -39,7 +39,7 @@ func testTakeoverRacingSettle(t *testing.T, b Backend) {
 		time.Sleep(2 * time.Millisecond) // the holder's lease has ended
 		settled := make(chan error, 1)
 		settle := func() {
-			settled <- tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("holder")})
+			settled <- tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("holder")})
 		}
 		taker := claimReq("alice", key, "body")
 		taker.Lease = time.Hour
@@ -49,7 +49,7 @@ func testTakeoverRacingSettle(t *testing.T, b Backend) {
 				return err
 			}
 			if !res.Claimed {
-				if res.Record.State != idem.StateCompleted || !bytes.Equal(res.Record.Response.Body, okResponse("holder").Body) {
+				if res.Record.State != idemstore.StateCompleted || !bytes.Equal(res.Record.Response.Body, okResponse("holder").Body) {
 					return fmt.Errorf("not claimed, yet the record is %+v, not the holder's outcome", res.Record)
 				}
 				return nil
@@ -75,10 +75,10 @@ func testTakeoverRacingSettle(t *testing.T, b Backend) {
 			settleErr = <-settled
 		}
 		_ = tx.Rollback(ctx)
-		if takeErr != nil && !errors.Is(takeErr, idem.ErrTransient) {
+		if takeErr != nil && !errors.Is(takeErr, idemstore.ErrTransient) {
 			t.Fatalf("round %d: taker: %v", i, takeErr)
 		}
-		if settleErr != nil && !errors.Is(settleErr, idem.ErrLeaseLost) {
+		if settleErr != nil && !errors.Is(settleErr, idemstore.ErrLeaseLost) {
 			t.Fatalf("round %d: holder's settle: %v", i, settleErr)
 		}
 		rec := get(t, b, "alice", key)
@@ -92,7 +92,7 @@ func testTakeoverRacingSettle(t *testing.T, b Backend) {
 		} else {
 			holderWins++
 		}
-		if rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse(want).Body) {
+		if rec.State != idemstore.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse(want).Body) {
 			t.Fatalf("round %d (order %d): record %s %s, want the %s's outcome (holder's settle: %v)", i, i%3, rec.State, rec.Response.Body, want, settleErr)
 		}
 		h, tk := effects(t, b, key+"/holder"), effects(t, b, key+"/taker")
@@ -120,7 +120,7 @@ func testPurgeRacingReplacement(t *testing.T, b Backend) {
 		req := claimReq("alice", fmt.Sprintf("%s-%03d", prefix, i), "old")
 		req.Retention = Lease
 		mustClaim(t, b.Store, req)
-		if err := settle(ctx, b, leaseOf(req), idem.StateCompleted, okResponse("old")); err != nil {
+		if err := settle(ctx, b, leaseOf(req), idemstore.StateCompleted, okResponse("old")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -132,7 +132,7 @@ func testPurgeRacingReplacement(t *testing.T, b Backend) {
 		wg.Go(func() {
 			for range 1000 {
 				n, err := b.Store.PurgeExpired(ctx, 3)
-				if err != nil && !errors.Is(err, idem.ErrTransient) {
+				if err != nil && !errors.Is(err, idemstore.ErrTransient) {
 					t.Errorf("purge: %v", err)
 					return
 				}
@@ -172,7 +172,7 @@ func testPurgeRacingReplacement(t *testing.T, b Backend) {
 	}
 	for i := range keys {
 		key := fmt.Sprintf("%s-%03d", prefix, i)
-		if rec := get(t, b, "alice", key); rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
+		if rec := get(t, b, "alice", key); rec.State != idemstore.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
 			t.Fatalf("%s: record %s %s after the race, want the new outcome", key, rec.State, rec.Response.Body)
 		}
 		if n := effects(t, b, key); n != 1 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // testRoundTrips measures every Store call with Backend.CountTrips against
@@ -45,8 +46,8 @@ func testRoundTrips(t *testing.T, b Backend) {
 		}
 	}
 	var (
-		req idem.ClaimRequest
-		tx  idem.Tx
+		req idemstore.ClaimRequest
+		tx  idemstore.Tx
 	)
 	claim := func(lease time.Duration) func() error {
 		return func() error {
@@ -83,14 +84,14 @@ func testRoundTrips(t *testing.T, b Backend) {
 		}
 		return err
 	}, func() error {
-		return tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("trip")})
+		return tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("trip")})
 	})
 	measure("Rollback", 0, func() (err error) {
 		if err = claim(time.Hour)(); err == nil {
 			_, tx, err = s.BeginTx(ctx, leaseOf(req))
 		}
 		if err == nil {
-			err = tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("trip")})
+			err = tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("trip")})
 		}
 		return err
 	}, func() error { return tx.Rollback(ctx) }) // after Settle: nothing to send
@@ -153,7 +154,7 @@ func testReplayWritesNothing(t *testing.T, b Backend) {
 	before := writes()
 	mustClaim(t, cb.Store, held)
 	mustClaim(t, cb.Store, done)
-	if err := settle(ctx, cb, leaseOf(done), idem.StateCompleted, okResponse("done")); err != nil {
+	if err := settle(ctx, cb, leaseOf(done), idemstore.StateCompleted, okResponse("done")); err != nil {
 		t.Fatal(err)
 	}
 	if writes() == before {

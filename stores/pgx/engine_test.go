@@ -8,6 +8,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
@@ -90,7 +91,7 @@ func TestSyncWaitsForTheClaimOnly(t *testing.T) {
 	if got, err := idempgx.SyncTarget(ctx, stx); err != nil || got != target {
 		t.Fatalf("Sync waits for %s (%v), want BeginTx's position %s", got, err, target)
 	}
-	if err := stx.(idem.Syncer).Sync(ctx); err != nil {
+	if err := stx.(idemstore.Syncer).Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !flushedUpTo(t, ctx, e.Pool, target) {

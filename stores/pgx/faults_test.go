@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idempgx "github.com/idemgo/idem/stores/pgx"
@@ -130,7 +130,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	}
 	var (
 		txCtx context.Context
-		tx    idem.Tx
+		tx    idemstore.Tx
 	)
 	cut("begin isolation level read committed", faultproxy.Before, func() {
 		txCtx, tx, err = s.BeginTx(ctx, leaseOf(req))
@@ -171,7 +171,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if stmtErr == nil {
 		t.Fatal("the handler's statement succeeded on a cut connection")
 	}
-	if err := tx.Settle(ctx, okResponse("ok")); err == nil || !errors.Is(err, idem.ErrTransient) || errors.Is(err, idem.ErrTxEnded) {
+	if err := tx.Settle(ctx, okResponse("ok")); err == nil || !errors.Is(err, idemstore.ErrTransient) || errors.Is(err, idemstore.ErrTxEnded) {
 		t.Fatalf("settle after the transaction's connection broke = %v, want a transient error (not ErrTxEnded)", err)
 	}
 	if err := s.Release(ctx, leaseOf(req)); err != nil {
@@ -180,7 +180,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if got := e.mustCount(t, req.Key); got != 0 {
 		t.Fatalf("%d effects after the broken transaction, want 0", got)
 	}
-	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateReleased {
 		t.Fatalf("row after release: %s, %v", rec.State, err)
 	}
 }

@@ -11,13 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // begin claims a fresh key and begins its transaction; the transaction is
 // rolled back in cleanup if the test leaves it open.
-func (e *env) begin(t *testing.T, ctx context.Context) (idem.ClaimRequest, context.Context, idem.Tx, *idempgx.Handle) {
+func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *idempgx.Handle) {
 	t.Helper()
 	req := claimReq("alice", "seal-"+randHex(6), "body", time.Minute)
 	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
@@ -109,7 +110,7 @@ func TestRefusedStatements(t *testing.T) {
 			if sqlStateOf(err) != "25P02" {
 				t.Fatalf("%s(%q): the next statement answered %v, want 25P02 (aborted)", way, stmt, err)
 			}
-			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) || errors.Is(err, idem.ErrTxEnded) {
+			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) || errors.Is(err, idemstore.ErrTxEnded) {
 				t.Fatalf("%s(%q): settle = %v, want ErrTxAborted", way, stmt, err)
 			}
 			if n := e.mustCount(t, req.Key); n != 0 {
@@ -163,7 +164,7 @@ func sqlStateOf(err error) string {
 // Whatever ended the transaction is detected — the connection idle after
 // the statement, another transaction with another marker, an aborted
 // transaction without the savepoint rawConn sets — and
-// reported as idem.ErrTxEnded by Settle and by Rollback; Release then
+// reported as idemstore.ErrTxEnded by Settle and by Rollback; Release then
 // changes nothing, and Keep, which the engine calls instead, keeps the
 // claim in progress, Uncertain. A raw statement that only fails, in the
 // store's own transaction, is not mistaken for an end.
@@ -196,11 +197,11 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			}
 			_, _ = idempgx.RawConn(htx).Exec(txCtx, c.raw)
 			_, nextErr := htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key+"/after")
-			if c.nextRefuse && !errors.Is(nextErr, idem.ErrTxEnded) {
+			if c.nextRefuse && !errors.Is(nextErr, idemstore.ErrTxEnded) {
 				t.Fatalf("%q: the next statement through the handle = %v, want ErrTxEnded", c.raw, nextErr)
 			}
 			if c.nextRefuse {
-				if _, err := htx.Exec(txCtx, "SELECT 1"); !errors.Is(err, idem.ErrTxEnded) {
+				if _, err := htx.Exec(txCtx, "SELECT 1"); !errors.Is(err, idemstore.ErrTxEnded) {
 					t.Fatalf("%q: a later statement = %v, want ErrTxEnded", c.raw, err)
 				}
 			}
@@ -210,7 +211,7 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			} else {
 				err = stx.Rollback(ctx)
 			}
-			if got := errors.Is(err, idem.ErrTxEnded); got != c.ended {
+			if got := errors.Is(err, idemstore.ErrTxEnded); got != c.ended {
 				t.Fatalf("%q (settle %v): %v; want ErrTxEnded %v", c.raw, settle, err, c.ended)
 			}
 			if settle && !c.ended && c.effects == 0 && !errors.Is(err, idempgx.ErrTxAborted) {
@@ -233,21 +234,21 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			rerr := e.Store.Release(ctx, leaseOf(req))
 			rec, gerr := e.Store.Get(ctx, "alice", req.Key)
 			switch {
-			case c.ended && (!errors.Is(rerr, idem.ErrTxEnded) || gerr != nil || rec.State != idem.StateInProgress || rec.Uncertain):
+			case c.ended && (!errors.Is(rerr, idemstore.ErrTxEnded) || gerr != nil || rec.State != idemstore.StateInProgress || rec.Uncertain):
 				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want ErrTxEnded and the claim untouched", c.raw, settle, rerr, rec, gerr)
 			case c.ended:
 				if err := e.Store.Keep(ctx, leaseOf(req)); err != nil {
 					t.Fatalf("%q (settle %v): keep = %v", c.raw, settle, err)
 				}
-				if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateInProgress ||
+				if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateInProgress ||
 					!rec.Uncertain || rec.LeaseToken != req.Token || rec.LeaseExpiresAt.After(time.Now().Add(time.Minute)) {
 					t.Fatalf("%q (settle %v): after keep, record %+v %v; want it in progress, Uncertain, its lease ended", c.raw, settle, rec, err)
 				}
 			case !c.ended && settle && c.effects == 1:
-				if rerr == nil || gerr != nil || rec.State != idem.StateCompleted {
+				if rerr == nil || gerr != nil || rec.State != idemstore.StateCompleted {
 					t.Fatalf("%q: release after a completed settle = %v, record %s", c.raw, rerr, rec.State)
 				}
-			case !c.ended && (c.effects == 0 || !settle) && (rerr != nil || gerr != nil || rec.State != idem.StateReleased):
+			case !c.ended && (c.effects == 0 || !settle) && (rerr != nil || gerr != nil || rec.State != idemstore.StateReleased):
 				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want the claim released", c.raw, settle, rerr, rec, gerr)
 			}
 		}
@@ -328,7 +329,7 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 			t.Fatalf("settle %v: LargeObjects after the transaction: Create = %v, want ErrTxClosed", settle, err)
 		}
 		// The connection went back to the pool in good order.
-		if _, err := e.Store.Get(ctx, "alice", "nothing"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := e.Store.Get(ctx, "alice", "nothing"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("the pool after large objects: %v", err)
 		}
 		if settle {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -186,7 +187,7 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 2, nil))
 	ctx := testCtx(t)
-	takeover := func(held idem.ClaimRequest, takeOverUncertain bool) int64 {
+	takeover := func(held idemstore.ClaimRequest, takeOverUncertain bool) int64 {
 		t.Helper()
 		next := claimReq(held.Principal, held.Key, "body", time.Microsecond)
 		tag, err := e.Pool.Exec(ctx, idempgx.TakeoverSQL(e.Store), next.Principal, next.Key, next.Fingerprint, next.Token,
@@ -196,7 +197,7 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 		}
 		return tag.RowsAffected()
 	}
-	claim := func(lease time.Duration) idem.ClaimRequest {
+	claim := func(lease time.Duration) idemstore.ClaimRequest {
 		t.Helper()
 		req := claimReq("alice", "recheck-"+randHex(4), "body", lease)
 		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
@@ -311,7 +312,7 @@ func TestErrorMapping(t *testing.T) {
 	defer dead.Close()
 	// New qualifies an unqualified name on the server: unreachable, it
 	// says so, transient.
-	if _, err := idempgx.New(dead); !errors.Is(err, idem.ErrTransient) {
+	if _, err := idempgx.New(dead); !errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("New on an unreachable server = %v, want ErrTransient", err)
 	}
 	ds, err := idempgx.New(dead, idempgx.WithTable("public.idempotency_keys"))
@@ -319,7 +320,7 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ds.Claim(ctx, claimReq("a", "k", "b", time.Second))
-	if !errors.Is(err, idem.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
+	if !errors.Is(err, idemstore.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
 		t.Fatalf("claim on an unreachable server = %v, want idempgx: claim: … ErrTransient", err)
 	}
 
@@ -330,7 +331,7 @@ func TestErrorMapping(t *testing.T) {
 	missing, _ := idempgx.New(pool, idempgx.WithTable(e.Schema+".nope"))
 	_, err = missing.Get(ctx, "a", "k")
 	var pgErr *pgconn.PgError
-	if errors.Is(err, idem.ErrTransient) || !errors.Is(err, idem.ErrMisconfigured) || !errors.As(err, &pgErr) ||
+	if errors.Is(err, idemstore.ErrTransient) || !errors.Is(err, idem.ErrMisconfigured) || !errors.As(err, &pgErr) ||
 		pgErr.Code != "42P01" || !strings.HasPrefix(err.Error(), "idempgx: get: ") || strings.Count(err.Error(), "idempgx: ") != 1 {
 		t.Fatalf("missing table = %v, want idempgx: get: … ErrMisconfigured with the 42P01", err)
 	}
@@ -359,14 +360,14 @@ func TestErrorMapping(t *testing.T) {
 	defer lpool.Close()
 	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.Schema+".idempotency_keys"), idempgx.WithLockTimeout(50*time.Millisecond))
 	err = ls.Release(ctx, leaseOf(req))
-	if !errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if !errors.Is(err, idemstore.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("release under lock_timeout = %v, want transient 55P03", err)
 	}
 
 	// The caller giving up is not transient.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := e.Store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idem.ErrTransient) {
+	if _, err := e.Store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("cancelled Get = %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idemredis "github.com/idemgo/idem/stores/redis"
@@ -128,8 +129,8 @@ func TestCutConnectionIsResent(t *testing.T) {
 	cut(idemredis.ClaimSHA, faultproxy.After, func() {
 		_, cerr = s2.Claim(ctx, claimReq("alice", "noretry-"+idemredistest.RandHex(4), "body", time.Hour))
 	})
-	if !errors.Is(cerr, idem.ErrTransient) {
-		t.Fatalf("claim cut without client retries: %v, want an error wrapping idem.ErrTransient", cerr)
+	if !errors.Is(cerr, idemstore.ErrTransient) {
+		t.Fatalf("claim cut without client retries: %v, want an error wrapping idemstore.ErrTransient", cerr)
 	}
 	t.Logf("%d cuts; every resent script answered as its first run", proxy.Cuts())
 }
