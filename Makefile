@@ -10,7 +10,7 @@ FUZZTIME ?= 30s
 # make soak runs the long crash and contention soaks for SOAKTIME (default 10m).
 SOAKTIME ?= 10m
 
-.PHONY: test services lint fuzz bench soak tidy
+.PHONY: test services lint fuzz bench soak tidy nemesis
 
 ## test: start the services the tests need, then test every module with -race,
 ## the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
@@ -54,6 +54,16 @@ bench: services
 		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...); \
 	done
 	cd bench && $(GO) test -count=1 -v -run 'TestRoundTrips|TestWALPerRequest' . && $(GO) test -run '^$$' -bench Fiber -benchmem -benchtime 2000x . && (cd fiberv3 && GOWORK=off $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x .) && $(GO) run ./cmd/loadgen -duration 3s -warmup 500ms
+
+## nemesis: the example service through faults outside its process (its own
+## PostgreSQL crashed and restarted, a partition, packet loss, latency, a link
+## down, an instance SIGKILLed), then the history checked key by key; about 5
+## minutes, NEMESISFLAGS for more (-duration 1m -stores pgx). Needs root and
+## iptables (installed when missing). Not part of make test.
+NEMESISFLAGS ?=
+nemesis:
+	@command -v iptables >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables)
+	cd examples && $(GO) run ./nemesis $(NEMESISFLAGS)
 
 ## soak: long crash and contention soaks, bounded by SOAKTIME.
 soak: services
