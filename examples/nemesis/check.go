@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"time"
 )
 
 // dbState is what the database (and the provider) hold at the end, per
@@ -32,7 +33,9 @@ type report struct {
 	orphansReplayable int // of which the record is completed: a retry would be answered the payment's 201
 	unresolved        int // keys without a final answer
 	unknown           int // of which answered 409 outcome-unknown
-	examples          []string
+	// longest is the longest time a key took to its first final answer.
+	longest  time.Duration
+	examples []string
 }
 
 func (r *report) failed() bool {
@@ -54,6 +57,7 @@ func check(hs []*keyHistory, db dbState) report {
 		seen[h.account] = true
 		pays := db.payments[h.account]
 		r.fresh201 += h.fresh
+		r.longest = max(r.longest, h.took)
 		if len(pays) > 1 {
 			r.duplicates++
 			r.fail("key %s (%s): %d payments %v", h.key, h.account, len(pays), pays)
@@ -121,7 +125,7 @@ func (r *report) summary(store string, faults []string, requests int64) string {
 		verdict = "FAIL"
 	}
 	return fmt.Sprintf("nemesis %s store=%s keys=%d 201=%d fresh201=%d duplicates=%d divergent=%d lost=%d mismatched=%d "+
-		"charged-twice=%d strays=%d orphans=%d (replayable %d) unresolved=%d (outcome-unknown %d) requests=%d faults=%s",
+		"charged-twice=%d strays=%d orphans=%d (replayable %d) unresolved=%d (outcome-unknown %d) longest=%v requests=%d faults=%s",
 		verdict, store, r.keys, r.got201, r.fresh201, r.duplicates, r.divergent, r.lost, r.mismatched,
-		r.charged, r.strays, r.orphans, r.orphansReplayable, r.unresolved, r.unknown, requests, strings.Join(faults, ","))
+		r.charged, r.strays, r.orphans, r.orphansReplayable, r.unresolved, r.unknown, r.longest.Round(10*time.Millisecond), requests, strings.Join(faults, ","))
 }

@@ -168,9 +168,9 @@ func TestCleanupRunsEveryStepOnceLastFirst(t *testing.T) {
 
 // Example_check: the summary line of a history that kept every promise.
 func Example_check() {
-	hs := []*keyHistory{{account: "a", key: "k", answers: []answer{created(bodyA), created(bodyA)}, fresh: 1}}
+	hs := []*keyHistory{{account: "a", key: "k", answers: []answer{created(bodyA), created(bodyA)}, fresh: 1, took: 1500 * time.Millisecond}}
 	r := check(hs, dbState{payments: map[string][]string{"a": {"pay_a"}}, records: map[string]string{"a": "completed"}})
 	fmt.Println(r.summary("pgx", []string{"db-crash:1"}, 2))
 	// Output:
-	// nemesis PASS store=pgx keys=1 201=1 fresh201=1 duplicates=0 divergent=0 lost=0 mismatched=0 charged-twice=0 strays=0 orphans=0 (replayable 0) unresolved=0 (outcome-unknown 0) requests=2 faults=db-crash:1
+	// nemesis PASS store=pgx keys=1 201=1 fresh201=1 duplicates=0 divergent=0 lost=0 mismatched=0 charged-twice=0 strays=0 orphans=0 (replayable 0) unresolved=0 (outcome-unknown 0) longest=1.5s requests=2 faults=db-crash:1
 }

@@ -32,6 +32,8 @@ type keyHistory struct {
 	// fresh counts 201s without Idempotent-Replayed.
 	fresh    int
 	attempts int
+	// took is the time from the first attempt to the first final answer.
+	took time.Duration
 	// unknown is set when the key was answered 409 outcome-unknown: the
 	// service keeps it until an operator or Reconcile resolves it.
 	unknown bool
@@ -100,10 +102,14 @@ func (w *workload) settle(ctx context.Context, hc *http.Client, h *keyHistory, f
 	defer cancel()
 	body := fmt.Sprintf(`{"amount": %d, "currency": "EUR", "description": "nemesis %s"}`, 100+n, h.key)
 	target := first
+	start := time.Now()
 	for round := 0; round < 2 && ctx.Err() == nil; round++ {
 		a, ok := w.untilFinal(ctx, hc, h, body, &target)
 		if !ok {
 			return
+		}
+		if round == 0 {
+			h.took = time.Since(start)
 		}
 		h.answers = append(h.answers, a)
 		if a.status != http.StatusCreated {
