@@ -10,19 +10,22 @@ FUZZTIME ?= 30s
 # make soak runs the long crash and contention soaks for SOAKTIME (default 10m).
 SOAKTIME ?= 10m
 
-.PHONY: test services lint fuzz bench soak tidy nemesis
+.PHONY: test services lint fuzz bench soak tidy nemesis nemesis-deps
 
 ## test: start the services the tests need, then test every module with -race,
 ## the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
 ## 5 s; its own tables and keys) and its pgbench scripts against the stores'
-## schema (it replaces the idem_bench tables: not beside the load generator).
-test: services
+## schema (it replaces the idem_bench tables: not beside the load generator),
+## then a 60 s round of make nemesis (its own PostgreSQL cluster and namespace).
+test: services nemesis-deps
 	@set -e; for m in $(MODULES); do \
 		echo "== $$m"; \
 		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
 	done
 	@echo "== bench (TestRoundTripsOtherStores, TestPgbenchScripts)"
 	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^(TestRoundTripsOtherStores|TestPgbenchScripts)$$' .
+	@echo "== nemesis (a 60 s round of make nemesis)"
+	@cd examples && $(GO) run ./nemesis $(NEMESIS_SHORT)
 
 ## services: make sure PostgreSQL, MariaDB, Redis and a three-node Redis Cluster are up (installs them if missing).
 services:
@@ -59,11 +62,15 @@ bench: services
 ## PostgreSQL crashed and restarted, a partition, packet loss, latency, a link
 ## down, an instance SIGKILLed), then the history checked key by key; about 5
 ## minutes, NEMESISFLAGS for more (-duration 1m -stores pgx). Needs root and
-## iptables (installed when missing). Not part of make test.
+## iptables (installed when missing). make test runs a 60 s round of it.
 NEMESISFLAGS ?=
-nemesis:
-	@command -v iptables >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables)
+# The round in make test: 30 s per store, every fault once, shorter.
+NEMESIS_SHORT := -duration 60s -gap 1s -partition 7s -hold 4s
+nemesis: nemesis-deps
 	cd examples && $(GO) run ./nemesis $(NEMESISFLAGS)
+
+nemesis-deps:
+	@command -v iptables >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables)
 
 ## soak: long crash and contention soaks, bounded by SOAKTIME.
 soak: services

@@ -35,6 +35,7 @@ type report struct {
 	unknown           int // of which answered 409 outcome-unknown
 	// longest is the longest time a key took to its first final answer.
 	longest  time.Duration
+	slowest  *keyHistory // the key that took it
 	examples []string
 }
 
@@ -57,7 +58,9 @@ func check(hs []*keyHistory, db dbState) report {
 		seen[h.account] = true
 		pays := db.payments[h.account]
 		r.fresh201 += h.fresh
-		r.longest = max(r.longest, h.took)
+		if h.took > r.longest {
+			r.longest, r.slowest = h.took, h
+		}
 		if len(pays) > 1 {
 			r.duplicates++
 			r.fail("key %s (%s): %d payments %v", h.key, h.account, len(pays), pays)

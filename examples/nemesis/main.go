@@ -60,6 +60,7 @@ type options struct {
 	latency       time.Duration
 	loss          float64
 	partition     time.Duration
+	hold          time.Duration
 	faults        []string
 	keep          bool
 }
@@ -85,6 +86,7 @@ func main() {
 	flag.DurationVar(&o.latency, "latency", 300*time.Millisecond, "the latency fault's delay, each way, on one instance's database connections")
 	flag.Float64Var(&o.loss, "loss", 0.1, "the loss fault's share of packets dropped each way")
 	flag.DurationVar(&o.partition, "partition", 8*time.Second, "how long a partition lasts (past the lease by default)")
+	flag.DurationVar(&o.hold, "hold", 12*time.Second, "how long loss, latency and a link down last")
 	flag.StringVar(&faults, "faults", strings.Join(allFaults, ","), "the schedule, applied in order and again from the start")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs, the cluster's files) for a look afterwards")
 	flag.Parse()
@@ -268,6 +270,10 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 		fmt.Println("  " + e)
 	}
 	log.Printf("%s: answers %s; fault errors: %d", store, statusCounts(w), n.errors)
+	if r.slowest != nil {
+		log.Printf("%s: the slowest key, %s, took %v: %s", store, r.slowest.key, r.slowest.took.Round(10*time.Millisecond),
+			strings.Join(r.slowest.trail, "; "))
+	}
 	return r.failed(), nil
 }
 

@@ -74,7 +74,7 @@ func (n *nemesis) apply(ctx context.Context, f string, i int) error {
 	case "partition", "loss":
 		p, d := 1.0, n.o.partition
 		if f == "loss" {
-			p, d = n.o.loss, 15*time.Second
+			p, d = n.o.loss, n.o.hold
 		}
 		err := n.ns.drop(bg, p)
 		if err == nil {
@@ -84,11 +84,11 @@ func (n *nemesis) apply(ctx context.Context, f string, i int) error {
 	case "latency":
 		p := n.proxies[i%len(n.proxies)]
 		p.setDelay(n.o.latency)
-		sleep(ctx, 12*time.Second)
+		sleep(ctx, n.o.hold)
 		p.setDelay(0)
 		return nil
 	case "link-down":
-		return n.ns.linkDown(ctx, 5*time.Second)
+		return n.ns.linkDown(ctx, n.o.hold)
 	}
 	return fmt.Errorf("unknown fault %q", f)
 }

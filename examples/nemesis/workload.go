@@ -34,6 +34,9 @@ type keyHistory struct {
 	attempts int
 	// took is the time from the first attempt to the first final answer.
 	took time.Duration
+	// trail is every attempt: when (from the first), where, and the answer.
+	trail []string
+	start time.Time
 	// unknown is set when the key was answered 409 outcome-unknown: the
 	// service keeps it until an operator or Reconcile resolves it.
 	unknown bool
@@ -103,6 +106,7 @@ func (w *workload) settle(ctx context.Context, hc *http.Client, h *keyHistory, f
 	body := fmt.Sprintf(`{"amount": %d, "currency": "EUR", "description": "nemesis %s"}`, 100+n, h.key)
 	target := first
 	start := time.Now()
+	h.start = start
 	for round := 0; round < 2 && ctx.Err() == nil; round++ {
 		a, ok := w.untilFinal(ctx, hc, h, body, &target)
 		if !ok {
@@ -128,7 +132,9 @@ func (w *workload) untilFinal(ctx context.Context, hc *http.Client, h *keyHistor
 		*target++
 		h.attempts++
 		w.requests.Add(1)
+		sent := time.Since(h.start)
 		status, hdr, b, err := post(ctx, hc, in.base()+"/payments", h.account, h.key, body)
+		h.trail = append(h.trail, fmt.Sprintf("+%.2fs %s %s", sent.Seconds(), in.name, trailAnswer(status, hdr, err)))
 		if err != nil {
 			w.count("error")
 			sleep(ctx, backoff(try))
@@ -155,6 +161,19 @@ func (w *workload) untilFinal(ctx context.Context, hc *http.Client, h *keyHistor
 		}
 	}
 	return answer{}, false
+}
+
+// trailAnswer is one attempt's answer in a key's trail.
+func trailAnswer(status int, hdr http.Header, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case hdr.Get("Retry-After") != "":
+		return fmt.Sprintf("%d(Retry-After %s)", status, hdr.Get("Retry-After"))
+	case hdr.Get("Idempotent-Replayed") == "true":
+		return fmt.Sprintf("%d(replayed)", status)
+	}
+	return strconv.Itoa(status)
 }
 
 func backoff(try int) time.Duration {
