@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -87,6 +88,32 @@ func TestSubnetForStaysInRange(t *testing.T) {
 		p := subnetFor(pid)
 		if p.Bits() != 30 || !whole.Contains(p.Addr()) || p.Masked() != p {
 			t.Errorf("pid %d: %v", pid, p)
+		}
+	}
+}
+
+// TestRouteVerdict: a fault is applied only when the database's address
+// is reached through the veth or refused, never by a gateway or another
+// interface.
+func TestRouteVerdict(t *testing.T) {
+	failed := errors.New("exit status 2")
+	for _, c := range []struct {
+		out  string
+		err  error
+		safe bool
+	}{
+		{"10.213.7.2 dev nmh42 src 10.213.7.1 uid 0 \n    cache \n", nil, true},
+		{"RTNETLINK answers: No route to host\n", failed, true},
+		{"unreachable 10.213.7.2 table main proto 213 metric 4242\n", nil, true},
+		{"10.213.7.2 via 192.0.2.1 dev eth0 src 192.0.2.2 uid 0 \n    cache \n", nil, false},
+		{"10.213.7.2 dev eth0 src 192.0.2.2 uid 0 \n", nil, false},
+		{"10.213.7.2 dev nmh421 src 10.213.7.1 uid 0 \n", nil, false},
+		{"Error: any other failure\n", failed, false},
+		{"10.213.7.2 table main\n", nil, false},
+	} {
+		err := routeVerdict("10.213.7.2", "nmh42", c.out, c.err)
+		if (err == nil) != c.safe {
+			t.Errorf("%q, %v: %v, want safe=%v", c.out, c.err, err, c.safe)
 		}
 	}
 }

@@ -137,6 +137,13 @@ func newNetns(ctx context.Context, cl *cleanup, p netip.Prefix, dport int) (*net
 // default route, never out of the machine.
 func (n *netns) checkRoute(ctx context.Context) error {
 	out, err := run(ctx, "ip", "route", "get", n.innerAddr())
+	return routeVerdict(n.innerAddr(), n.host, out, err)
+}
+
+// routeVerdict judges what `ip route get addr` printed (out, err): safe
+// when the packet leaves by the veth's host end or is refused, an error
+// otherwise.
+func routeVerdict(addr, host, out string, err error) error {
 	if err != nil {
 		if strings.Contains(out, "unreachable") || strings.Contains(out, "No route to host") {
 			return nil
@@ -147,16 +154,16 @@ func (n *netns) checkRoute(ctx context.Context) error {
 	fields := strings.Fields(first)
 	for i, f := range fields {
 		if f == "via" {
-			return fmt.Errorf("route to %s goes through a gateway (%q): refusing to send anything", n.innerAddr(), first)
+			return fmt.Errorf("route to %s goes through a gateway (%q): refusing to send anything", addr, first)
 		}
-		if f == "dev" && i+1 < len(fields) && fields[i+1] != n.host {
-			return fmt.Errorf("route to %s leaves by %s (%q): refusing to send anything", n.innerAddr(), fields[i+1], first)
+		if f == "dev" && i+1 < len(fields) && fields[i+1] != host {
+			return fmt.Errorf("route to %s leaves by %s (%q): refusing to send anything", addr, fields[i+1], first)
 		}
 	}
-	if strings.HasPrefix(first, "unreachable") || strings.Contains(first, "dev "+n.host) {
+	if strings.HasPrefix(first, "unreachable") || strings.Contains(first, "dev "+host+" ") || strings.HasSuffix(first, "dev "+host) {
 		return nil
 	}
-	return fmt.Errorf("unexpected route to %s: %q", n.innerAddr(), first)
+	return fmt.Errorf("unexpected route to %s: %q", addr, first)
 }
 
 // innerAddr is the database's address (also before the namespace exists).
