@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,7 +94,7 @@ func main() {
 	o.stores = strings.Split(stores, ",")
 	o.faults = strings.Split(faults, ",")
 	for _, f := range o.faults {
-		if !contains(allFaults, f) {
+		if !slices.Contains(allFaults, f) {
 			log.Fatalf("nemesis: unknown fault %q: want some of %s", f, strings.Join(allFaults, ","))
 		}
 	}
@@ -337,15 +338,6 @@ func readState(ctx context.Context, db *cluster, dbName string, provider *instan
 		}
 	}
 	return st, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func onPath(prog string) bool {
