@@ -129,7 +129,13 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 		}
 	}
 	removeLeftovers(ctx, log.Printf)
-	dir, err := os.MkdirTemp("", "idem-nemesis-")
+	// The folder's name carries the pid, for removeLeftovers, unless it is
+	// to be kept.
+	pattern := fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())
+	if o.keep {
+		pattern = nsPrefix + "kept-"
+	}
+	dir, err := os.MkdirTemp("", pattern)
 	if err != nil {
 		return false, err
 	}

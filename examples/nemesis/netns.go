@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -230,8 +231,8 @@ func (n *netns) linkDown(ctx context.Context, d time.Duration) error {
 }
 
 // removeLeftovers deletes the namespaces (and their processes and guard
-// routes) of earlier runs whose process is gone: a run killed by SIGKILL
-// had no chance to clean up.
+// routes) and the temporary folders of earlier runs whose process is gone:
+// a run killed by SIGKILL had no chance to clean up.
 func removeLeftovers(ctx context.Context, logf func(string, ...any)) {
 	out, err := run(ctx, "ip", "netns", "list")
 	if err != nil {
@@ -255,5 +256,15 @@ func removeLeftovers(ctx context.Context, logf func(string, ...any)) {
 		_, _ = run(ctx, "ip", "netns", "del", f[0])
 		_, _ = run(ctx, "ip", "route", "del", "unreachable", subnetFor(pid).String(), "metric", "4242")
 		logf("removed the leftovers of run %d (namespace %s)", pid, f[0])
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), nsPrefix+"*-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), nsPrefix), "-", 2)[0])
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		if err := os.RemoveAll(d); err == nil {
+			logf("removed the folder %s of run %d", d, pid)
+		}
 	}
 }
