@@ -109,8 +109,12 @@ func main() {
 	if cerr := cl.run(); cerr != nil && err == nil {
 		err = cerr
 	}
+	interrupted := ctx.Err() != nil
 	stop()
 	switch {
+	case interrupted:
+		log.Printf("interrupted; everything the run made is removed (%v)", err)
+		os.Exit(130)
 	case err != nil:
 		log.Printf("%v", err)
 		os.Exit(2)
