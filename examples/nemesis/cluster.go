@@ -75,6 +75,38 @@ func newCluster(ctx context.Context, dir string, ns *netns, port int) (*cluster,
 	return c, nil
 }
 
+// replicate makes a streaming replica of c (pg_basebackup -R) in the
+// folder's replica-<port> directory, listening on port, and starts it.
+func (c *cluster) replicate(ctx context.Context, port int) (*cluster, error) {
+	r := *c
+	r.port = port
+	r.data = filepath.Join(c.dir, "replica-"+strconv.Itoa(port))
+	r.params = append([]string{}, c.params...)
+	for i, p := range r.params {
+		if strings.HasPrefix(p, "port=") {
+			r.params[i] = "port=" + strconv.Itoa(port)
+		}
+	}
+	out, err := c.pg(ctx, "pg_basebackup", "-D", r.data, "-R", "-X", "stream", "-c", "fast",
+		"-h", c.dir, "-p", strconv.Itoa(c.port), "-U", "postgres").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %w: %s", err, lastLines(out, 3))
+	}
+	if err := r.start(ctx); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// promote turns a replica into a primary.
+func (c *cluster) promote(ctx context.Context) error {
+	out, err := c.pg(ctx, "pg_ctl", "promote", "-D", c.data, "-w", "-t", "60").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl promote: %w: %s", err, lastLines(out, 3))
+	}
+	return nil
+}
+
 // pg is a command of the server's programs, as the server's user, inside
 // the namespace.
 func (c *cluster) pg(ctx context.Context, prog string, args ...string) *exec.Cmd {
@@ -98,7 +130,7 @@ func (c *cluster) start(ctx context.Context) error {
 	for _, p := range c.params {
 		opts += " -c " + p
 	}
-	out, err := c.pg(ctx, "pg_ctl", "start", "-D", c.data, "-w", "-t", "60", "-l", filepath.Join(c.dir, "server.log"), "-o", opts).CombinedOutput()
+	out, err := c.pg(ctx, "pg_ctl", "start", "-D", c.data, "-w", "-t", "60", "-l", c.logPath(), "-o", opts).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("pg_ctl start: %w: %s; server log: %s", err, lastLines(out, 3), c.logTail(5))
 	}
@@ -147,8 +179,10 @@ func (c *cluster) admin(ctx context.Context, db string, stmts ...string) error {
 	return nil
 }
 
+func (c *cluster) logPath() string { return filepath.Join(c.dir, filepath.Base(c.data)+".log") }
+
 func (c *cluster) logTail(n int) string {
-	b, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	b, _ := os.ReadFile(c.logPath())
 	return lastLines(b, n)
 }
 

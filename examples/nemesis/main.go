@@ -64,9 +64,10 @@ type options struct {
 	hold          time.Duration
 	faults        []string
 	keep          bool
+	replica       bool
 }
 
-var allFaults = []string{"db-crash", "kill", "partition", "loss", "latency", "link-down"}
+var allFaults = []string{"db-crash", "kill", "partition", "loss", "latency", "link-down", "failover"}
 
 func main() {
 	var o options
@@ -88,11 +89,15 @@ func main() {
 	flag.Float64Var(&o.loss, "loss", 0.1, "the loss fault's share of packets dropped each way")
 	flag.DurationVar(&o.partition, "partition", 8*time.Second, "how long a partition lasts (past the lease by default)")
 	flag.DurationVar(&o.hold, "hold", 12*time.Second, "how long loss, latency and a link down last")
-	flag.StringVar(&faults, "faults", strings.Join(allFaults, ","), "the schedule, applied in order and again from the start")
+	flag.StringVar(&faults, "faults", strings.Join(allFaults[:6], ","), "the schedule, applied in order and again from the start")
+	flag.BoolVar(&o.replica, "replica", false, "give each store's round a streaming replica (pg_basebackup -R) and end the schedule with a failover to it")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs, the cluster's files) for a look afterwards")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")
 	o.faults = strings.Split(faults, ",")
+	if o.replica && !slices.Contains(o.faults, "failover") {
+		o.faults = append(o.faults, "failover")
+	}
 	for _, f := range o.faults {
 		if !slices.Contains(allFaults, f) {
 			log.Fatalf("nemesis: unknown fault %q: want some of %s", f, strings.Join(allFaults, ","))
@@ -186,7 +191,7 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 		if ctx.Err() != nil {
 			break
 		}
-		f, err := runStore(ctx, cl, o, store, bin, dir, db, ns, per)
+		f, err := runStore(ctx, cl, o, store, bin, dir, &db, ns, per)
 		if err != nil {
 			return true, fmt.Errorf("store %s: %w", store, err)
 		}
@@ -197,10 +202,21 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 
 // runStore runs the load and the fault schedule on one store for d, heals
 // everything, lets the clients finish their keys, and checks the history.
-func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir string, db *cluster, ns *netns, d time.Duration) (bool, error) {
+func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir string, primary **cluster, ns *netns, d time.Duration) (bool, error) {
+	db := *primary
 	dbName := "nm_" + strings.ReplaceAll(store, "-", "_")
 	if err := db.admin(ctx, "postgres", "DROP DATABASE IF EXISTS "+dbName, "CREATE DATABASE "+dbName); err != nil {
 		return false, err
+	}
+	n := &nemesis{db: db, ns: ns, o: o, cl: cl}
+	if o.replica {
+		r, err := db.replicate(ctx, db.port+1)
+		if err != nil {
+			return false, err
+		}
+		n.replica = r
+		cl.add("replica on port "+strconv.Itoa(r.port), r.stop)
+		log.Printf("%s: streaming replica on port %d", store, r.port)
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
@@ -259,7 +275,7 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 	w := &workload{instances: all, clients: o.clients, keyTimeout: o.keyTimeout, run: strconv.Itoa(os.Getpid())}
 	load, endLoad := context.WithTimeout(ctx, d)
 	defer endLoad()
-	n := &nemesis{db: db, ns: ns, instances: all, proxies: proxies, o: o}
+	n.instances, n.proxies = all, proxies
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); n.schedule(load) }()
@@ -271,7 +287,16 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
-	state, err := readState(ctx, db, dbName, provider)
+	*primary = n.db // after a failover, the promoted replica
+	if n.replica != nil { // never promoted: the next round makes its own
+		if err := n.replica.stop(); err != nil {
+			return false, err
+		}
+		if err := os.RemoveAll(n.replica.data); err != nil {
+			return false, err
+		}
+	}
+	state, err := readState(ctx, n.db, dbName, provider)
 	if err != nil {
 		return false, err
 	}

@@ -12,7 +12,9 @@ import (
 // nemesis applies the fault schedule: each fault in turn, a quiet gap
 // between two, every fault undone before the next one starts.
 type nemesis struct {
-	db        *cluster
+	db        *cluster // the primary
+	replica   *cluster // a streaming replica of it, until a failover promotes it
+	cl        *cleanup
 	ns        *netns
 	instances []*instance
 	proxies   []*delayProxy
@@ -33,6 +35,9 @@ func (n *nemesis) schedule(ctx context.Context) {
 			return
 		}
 		f := n.o.faults[i%len(n.o.faults)]
+		if f == "failover" && n.replica == nil {
+			continue // promoted already: one failover per round
+		}
 		start := time.Now()
 		err := n.apply(ctx, f, i)
 		n.mu.Lock()
@@ -89,8 +94,34 @@ func (n *nemesis) apply(ctx context.Context, f string, i int) error {
 		return nil
 	case "link-down":
 		return n.ns.linkDown(ctx, n.o.hold)
+	case "failover":
+		return n.failover(bg)
 	}
 	return fmt.Errorf("unknown fault %q", f)
+}
+
+// failover crashes the primary, promotes the replica and points every
+// instance's proxy at it: connections open to the old primary are dead,
+// new ones reach the new primary. The old primary stays down. Without a
+// replica (none asked for, or already promoted) it does nothing.
+func (n *nemesis) failover(ctx context.Context) error {
+	if n.replica == nil {
+		return nil
+	}
+	if err := n.db.crash(ctx); err != nil {
+		return err
+	}
+	r := n.replica
+	if err := r.promote(ctx); err != nil {
+		return err
+	}
+	n.db, n.replica = r, nil
+	n.ns.dport = r.port
+	for _, p := range n.proxies {
+		p.retarget(fmt.Sprintf("%s:%d", n.ns.inner, r.port))
+	}
+	log.Printf("failover: the replica on port %d is the primary", r.port)
+	return nil
 }
 
 // healAll makes sure nothing of the schedule is left in force: no drop

@@ -14,8 +14,8 @@ import (
 // netem's delay, which this kernel lacks.
 type delayProxy struct {
 	ln     net.Listener
-	target string
-	delay  atomic.Int64 // nanoseconds, each way
+	target atomic.Pointer[string] // where new connections go
+	delay  atomic.Int64           // nanoseconds, each way
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -27,7 +27,8 @@ func newDelayProxy(target string) (*delayProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &delayProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &delayProxy{ln: ln, conns: map[net.Conn]struct{}{}}
+	p.retarget(target)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -36,6 +37,10 @@ func newDelayProxy(target string) (*delayProxy, error) {
 func (p *delayProxy) addr() string { return p.ln.Addr().String() }
 
 func (p *delayProxy) setDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// retarget sends new connections to target (a failover); the ones open
+// stay where they are.
+func (p *delayProxy) retarget(target string) { p.target.Store(&target) }
 
 func (p *delayProxy) accept() {
 	defer p.wg.Done()
@@ -67,7 +72,7 @@ func (p *delayProxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	// A bounded dial: a partition must not leave the proxy dialling for
 	// the kernel's two minutes.
-	upstream, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	upstream, err := net.DialTimeout("tcp", *p.target.Load(), 5*time.Second)
 	if err != nil {
 		client.Close()
 		return
