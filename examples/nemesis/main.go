@@ -20,6 +20,7 @@
 //
 //	cd examples && go run ./nemesis                    # about 5 minutes: pgx, then GORM on PostgreSQL
 //	go run ./nemesis -duration 40s -stores pgx         # a short round
+//	go run ./nemesis -replica                          # and a failover to a streaming replica
 package main
 
 import (
@@ -287,7 +288,7 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
-	*primary = n.db // after a failover, the promoted replica
+	*primary = n.db       // after a failover, the promoted replica
 	if n.replica != nil { // never promoted: the next round makes its own
 		if err := n.replica.stop(); err != nil {
 			return false, err
