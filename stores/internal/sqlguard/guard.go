@@ -126,17 +126,19 @@ type Verdict struct {
 // query: a batch sent as one simple-protocol string must be checked
 // joined, not only piece by piece.
 func TxControl(d Dialect, q string) (string, bool) {
+	// Only MySQL's SET and SET STATEMENT need more than a statement's
+	// first five words to classify it.
+	limit := 8
+	if d == MySQL {
+		limit = 0
+	}
+	var buf [8]token
 	for _, r := range d.Readings() {
-		words, found := "", false
-		statements(d, r, q, func(st []token) bool {
-			if k, _ := classify(d, st); k == refused {
-				words, found = firstWords(st), true
-				return false
+		sc := newScanner(d, r, q, buf[:], limit)
+		for sc.next() {
+			if k, _ := classify(d, sc.st); k == refused {
+				return firstWords(sc.st), true
 			}
-			return true
-		})
-		if found {
-			return words, true
 		}
 	}
 	return "", false
@@ -181,24 +183,26 @@ func ReadAll(d Dialect, q string) []Verdict {
 
 // Read decides q under one reading r of d.
 func Read(d Dialect, r Reading, q string) Verdict {
-	var v Verdict
-	n := 0
-	statements(d, r, q, func(st []token) bool {
+	var (
+		v   Verdict
+		n   int
+		buf [32]token
+	)
+	sc := newScanner(d, r, q, buf[:], 0)
+	for sc.next() {
 		n++
-		if dirties(d, st) {
+		if dirties(d, sc.st) {
 			v.Dirty = true
 		}
-		kind, name := classify(d, st)
+		kind, name := classify(d, sc.st)
 		switch kind {
 		case refused:
-			v = Verdict{Refused: refusal(d, st), Dirty: v.Dirty}
-			return false
+			return Verdict{Refused: refusal(d, sc.st), Dirty: v.Dirty}
 		case Savepoint, RollbackTo, Release:
 			v.Ops = append(v.Ops, SavepointOp{Kind: kind, Name: name})
 		}
-		return true
-	})
-	v.Single = v.Refused == "" && n <= 1
+	}
+	v.Single = n <= 1
 	return v
 }
 

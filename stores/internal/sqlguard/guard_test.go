@@ -198,3 +198,20 @@ func TestDialectString(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTxControl is what the pgx handle pays per statement a handler
+// sends: a typical single INSERT, and a text with literals and comments.
+func BenchmarkTxControl(b *testing.B) {
+	for name, q := range map[string]string{
+		"insert":  "INSERT INTO payments (id, account, amount, currency, description) VALUES ($1, $2, $3, $4, $5)",
+		"literal": "SELECT 'a;b', $$COMMIT$$ /* ; */ FROM t WHERE x = E'\\'' -- c\n AND y = 1",
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, q); bad {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}

@@ -49,41 +49,47 @@ type lexer struct {
 	exec int  // MySQL: depth of /*! … */ comments, whose content the server runs
 }
 
-// statements calls fn with the tokens of every non-empty statement of q
-// under reading r, in order, until fn returns false; fn must not keep the
-// slice. It reports whether q ended inside a literal or comment (the
-// server then runs nothing, reporting a syntax error; the statements
-// before are reported all the same).
-func statements(d Dialect, r Reading, q string, fn func(st []token) bool) (open bool) {
-	l := lexer{d: d, r: r, s: q}
-	var buf [16]token
-	st := buf[:0]
-	for {
-		t, ok := l.next()
-		if !ok {
-			if len(st) > 0 {
-				fn(st)
+// scanner yields the statements of a query under one reading, each as
+// its tokens (white space and comments dropped), empty statements
+// skipped. It keeps at most limit tokens of a statement (all when limit is
+// 0), in the buffer it was given, so that a caller that only needs the
+// first words allocates nothing.
+type scanner struct {
+	l     lexer
+	st    []token
+	limit int
+	done  bool
+}
+
+func newScanner(d Dialect, r Reading, q string, buf []token, limit int) scanner {
+	return scanner{l: lexer{d: d, r: r, s: q}, st: buf[:0], limit: limit}
+}
+
+// next advances to the next non-empty statement, whose tokens are then in
+// s.st until the next call, and reports false after the last one.
+func (s *scanner) next() bool {
+	s.st = s.st[:0]
+	for !s.done {
+		t, ok := s.l.next()
+		switch {
+		case !ok:
+			s.done = true
+		case t.kind == 0: // white space or a comment
+		case t.kind == tokOther && t.text == ";":
+			if len(s.st) > 0 {
+				return true
 			}
-			return l.open
-		}
-		switch t.kind {
-		case 0: // white space or a comment
-		case tokOther:
-			if t.text == ";" {
-				if len(st) > 0 {
-					if !fn(st) {
-						return l.open
-					}
-					st = st[:0]
-				}
-				continue
-			}
-			st = append(st, t)
-		default:
-			st = append(st, t)
+		case s.limit == 0 || len(s.st) < s.limit:
+			s.st = append(s.st, t)
 		}
 	}
+	return len(s.st) > 0
 }
+
+// open reports, once next returned false, whether the query ended inside
+// a literal or comment (the server then runs nothing, reporting a syntax
+// error; the statements before are reported all the same).
+func (s *scanner) open() bool { return s.l.open }
 
 func isSpace(c byte) bool {
 	// PostgreSQL 16 added \v; older servers reject it outside literals, so
