@@ -23,8 +23,11 @@
 //     then a SELECT of the row with its own snapshot. Two plain statements
 //     cost the server fewer instructions than one statement that does both
 //     (a CTE with UNION ALL and an anti-join, initialised on every run),
-//     for first requests and replays alike, in the same round trip. A
-//     client without pipelining sends them in one transaction instead.
+//     for first requests and replays alike, in the same round trip. They
+//     need a pipeline to cost one round trip: pgx's (a database/sql store
+//     on pgx's stdlib reaches it through the connection's Raw), or any
+//     driver's that sends several extended-protocol statements before one
+//     Sync.
 //   - The handler's transaction begins with Statements.BeginQuery, one
 //     simple-protocol query that sets the lease marker (LeaseSetting), the
 //     WAL position a Sync waits for (SyncSetting) and the dead-peer bounds

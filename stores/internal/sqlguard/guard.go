@@ -24,8 +24,19 @@
 // refuses; a store that can ask its session which reading holds uses Read
 // and Agreed, as Inspect's documentation shows.
 //
-// The package imports no driver: the PostgreSQL store on pgx and the
-// database/sql store both use it, and prove it against their servers.
+// How a store uses it: before it sends any text a handler gave its handle
+// (Exec, Query, Prepare, each text of a batch, and a batch's texts joined
+// as the driver would join them into one simple-protocol query), it asks
+// the guard. A store that tracks nothing else refuses on TxControl, as the
+// pgx store does. A store that tracks savepoints, to let a failed
+// statement be rolled back to one, follows Inspect's Verdict.Ops after the
+// statement succeeded, and closes a connection instead of pooling it once
+// a Verdict was Dirty.
+//
+// The package imports no driver. Package guardtest holds its case table
+// and the random texts a store's differential test sends to a real server
+// (the pgx store's TestSQLGuardAgreesWithServer is one): whenever the
+// server ended the transaction on a text, the guard must have refused it.
 package sqlguard
 
 import (
