@@ -14,7 +14,7 @@ func ClaimSQL(s *Store) string { return s.sql.Claim }
 // ClaimReruns reports how often Claim ran its statement again.
 func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
 
-// TxControlStatement exposes the lexer's verdict to the external tests.
+// TxControlStatement exposes the SQL guard's verdict to the external tests.
 func TxControlStatement(sql string) (string, bool) { return txControl(sql) }
 
 // ClaimPrelude exposes the statement that goes before the claim, in the
