@@ -124,21 +124,21 @@ func DeadPeerFor(statementTimeout time.Duration) DeadPeer {
 // that stopped answering.
 func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * time.Millisecond }
 
-// LeaseSetting is the transaction-local setting BeginTx puts a random
-// marker into. Settle checks it in the same transaction: a different value
-// means the transaction BeginTx began has ended and another one began
+// LeaseSetting is the transaction-local setting BeginQuery puts a random
+// marker into. SettleCheck checks it in the same transaction: a different value
+// means the transaction BeginQuery began has ended and another one began
 // (COMMIT; BEGIN by a route the handle does not see: the connection a
 // QueryRewriter is given, a statement the SQL guard misreads), so its work may
 // have committed without the outcome.
 const LeaseSetting = "idem.lease"
 
 // TxEndedMarker is in the error the settle's first statement raises when
-// the marker is not the one BeginTx set.
+// the marker is not the one BeginQuery set.
 const TxEndedMarker = "idempgx transaction ended"
 
-// SyncSetting is the transaction-local setting BeginTx puts the WAL insert
+// SyncSetting is the transaction-local setting BeginQuery puts the WAL insert
 // position into when the transaction begins: past the claim's commit
-// record, which committed before BeginTx was called, and before anything
+// record, which committed before the transaction began, and before anything
 // the handler writes. Sync waits for the WAL to be flushed up to it.
 const SyncSetting = "idem.sync_lsn"
 
@@ -190,7 +190,7 @@ func New(t Table, o Options) Statements {
 	// here, in the first statement on the transaction's connection after
 	// the claim returned: later, the handler's own writes would be past it,
 	// and those are not flushed before some commit follows them (see
-	// storeTx.Sync).
+	// SyncSQL).
 	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
 set local tcp_keepalives_idle = %d;
 set local tcp_keepalives_interval = %d;
@@ -211,7 +211,7 @@ set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, Lease
 	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
 	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
 		pins, DurableCommit, LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
-	// The claim, two statements pipelined behind claimPrelude in one
+	// The claim, two statements pipelined behind ClaimPrelude in one
 	// implicit transaction. The INSERT either inserts the caller's row
 	// (rows affected 1) or finds the conflicting row and does nothing: no
 	// row lock, no transaction id, no WAL, which is what makes a replay
@@ -225,7 +225,7 @@ set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, Lease
 	// every run; bench/pgbench/callgrind.sh).
 	//
 	// The claim's own commit does not wait for its WAL to reach disk (it
-	// runs behind claimPrelude), so that a first request waits for one
+	// runs behind ClaimPrelude), so that a first request waits for one
 	// disk flush, the settle's, instead of two. Until the WAL writer
 	// flushes it (within wal_writer_delay, 200 ms by default) or a
 	// synchronous commit does, a database crash can take the claim back,
@@ -234,13 +234,13 @@ set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, Lease
 	// so without Config.Reconcile. What the handler did in the database
 	// went with the crash too (its transaction had not committed), and so
 	// did any nonce a downstream key was made of: idem.DownstreamKey waits
-	// for the claim to be durable first (storeTx.Sync). But an effect
+	// for the claim to be durable first (SyncSQL). But an effect
 	// outside the database that does not go through DownstreamKey (an
 	// email, a call to a provider without an idempotency key) may have
 	// happened, and the retry does it again. Applications with such
 	// effects set Config.DurableClaims (or Call.DurableClaim), which runs
-	// the claim behind durablePrelude: its commit waits for the flush. The
-	// settle commits durably (see settleCheck), which flushes the WAL up to
+	// the claim behind DurablePrelude: its commit waits for the flush. The
+	// settle commits durably (see SettleCheck), which flushes the WAL up to
 	// and including the claim. A replay assigns no transaction id, so it
 	// has nothing to flush either way.
 	s.Claim = fmt.Sprintf(`INSERT INTO %s (principal, key, fingerprint, state, lease_token, request_id, nonce,
