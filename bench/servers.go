@@ -31,6 +31,7 @@ import (
 
 	idemhttp "github.com/idemgo/idem/adapters/nethttp"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
@@ -233,7 +234,7 @@ func newGormServer(ctx context.Context, db *gorm.DB, keys, payments string) (htt
 
 // migratingStore is a Store that creates its own table.
 type migratingStore interface {
-	idem.Store
+	idemstore.Store
 	Migrate(ctx context.Context) error
 }
 

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 )
@@ -47,7 +47,7 @@ func undoingBackend(newBackend storetest.NewBackend) storetest.NewBackend {
 }
 
 type undoingStore struct {
-	idem.Store
+	idemstore.Store
 	mu      sync.Mutex
 	effects map[string]int // kept business writes per id
 }
@@ -56,7 +56,7 @@ type attemptKey struct{}
 
 // attempt is one attempt's business writes, pending its outcome.
 type attempt struct {
-	idem.Tx
+	idemstore.Tx
 	s        *undoingStore
 	mu       sync.Mutex
 	pending  []string
@@ -65,7 +65,7 @@ type attempt struct {
 
 var errPoisoned = errors.New("conformance: the handler's own commit failed (PoisonTx)")
 
-func (s *undoingStore) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+func (s *undoingStore) BeginTx(ctx context.Context, lease idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	ctx, tx, err := s.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return ctx, tx, err
@@ -75,7 +75,7 @@ func (s *undoingStore) BeginTx(ctx context.Context, lease idem.Lease) (context.C
 }
 
 // Settle stores the outcome in Redis, then keeps the attempt's writes.
-func (a *attempt) Settle(ctx context.Context, out idem.Outcome) error {
+func (a *attempt) Settle(ctx context.Context, out idemstore.Outcome) error {
 	a.mu.Lock()
 	poisoned, pending := a.poisoned, a.pending
 	a.pending = nil

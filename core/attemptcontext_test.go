@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -57,7 +58,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 	if ac, ok := idem.AttemptContext(stored); !ok || ac != att.Context() {
 		t.Fatalf("AttemptContext = %v, %v; want the attempt's context", ac, ok)
 	}
-	if l, ok := idem.LeaseFrom(stored); !ok || l != att.Lease() {
+	if l, ok := idemadapter.LeaseFrom(stored); !ok || l != att.Lease() {
 		t.Fatalf("LeaseFrom = %+v, %v; want %+v", l, ok, att.Lease())
 	}
 	if got, err := idem.DownstreamKey(stored, "charge"); err != nil || got != want {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemgo/idem/core/idemstore"
 	"sync"
 	"time"
 )
@@ -22,7 +23,7 @@ var ErrTooManyInFlight = errors.New("idem: too many requests in flight for this 
 // claimBounded runs Store.Claim bounded by StoreTimeout, on a's claim context: a
 // claim waiting for a pool connection gives up after StoreTimeout rather
 // than queue for as long as the client waits.
-func (e *Engine) claimBounded(ctx context.Context, a *Attempt, req ClaimRequest) (ClaimResult, error) {
+func (e *Engine) claimBounded(ctx context.Context, a *Attempt, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	a.cctx.init(ctx, time.Now().Add(e.cfg.StoreTimeout))
 	defer a.cctx.cancel()
 	res, err := e.cfg.Store.Claim(&a.cctx, req)
@@ -39,7 +40,7 @@ func (e *Engine) claimBounded(ctx context.Context, a *Attempt, req ClaimRequest)
 // is stopped as soon as BeginTx returns; a transaction begun just as the
 // timer fired is rolled back. The handler's context then behaves as ctx.
 // a.endBegin, called when the attempt ends, releases it.
-func (e *Engine) beginTx(ctx context.Context, a *Attempt) (context.Context, Tx, error) {
+func (e *Engine) beginTx(ctx context.Context, a *Attempt) (context.Context, idemstore.Tx, error) {
 	bctx, cancel := context.WithCancelCause(ctx)
 	timer := time.AfterFunc(e.cfg.StoreTimeout, func() { cancel(ErrStoreTimeout) })
 	txCtx, tx, err := e.cfg.Store.BeginTx(bctx, a.lease)

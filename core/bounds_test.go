@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -16,19 +17,19 @@ import (
 // poolStore plays a store whose pool is exhausted: Claim, BeginTx, or both
 // wait for a connection until their context ends.
 type poolStore struct {
-	idem.Store
+	idemstore.Store
 	blockClaim, blockBegin bool
 }
 
-func (s poolStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s poolStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	if s.blockClaim {
 		<-ctx.Done()
-		return idem.ClaimResult{}, ctx.Err()
+		return idemstore.ClaimResult{}, ctx.Err()
 	}
 	return s.Store.Claim(ctx, req)
 }
 
-func (s poolStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s poolStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	if s.blockBegin {
 		<-ctx.Done()
 		return ctx, nil, ctx.Err()
@@ -132,7 +133,7 @@ func TestMaxInFlightPerPrincipal(t *testing.T) {
 	if !jsonHasType(resp.Body, idem.ProblemTooManyInFlight) || ev.Outcome != idem.OutcomeInFlightLimited {
 		t.Fatalf("body %s outcome %s", resp.Body, ev.Outcome)
 	}
-	if _, err := mem.Get(ctx, "alice", "k3"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := mem.Get(ctx, "alice", "k3"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("a limited request claimed its key: %v", err)
 	}
 	b, _ := e.Begin(ctx, request("bob", "k1"))

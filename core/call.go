@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"github.com/idemgo/idem/core/idemstore"
 	"time"
 )
 
@@ -19,7 +20,7 @@ type Call struct {
 	// and the error goes into the Event and the log.
 	PrincipalErr error
 	// Key is the idempotency key as the caller received it, validated as
-	// the HTTP header is (ParseKey, Config.MaxKeyLength). Empty means
+	// the HTTP header is (Config.MaxKeyLength). Empty means
 	// missing: refused with ProblemKeyMissing unless Config.KeyOptional,
 	// when fn runs without idempotency.
 	Key string
@@ -70,8 +71,10 @@ type CallResult struct {
 	// once the outcome is stored (by this attempt or an earlier one), ""
 	// when it was released (the key is free: a retry runs fn again) or
 	// when no key was given and Config.KeyOptional let fn run without one.
-	State State
-	// Outcome is the call's label, as in its Event.
+	State idemstore.
+		// Outcome is the call's label, as in its Event.
+		State
+
 	Outcome OutcomeLabel
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -60,12 +61,12 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 	})})
 	var effects atomic.Int64
 	first, err := e.Do(context.Background(), call("k1", `{"amount":1,"currency":"EUR"}`), effectFn(&effects, 201, "pay_1"))
-	if err != nil || first.Replayed || first.State != idem.StateCompleted || first.Outcome != idem.OutcomeClaimed || string(first.Body) != "pay_1" {
+	if err != nil || first.Replayed || first.State != idemstore.StateCompleted || first.Outcome != idem.OutcomeClaimed || string(first.Body) != "pay_1" {
 		t.Fatalf("first = %+v, %v", first, err)
 	}
 	// The same input in another member order and spacing is the same call.
 	again, err := e.Do(context.Background(), call("k1", `{ "currency":"EUR", "amount":1 }`), effectFn(&effects, 201, "pay_2"))
-	if err != nil || !again.Replayed || again.State != idem.StateCompleted || string(again.Body) != "pay_1" || again.Status != 201 {
+	if err != nil || !again.Replayed || again.State != idemstore.StateCompleted || string(again.Body) != "pay_1" || again.Status != 201 {
 		t.Fatalf("retry = %+v, %v", again, err)
 	}
 	// The call's header is stored as fn returned it, with no HTTP
@@ -202,7 +203,7 @@ func TestDoReleasesTransientOutcomes(t *testing.T) {
 		return effectFn(&effects, 0, "done")(ctx)
 	})
 	// Status 0 under Config.Classify is 200, and stored as 200.
-	if err != nil || res.State != idem.StateCompleted || res.Status != 200 || runs.Load() != 4 || effects.Load() != 1 {
+	if err != nil || res.State != idemstore.StateCompleted || res.Status != 200 || runs.Load() != 4 || effects.Load() != 1 {
 		t.Fatalf("retry: %+v, %v, runs %d, effects %d", res, err, runs.Load(), effects.Load())
 	}
 	again, _ := e.Do(context.Background(), call("k", "{}"), effectFn(&effects, 200, "x"))
@@ -231,7 +232,7 @@ func TestDoCallClassifier(t *testing.T) {
 	c := call("ok", "{}")
 	c.Classify = grpcLike
 	res, err := e.Do(context.Background(), c, effectFn(&effects, 0, "reply"))
-	if err != nil || res.State != idem.StateCompleted || res.Status != 0 {
+	if err != nil || res.State != idemstore.StateCompleted || res.Status != 0 {
 		t.Fatalf("code 0: %+v, %v", res, err)
 	}
 	res, _ = e.Do(context.Background(), c, effectFn(&effects, 0, "other"))
@@ -240,11 +241,11 @@ func TestDoCallClassifier(t *testing.T) {
 	}
 	c.Key = "invalid"
 	res, err = e.Do(context.Background(), c, effectFn(&effects, 3, "bad input"))
-	if err != nil || res.State != idem.StateFailed {
+	if err != nil || res.State != idemstore.StateFailed {
 		t.Fatalf("code 3: %+v, %v", res, err)
 	}
 	res, _ = e.Do(context.Background(), c, effectFn(&effects, 0, "other"))
-	if !res.Replayed || res.State != idem.StateFailed || res.Status != 3 {
+	if !res.Replayed || res.State != idemstore.StateFailed || res.Status != 3 {
 		t.Fatalf("code 3 replay: %+v", res)
 	}
 	c.Key = "unavailable"
@@ -329,12 +330,12 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 	k1 := <-inside
 	clk.Add(4 * time.Second) // the holder looks dead: its lease expired
 	res, err := e.Do(context.Background(), c, effectFn(&effects, 0, "never"))
-	if err != nil || res.Outcome != idem.OutcomeStaleReclaimed || string(res.Body) != "from provider" || res.State != idem.StateCompleted || res.Status != 0 {
+	if err != nil || res.Outcome != idem.OutcomeStaleReclaimed || string(res.Body) != "from provider" || res.State != idemstore.StateCompleted || res.Status != 0 {
 		t.Fatalf("takeover: %+v, %v", res, err)
 	}
 	close(resume)
 	var ce *idem.CallError
-	if err := <-done; !errors.As(err, &ce) || ce.Problem != idem.ProblemLeaseLost || !errors.Is(err, idem.ErrLeaseLost) {
+	if err := <-done; !errors.As(err, &ce) || ce.Problem != idem.ProblemLeaseLost || !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("old holder: %v, want lease lost", err)
 	}
 	if effects.Load() != 0 || reconciled.Load() != 1 || len(k1) != 64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemgo/idem/core/idemstore"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -121,17 +122,19 @@ type Reconciler func(ctx context.Context, stale Record) (*Response, error)
 // New rejects inconsistent values.
 type Config struct {
 	// Store keeps the records. Required.
-	Store Store
+	Store idemstore.
 
-	// FingerprintKey is the secret the request fingerprints are MACed with
-	// (HMAC-SHA-256, see Fingerprint): at least MinFingerprintKeyBytes
-	// random bytes, such as `openssl rand -hex 32` read from a secret
-	// store. Required: there is no default and no unkeyed mode, because an
-	// unkeyed fingerprint gives a stored request's small fields (an amount,
-	// a CVV) back to anyone who can read the table, and a key generated at
-	// start-up would differ between instances and restarts, so every retry
-	// that reached another instance would get 422. Every instance sharing
-	// a store needs the same key.
+		// FingerprintKey is the secret the request fingerprints are MACed with
+		// (HMAC-SHA-256, see idemadapter.Fingerprint): at least MinFingerprintKeyBytes
+		// random bytes, such as `openssl rand -hex 32` read from a secret
+		// store. Required: there is no default and no unkeyed mode, because an
+		// unkeyed fingerprint gives a stored request's small fields (an amount,
+		// a CVV) back to anyone who can read the table, and a key generated at
+		// start-up would differ between instances and restarts, so every retry
+		// that reached another instance would get 422. Every instance sharing
+		// a store needs the same key.
+		Store
+
 	FingerprintKey []byte
 	// PreviousFingerprintKeys are keys FingerprintKey replaced. A record
 	// fingerprinted under one of them still matches the same request (its
@@ -272,7 +275,7 @@ type Config struct {
 	// use the store's clock.
 	Clock func() time.Time
 	// SkipStoreCheck keeps New from calling the store's Check (see
-	// Checker): New then never touches the store, and a store without its
+	// idemstore.Checker): New then never touches the store, and a store without its
 	// table fails at the first request instead, with 500
 	// store-misconfigured. Set it when the application checks the store
 	// itself, or when New runs where the store must not be reached (a
@@ -335,8 +338,8 @@ func (c *Config) validate() error {
 	for i, k := range c.PreviousFingerprintKeys {
 		check(len(k) >= MinFingerprintKeyBytes, "PreviousFingerprintKeys[%d] must be at least %d bytes, got %d", i, MinFingerprintKeyBytes, len(k))
 	}
-	check(c.MaxKeyLength > 0 && c.MaxKeyLength <= MaxKeyLengthLimit,
-		"MaxKeyLength must be 1 to %d (what every store's index holds), got %d", MaxKeyLengthLimit, c.MaxKeyLength)
+	check(c.MaxKeyLength > 0 && c.MaxKeyLength <= idemstore.MaxKeyLengthLimit,
+		"MaxKeyLength must be 1 to %d (what every store's index holds), got %d", idemstore.MaxKeyLengthLimit, c.MaxKeyLength)
 	check(c.MaxBodyBytes > 0, "MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)
 	check(c.MaxResponseBytes > 0, "MaxResponseBytes must be positive, got %d", c.MaxResponseBytes)
 	check(c.RequestTimeout > 0, "RequestTimeout must be positive, got %v", c.RequestTimeout)
@@ -360,11 +363,11 @@ func (c *Config) validate() error {
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 }
 
-// checkStore asks the store to check itself (see Checker), unless
+// checkStore asks the store to check itself (see idemstore.Checker), unless
 // SkipStoreCheck is set. Only a misconfiguration is an error: anything
 // else is logged at Warn.
 func (c *Config) checkStore() error {
-	ch, ok := c.Store.(Checker)
+	ch, ok := c.Store.(idemstore.Checker)
 	if c.SkipStoreCheck || !ok {
 		return nil
 	}

@@ -14,7 +14,7 @@
 //     idemgorm.New(db) for GORM (PostgreSQL, MySQL/MariaDB, SQLite), or
 //     memstore.New() for tests. Create its table with the store's Migrate.
 //  2. One [Engine], built once with [New] from a [Config]. New validates
-//     the Config and asks the store to check itself ([Checker]), so a
+//     the Config and asks the store to check itself, so a
 //     misconfiguration or a store that was never migrated fails at
 //     start-up, not on the first request.
 //  3. The middleware of your framework's adapter (idemhttp, idemgin,
@@ -73,24 +73,11 @@
 // The HTTP middleware is Do's first caller: Begin and Finish are its steps
 // rendered as HTTP.
 //
-// # For adapter and store authors
+// # Writing a store or an adapter
 //
-// The rest of the package is the contract between the engine and the
-// adapters and stores; applications do not call it.
-//
-// An adapter turns its framework's request into a [Request], calls
-// [Engine.Begin], runs the handler with the [Attempt]'s context and body
-// while buffering its response (see [ResponseBuffer]), and hands the
-// [Result] to [Attempt.Finish], whose [Response] it writes. Adapters built
-// on net/http use [Engine.HandleHTTP], which does all of that. Package
-// adaptertest is the suite every adapter passes.
-//
-// A store implements [Store] and [Tx] (claim, begin, settle, release, get,
-// purge, list stale), returns [ErrLeaseLost], [ErrNotFound], and wraps its
-// errors with [WrapStoreError] so that [ErrTransient] and [ErrMisconfigured]
-// are recognised. Its handler handle refuses to end the transaction
-// ([ErrTxOwned]) and reports a transaction that ended anyway ([ErrTxEnded]).
-// It keeps headers with [EncodeHeader]. Package storetest is the suite every
-// store passes, hostile handlers included; docs/stores.md says what a store
-// looks like.
+// What stores implement lives in package idemstore, with its contract;
+// what framework adapters are built on lives in package idemadapter. The
+// engine's own entry for adapters, [Engine.Begin] with its [Request],
+// [Attempt] and [Result], stays here because the engine implements it.
+// Applications use neither package.
 package idem

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 type attemptKey struct{}
@@ -16,7 +17,7 @@ type attemptKey struct{}
 // request's values through: gin's *gin.Context answers Value for a string
 // key from its own keys (c.Set), and for any other key only when the Gin
 // engine's ContextWithFallback is set. With it, the stores' accessors
-// (idempgx.Tx, idemgorm.DB, idemredis.Tx, memstore.TxFrom), LeaseFrom and
+// (idempgx.Tx, idemgorm.DB, idemredis.Tx, memstore.Tx), idemadapter.LeaseFrom and
 // DownstreamKey find the attempt whichever context the handler passes: the
 // request's, or the framework's own.
 const ContextKey = "github.com/idemgo/idem/core.AttemptContext"
@@ -53,11 +54,11 @@ func attemptOf(ctx context.Context) (*Attempt, bool) {
 	return a, a != nil
 }
 
-// LeaseFrom returns the lease of the attempt running with ctx, if any.
-func LeaseFrom(ctx context.Context) (Lease, bool) {
+// leaseFrom is idemadapter.LeaseFrom: it returns the lease of the attempt running with ctx, if any.
+func leaseFrom(ctx context.Context) (idemstore.Lease, bool) {
 	a, ok := attemptOf(ctx)
 	if !ok {
-		return Lease{}, false
+		return idemstore.Lease{}, false
 	}
 	return a.lease, true
 }
@@ -128,7 +129,7 @@ func DownstreamKeyOf(principal, key, nonce, step string) string {
 // syncNonce makes the attempt's claim durable, once, when its Tx is a
 // Syncer and the claim was not durable already (see DownstreamKey).
 func (a *Attempt) syncNonce(ctx context.Context) error {
-	s, ok := a.tx.(Syncer)
+	s, ok := a.tx.(idemstore.Syncer)
 	if !ok || a.durable {
 		return nil
 	}

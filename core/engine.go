@@ -14,13 +14,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/core/internal/hooks"
 	"github.com/idemgo/idem/core/internal/jsoncanon"
+	"github.com/idemgo/idem/core/internal/wire"
 )
 
-// Engine runs the idempotency state machine for one configuration. Adapters
-// translate their framework's request into a Request, call Begin, run the
-// handler with the Attempt's context while buffering its response, and
-// call Finish. An Engine is safe for concurrent use.
+// Engine runs the idempotency state machine for one configuration. An
+// application builds one with New and hands it to its framework adapter's
+// middleware, the Sweeper and Engine.Do. An Engine is safe for concurrent
+// use.
 type Engine struct {
 	cfg         Config
 	stored      map[string]bool   // canonical header names in the allow-list
@@ -91,7 +94,10 @@ func (e *Engine) Config() Config {
 	return c
 }
 
-// Request is the framework-neutral view of an incoming request.
+// Request is the framework-neutral view of an incoming request, what an
+// adapter hands Engine.Begin. It is part of the adapters' entry point (see
+// package idemadapter, whose HTTPRequest builds it from an *http.Request);
+// applications do not use it.
 type Request struct {
 	Method string
 	// Path is the request target: the escaped path and, if any, "?" and the
@@ -106,10 +112,10 @@ type Request struct {
 	Principal string
 	// PrincipalErr is the error the application's principal function
 	// returned, if any. Begin answers it like an empty Principal, 401, and
-	// records it in the Event's Err (see Adapter.Principal).
+	// records it in the Event's Err (see idemadapter.Adapter.Principal).
 	PrincipalErr error
 	// Key is the value of the idempotency key header, its field lines
-	// combined as KeyField combines them: "" only when the header is
+	// combined as idemadapter.KeyField combines them: "" only when the header is
 	// absent. A header present with an empty value must be passed as white
 	// space (" "), which Begin answers 400 key-invalid rather than running
 	// the handler without a key; several field lines become a list, which
@@ -126,7 +132,9 @@ type Request struct {
 	ContentLength int64
 }
 
-// Result is what the handler produced, as the adapter captured it.
+// Result is what the handler produced, as the adapter captured it and hands
+// Attempt.Finish (idemadapter.ResponseBuffer.Result builds it). Applications
+// do not use it.
 type Result struct {
 	Status int
 	Header http.Header
@@ -136,16 +144,18 @@ type Result struct {
 	// Body.
 	Err error
 	// Overflow is true when the handler wrote more than the buffer kept
-	// (see ResponseBuffer); the response is then too large to store.
+	// (see idemadapter.ResponseBuffer); the response is then too large to store.
 	Overflow bool
 	// Streamed is true when the handler flushed or streamed its response
-	// (ResponseBuffer.Flush, a body stream): it reached the client whole,
+	// (idemadapter.ResponseBuffer.Flush, a body stream): it reached the client whole,
 	// after the commit, which the engine logs once.
 	Streamed bool
 }
 
-// Begin authenticates, validates the key, fingerprints the body and claims
-// the key. It returns exactly one of:
+// Begin is the adapters' entry point: it authenticates, validates the key,
+// fingerprints the body and claims the key. Adapters built on net/http call
+// it through idemadapter.HandleHTTP; applications do not call it. It
+// returns exactly one of:
 //   - an Attempt: the caller holds the key and must run the handler with
 //     Attempt.Context and Attempt.Body, then call Attempt.Finish (and
 //     defer Attempt.Abort for panics);
@@ -161,7 +171,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 		Method: req.Method, Operation: req.Path, Principal: req.Principal, PrincipalErr: req.PrincipalErr,
 		Key: req.Key, Encoding: req.ContentType, RequestID: req.RequestID, Route: req.Route,
 	}
-	a, v, ev := e.start(ctx, &c, func() ([]byte, error) { return readBody(req.Body, e.cfg.MaxBodyBytes, req.ContentLength) })
+	a, v, ev := e.start(ctx, &c, func() ([]byte, error) { return wire.ReadBodyHint(req.Body, e.cfg.MaxBodyBytes, req.ContentLength) })
 	if a != nil {
 		return a, nil
 	}
@@ -184,10 +194,10 @@ func (e *Engine) Begin(ctx context.Context, req Request) (*Attempt, *Response) {
 // their protocol and emit the event with the status they sent.
 type verdict struct {
 	outcome    OutcomeLabel
-	problem    ProblemType // the library's answer, or "" when resp stands
-	retryAfter int         // seconds, with problem
-	resp       *Response   // when problem is ""
-	stored     State       // what the record holds after this call, "" when nothing
+	problem    ProblemType     // the library's answer, or "" when resp stands
+	retryAfter int             // seconds, with problem
+	resp       *Response       // when problem is ""
+	stored     idemstore.State // what the record holds after this call, "" when nothing
 	err        error
 	pass       bool // the key is optional and absent: run without idempotency
 }
@@ -232,7 +242,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		return nil, verdict{outcome: outcome, problem: problem, retryAfter: retryAfter, err: err}, ev
 	}
 
-	key, keyErr := ParseKey(c.Key, e.cfg.MaxKeyLength)
+	key, keyErr := parseKey(c.Key, e.cfg.MaxKeyLength)
 	if errors.Is(keyErr, ErrKeyMissing) && e.cfg.KeyOptional {
 		ev.Outcome, ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(start)
 		return nil, verdict{outcome: OutcomeNoKey, pass: true}, ev
@@ -271,14 +281,14 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	if read != nil {
 		var err error
 		if body, err = read(); err != nil {
-			if errors.Is(err, ErrBodyTooLarge) {
+			if errors.Is(err, wire.ErrBodyTooLarge) {
 				return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, err)
 			}
 			// The client sent a body it could not finish: nothing to claim.
 			return refuse(OutcomeBodyUnreadable, ProblemBodyUnreadable, 0, err)
 		}
 	} else if int64(len(body)) > e.cfg.MaxBodyBytes {
-		return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, ErrBodyTooLarge)
+		return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, wire.ErrBodyTooLarge)
 	}
 	// The attempt is allocated before the claim so the fingerprint can live
 	// in it: one allocation serves the claim and, if it wins, the run.
@@ -287,10 +297,10 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	fp := a.fingerprint[:]
 
 	token, nonce := newTokenAndNonce()
-	lease := Lease{Principal: c.Principal, Key: key, Token: token}
-	creq := ClaimRequest{
+	lease := idemstore.Lease{Principal: c.Principal, Key: key, Token: token}
+	creq := idemstore.ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
-		RequestID: BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
+		RequestID: idemstore.BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 		TakeOverUncertain: e.cfg.Reconcile != nil, Durable: e.cfg.DurableClaims || c.DurableClaim,
 	}
 	a.durable = creq.Durable
@@ -303,7 +313,7 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		// stale claim is taken over with the stored fingerprint, which the
 		// record then keeps.
 		fp = res.Record.Fingerprint
-		if res.Record.State == StateInProgress && !res.Now.Before(res.Record.LeaseExpiresAt) {
+		if res.Record.State == idemstore.StateInProgress && !res.Now.Before(res.Record.LeaseExpiresAt) {
 			creq.Fingerprint = fp
 			res, err = e.claim(ctx, a, creq, lease)
 		}
@@ -320,11 +330,11 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		switch {
 		case !bytes.Equal(rec.Fingerprint, a.fingerprint[:]) && !bytes.Equal(rec.Fingerprint, fp):
 			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
-		case rec.State == StateInProgress && rec.Uncertain && !res.Now.Before(rec.LeaseExpiresAt):
+		case rec.State == idemstore.StateInProgress && rec.Uncertain && !res.Now.Before(rec.LeaseExpiresAt):
 			// An attempt's work may have committed without its outcome,
 			// and no Reconcile is set to ask: never run it again.
 			return refuse(OutcomeUnknown, ProblemOutcomeUnknown, 0, ErrOutcomeUnknown)
-		case rec.State == StateInProgress || rec.Response == nil:
+		case rec.State == idemstore.StateInProgress || rec.Response == nil:
 			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
 		}
 		if e.cfg.AuthorizeReplay != nil {
@@ -387,8 +397,8 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 // whole lease; a claim that did not commit matches nothing. The lost claim
 // may have been a takeover that Reconcile must be asked about
 // (creq.TakeOverUncertain), so then it is kept (Store.Keep), not released.
-func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease Lease) (ClaimResult, error) {
-	var res ClaimResult
+func (e *Engine) claim(ctx context.Context, a *Attempt, creq idemstore.ClaimRequest, lease idemstore.Lease) (idemstore.ClaimResult, error) {
+	var res idemstore.ClaimResult
 	var err error
 	if a != nil {
 		res, err = e.claimBounded(ctx, a, creq)
@@ -403,7 +413,7 @@ func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease
 		if creq.TakeOverUncertain {
 			end = e.cfg.Store.Keep
 		}
-		if rerr := end(rctx, lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		if rerr := end(rctx, lease); rerr != nil && !errors.Is(rerr, idemstore.ErrLeaseLost) {
 			err = errors.Join(err, rerr)
 		}
 		cancel()
@@ -415,7 +425,7 @@ func (e *Engine) claim(ctx context.Context, a *Attempt, creq ClaimRequest, lease
 // under one of Config.PreviousFingerprintKeys. It recomputes the
 // fingerprint per key, which only a mismatch under the current key pays.
 func (e *Engine) previousKeyMatches(stored []byte, c *Call, body []byte) bool {
-	if len(stored) != FingerprintSize || stored[0] != FingerprintVersion {
+	if len(stored) != idemstore.FingerprintSize || stored[0] != hooks.FingerprintVersion {
 		return false
 	}
 	for _, k := range e.fpPrevious {
@@ -447,16 +457,17 @@ func newTokenAndNonce() (token, nonce string) {
 	return s[:32], s[32:]
 }
 
-// Attempt is one claimed execution of a handler. It owns the store's
-// transaction until Finish or Abort.
+// Attempt is one claimed execution of a handler, as Engine.Begin hands it to
+// an adapter. It owns the store's transaction until Finish or Abort.
+// Applications do not use it: their handlers see only its context.
 type Attempt struct {
 	e           *Engine
-	lease       Lease
+	lease       idemstore.Lease
 	nonce       string // the record's (Record.Nonce), for DownstreamKey
 	syncMu      sync.Mutex
 	synced      bool // the claim is durable (see syncNonce)
 	body        []byte
-	tx          Tx
+	tx          idemstore.Tx
 	ctx         context.Context // &hctx once the transaction has begun
 	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
 	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
@@ -464,14 +475,13 @@ type Attempt struct {
 	endBegin    func(error)     // releases beginTx's context (see Attempt.leave)
 	inFlight    bool            // holds its principal's in-flight slot
 	resp        Response        // the handler's response, as Finish returns it
-	reqBody     restoredBody    // the body handed back to net/http handlers
 	ev          Event
 	start       time.Time
 	reclaimed   bool
 	reconciled  bool // the result is Reconcile's answer, not a handler's (see mustKeep)
 	resolved    bool // Reconcile said the taken-over attempt had no effect (see mustKeep)
 	durable     bool // the claim was made durable (ClaimRequest.Durable): no sync needed
-	fingerprint [FingerprintSize]byte
+	fingerprint [idemstore.FingerprintSize]byte
 	// classifier is the call's own (Call.Classify); nil uses
 	// Config.Classify, with status 0 taken as 200.
 	classifier Classifier
@@ -493,7 +503,7 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 func (a *Attempt) Body() []byte { return a.body }
 
 // Lease returns the lease this attempt holds.
-func (a *Attempt) Lease() Lease { return a.lease }
+func (a *Attempt) Lease() idemstore.Lease { return a.lease }
 
 // Abort rolls the transaction back and releases the claim if Finish has not
 // run. Adapters defer it so that a panicking handler releases its key; the
@@ -598,16 +608,16 @@ func (a *Attempt) settle(res Result) verdict {
 		return done(OutcomeReleased, verdict{resp: handlerResp, err: res.Err})
 	}
 
-	state := StateCompleted
+	state := idemstore.StateCompleted
 	if disp == Fail {
-		state = StateFailed
+		state = idemstore.StateFailed
 	}
 	header := res.Header
 	if !a.call {
 		header = e.storedHeader(header)
 		// A stored value is replayed, perhaps by a server that writes
 		// values raw: one with CR or LF would split the replay.
-		if err := checkHeader(header); err != nil {
+		if err := wire.CheckHeader(header); err != nil {
 			err = fmt.Errorf("%w: %w", ErrResponseInvalid, err)
 			if ended := a.release(a.ctx, err); ended != nil {
 				return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
@@ -625,15 +635,15 @@ func (a *Attempt) settle(res Result) verdict {
 		}
 		return done(OutcomeStoreError, verdict{problem: ProblemCommitFailed, err: err})
 	}
-	out := Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: storedBody}}
+	out := idemstore.Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: storedBody}}
 	if err := a.tx.Settle(sctx, out); err != nil {
-		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, ErrTxEnded) && !errors.Is(err, ErrTxEnded) {
+		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, idemstore.ErrTxEnded) && !errors.Is(err, idemstore.ErrTxEnded) {
 			err = errors.Join(err, rerr)
 		}
 		switch {
-		case errors.Is(err, ErrLeaseLost):
+		case errors.Is(err, idemstore.ErrLeaseLost):
 			return done(OutcomeLeaseLost, verdict{problem: ProblemLeaseLost, retryAfter: 1, err: err})
-		case errors.Is(err, ErrTxEnded):
+		case errors.Is(err, idemstore.ErrTxEnded):
 			// Part of the handler's work may have committed without the
 			// outcome: releasing would let a retry run it again. The claim
 			// is kept for Reconcile or an operator.
@@ -670,7 +680,7 @@ func (a *Attempt) settle(res Result) verdict {
 func (a *Attempt) releaseAfterSettle(err error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.e.cfg.StoreTimeout)
 	defer cancel()
-	if rerr := a.e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+	if rerr := a.e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, idemstore.ErrLeaseLost) {
 		return errors.Join(err, rerr)
 	}
 	return err
@@ -716,12 +726,12 @@ func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 		defer a.hctx.cancel()
 	}
 	if a.tx != nil {
-		if err := a.tx.Rollback(sctx); errors.Is(err, ErrTxEnded) {
+		if err := a.tx.Rollback(sctx); errors.Is(err, idemstore.ErrTxEnded) {
 			a.ev.Err = errors.Join(cause, err, a.keepLease(sctx))
 			return err
 		}
 	}
-	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		a.ev.Err = errors.Join(cause, err)
 	}
 	return nil
@@ -744,7 +754,7 @@ func (a *Attempt) txEnded(err error) verdict {
 // store context (storeContext). Its error is for the Event: a Keep that
 // fails leaves the claim in progress under this lease, never released.
 func (a *Attempt) keepLease(ctx context.Context) error {
-	if err := a.e.cfg.Store.Keep(ctx, a.lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := a.e.cfg.Store.Keep(ctx, a.lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		return fmt.Errorf("keep: %w", err)
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -164,12 +166,12 @@ func TestSweeperPurgesExpired(t *testing.T) {
 	clk := newClock()
 	store := memstore.New(memstore.WithClock(clk.Now))
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
-		if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: k, Token: k, Lease: time.Second, Retention: time.Minute}); err != nil {
+		if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: k, Token: k, Lease: time.Second, Retention: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	clk.Add(30 * time.Second)
-	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: "live", Token: "t", Lease: 10 * time.Second, Retention: time.Hour}); err != nil {
+	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: "live", Token: "t", Lease: 10 * time.Second, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(31 * time.Second)
@@ -199,7 +201,7 @@ func TestSweeperGoesOnAfterAShortBatch(t *testing.T) {
 	clk := newClock()
 	store := memstore.New(memstore.WithClock(clk.Now))
 	for i := range 40 {
-		if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: fmt.Sprint(i), Token: "t", Lease: time.Second, Retention: time.Minute}); err != nil {
+		if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: fmt.Sprint(i), Token: "t", Lease: time.Second, Retention: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -278,9 +280,9 @@ func TestClassifiers(t *testing.T) {
 
 func TestResponseControllerCannotStream(t *testing.T) {
 	t.Parallel()
-	buf := idem.NewResponseBuffer(nil, 1024)
+	buf := idemadapter.NewResponseBuffer(nil, 1024)
 	_, _ = buf.Write([]byte("partial"))
-	if err := http.NewResponseController(buf).Flush(); !errors.Is(err, idem.ErrStreaming) {
+	if err := http.NewResponseController(buf).Flush(); !errors.Is(err, idemadapter.ErrStreaming) {
 		t.Fatalf("ResponseController.Flush on the buffer = %v, want ErrStreaming", err)
 	}
 	if _, _, err := http.NewResponseController(buf).Hijack(); err == nil {

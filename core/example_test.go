@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -226,7 +227,7 @@ func ExampleNewProblem() {
 // store (500, fix it).
 func ExampleWrapStoreError() {
 	missingTable := errors.New(`relation "idempotency_keys" does not exist`)
-	err := idem.WrapStoreError("idemexample", "claim", idem.ClassMisconfigured, missingTable)
+	err := idemstore.WrapStoreError("idemexample", "claim", idemstore.ClassMisconfigured, missingTable)
 	fmt.Println(errors.Is(err, idem.ErrMisconfigured), errors.Is(err, missingTable))
 	// Output: true true
 }
@@ -235,7 +236,7 @@ func ExampleWrapStoreError() {
 // contain.
 func ExampleEncodeHeader() {
 	h := http.Header{"Content-Type": {"application/json"}, "X-Odd": {"nul\x00and\xffbyte"}}
-	back, err := idem.DecodeHeader(idem.EncodeHeader(h))
+	back, err := idemstore.DecodeHeader(idemstore.EncodeHeader(h))
 	fmt.Printf("%q %v\n", back.Get("X-Odd"), err)
 	// Output: "nul\x00and\xffbyte" <nil>
 }

@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"testing"
+
+	"github.com/idemgo/idem/core/internal/hooks"
 )
 
 // TestFingerprintIsHMAC: the fingerprint is exactly crypto/hmac's
@@ -26,8 +28,8 @@ func TestFingerprintIsHMAC(t *testing.T) {
 		key[0] = 0xa5
 		m := hmac.New(sha256.New, key)
 		m.Write(msg)
-		want := m.Sum([]byte{FingerprintVersion})
-		got := Fingerprint(key, "POST", "/payments", "alice", "application/x-www-form-urlencoded", body, nil)
+		want := m.Sum([]byte{hooks.FingerprintVersion})
+		got := fingerprintOf(key, "POST", "/payments", "alice", "application/x-www-form-urlencoded", body, nil)
 		if !bytes.Equal(got, want) {
 			t.Errorf("key of %d bytes: fingerprint %x, want HMAC-SHA-256 %x", n, got, want)
 		}
@@ -51,7 +53,7 @@ func TestFingerprintKeyReuse(t *testing.T) {
 	for round := range 2 {
 		for i, b := range bodies {
 			got := k.fingerprint("POST", "/payments", "alice", b.ct, []byte(b.body), nil)
-			want := Fingerprint(key, "POST", "/payments", "alice", b.ct, []byte(b.body), nil)
+			want := fingerprintOf(key, "POST", "/payments", "alice", b.ct, []byte(b.body), nil)
 			if !bytes.Equal(got[:], want) {
 				t.Errorf("round %d, body %d: reused key gives %x, a fresh one %x", round, i, got, want)
 			}

@@ -12,11 +12,13 @@ import (
 	"github.com/gowebpki/jcs"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
 func fp(ct, body string, ignore ...string) string {
-	return string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", ct, []byte(body), ignore))
+	return string(idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", ct, []byte(body), ignore))
 }
 
 const jsonCT = "application/json"
@@ -70,24 +72,24 @@ func TestFingerprintDistinctRequests(t *testing.T) {
 		if tc.name == "JSON and raw never collide" {
 			ctB = jsonCT
 		}
-		if string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", tc.ct, []byte(tc.a), tc.ignore)) ==
-			string(idem.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", ctB, []byte(tc.b), tc.ignore)) {
+		if string(idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", tc.ct, []byte(tc.a), tc.ignore)) ==
+			string(idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/p", "u", ctB, []byte(tc.b), tc.ignore)) {
 			t.Errorf("%s: %s and %s share a fingerprint", tc.name, tc.a, tc.b)
 		}
 	}
-	base := idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", jsonCT, []byte(`{}`), nil)
+	base := idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "alice", jsonCT, []byte(`{}`), nil)
 	for name, other := range map[string][]byte{
-		"method":    idem.Fingerprint(storetest.FingerprintKey, "PUT", "/payments", "alice", jsonCT, []byte(`{}`), nil),
-		"path":      idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments?x=1", "alice", jsonCT, []byte(`{}`), nil),
-		"principal": idem.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "bob", jsonCT, []byte(`{}`), nil),
-		"boundary":  idem.Fingerprint(storetest.FingerprintKey, "POST", "/paymentsalic", "e", jsonCT, []byte(`{}`), nil),
+		"method":    idemadapter.Fingerprint(storetest.FingerprintKey, "PUT", "/payments", "alice", jsonCT, []byte(`{}`), nil),
+		"path":      idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/payments?x=1", "alice", jsonCT, []byte(`{}`), nil),
+		"principal": idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/payments", "bob", jsonCT, []byte(`{}`), nil),
+		"boundary":  idemadapter.Fingerprint(storetest.FingerprintKey, "POST", "/paymentsalic", "e", jsonCT, []byte(`{}`), nil),
 	} {
 		if bytes.Equal(base, other) {
 			t.Errorf("changing the %s kept the fingerprint", name)
 		}
 	}
-	if len(base) != idem.FingerprintSize {
-		t.Fatalf("fingerprint is %d bytes, want %d", len(base), idem.FingerprintSize)
+	if len(base) != idemstore.FingerprintSize {
+		t.Fatalf("fingerprint is %d bytes, want %d", len(base), idemstore.FingerprintSize)
 	}
 }
 
@@ -112,16 +114,16 @@ func TestCanonicalJSONRejectsLossyInput(t *testing.T) {
 
 func TestReadBody(t *testing.T) {
 	t.Parallel()
-	if b, err := idem.ReadBody(strings.NewReader("12345"), 5); err != nil || string(b) != "12345" {
+	if b, err := idemadapter.ReadBody(strings.NewReader("12345"), 5); err != nil || string(b) != "12345" {
 		t.Fatalf("body at the limit: %q, %v", b, err)
 	}
-	if _, err := idem.ReadBody(strings.NewReader("123456"), 5); !errors.Is(err, idem.ErrBodyTooLarge) {
+	if _, err := idemadapter.ReadBody(strings.NewReader("123456"), 5); !errors.Is(err, idemadapter.ErrBodyTooLarge) {
 		t.Fatalf("body past the limit: %v", err)
 	}
-	if _, err := idem.ReadBody(iotest.ErrReader(errors.New("reset")), 5); err == nil || errors.Is(err, idem.ErrBodyTooLarge) {
+	if _, err := idemadapter.ReadBody(iotest.ErrReader(errors.New("reset")), 5); err == nil || errors.Is(err, idemadapter.ErrBodyTooLarge) {
 		t.Fatalf("broken body: %v", err)
 	}
-	if b, err := idem.ReadBody(nil, 5); err != nil || b != nil {
+	if b, err := idemadapter.ReadBody(nil, 5); err != nil || b != nil {
 		t.Fatalf("nil body: %q %v", b, err)
 	}
 }
@@ -172,14 +174,14 @@ func FuzzFingerprint(f *testing.F) {
 	f.Add("POST", "/p", "", "text/plain", []byte("\x00\xff"))
 	f.Add("PUT", "/p?q=1", "bob", "application/json; charset=\"", []byte("{"))
 	f.Fuzz(func(t *testing.T, method, path, principal, ct string, body []byte) {
-		a := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, body, []string{"sent_at"})
-		b := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, bytes.Clone(body), []string{"sent_at"})
-		if len(a) != idem.FingerprintSize || a[0] != idem.FingerprintVersion || !bytes.Equal(a, b) {
+		a := idemadapter.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, body, []string{"sent_at"})
+		b := idemadapter.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, bytes.Clone(body), []string{"sent_at"})
+		if len(a) != idemstore.FingerprintSize || a[0] != idemadapter.FingerprintVersion || !bytes.Equal(a, b) {
 			t.Fatalf("fingerprint not deterministic: %x vs %x", a, b)
 		}
 		canon, err := idem.CanonicalJSON(body, nil)
 		if _, again := idem.CanonicalJSON(canon, nil); err == nil && again == nil && ct == "application/json" {
-			if c := idem.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, canon, []string{"sent_at"}); !bytes.Equal(a, c) {
+			if c := idemadapter.Fingerprint(storetest.FingerprintKey, method, path, principal, ct, canon, []string{"sent_at"}); !bytes.Equal(a, c) {
 				t.Fatalf("body %q and its canonical form %q fingerprint differently", body, canon)
 			}
 		}

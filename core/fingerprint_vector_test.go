@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"testing"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 )
 
 // TestFingerprintVectors pins the stored fingerprint bytes: a store keeps
@@ -37,7 +37,7 @@ func TestFingerprintVectors(t *testing.T) {
 		{"long key", "application/json", `{"amount":1000}`, key100, nil, "02f3db3d5215967e53de331abf62531fad0128384f01cb623b45c430b002744fef"},
 	}
 	for _, tc := range tests {
-		got := idem.Fingerprint(tc.key, "POST", "/payments?x=1", "acct_1", tc.ct, []byte(tc.body), tc.ignore)
+		got := idemadapter.Fingerprint(tc.key, "POST", "/payments?x=1", "acct_1", tc.ct, []byte(tc.body), tc.ignore)
 		if hex.EncodeToString(got) != tc.want {
 			t.Errorf("%s: fingerprint %x, want %s", tc.name, got, tc.want)
 		}

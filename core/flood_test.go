@@ -18,6 +18,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -74,7 +76,7 @@ func TestSlowBodyFloodHeap(t *testing.T) {
 	var reading atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reading.Add(1)
-		e.HandleHTTP(w, r, "alice", func(*http.Request, *idem.ResponseBuffer) error { return nil })
+		idemadapter.HandleHTTP(e, w, r, "alice", func(*http.Request, *idemadapter.ResponseBuffer) error { return nil })
 	}))
 	defer srv.Close()
 
@@ -120,7 +122,7 @@ func TestRequestIDFloodHeap(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.HandleHTTP(w, r, "alice", func(_ *http.Request, b *idem.ResponseBuffer) error {
+		idemadapter.HandleHTTP(e, w, r, "alice", func(_ *http.Request, b *idemadapter.ResponseBuffer) error {
 			b.WriteHeader(http.StatusCreated)
 			return nil
 		})
@@ -146,16 +148,16 @@ func TestRequestIDFloodHeap(t *testing.T) {
 	grown := int64(heapInUse()) - int64(heapBefore)
 	t.Logf("300 requests with a 933 KB request id: heap grew by %.1f MB, %d records", float64(grown)/1e6, store.Len())
 	rec, err := store.Get(context.Background(), "alice", "k0")
-	if err != nil && !errors.Is(err, idem.ErrNotFound) {
+	if err != nil && !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if len(rec.RequestID) > idem.MaxRequestIDLength {
+	if len(rec.RequestID) > idemstore.MaxRequestIDLength {
 		t.Fatalf("stored request id is %d bytes", len(rec.RequestID))
 	}
 	// The warning for a handler that never used the transaction logs the
 	// request id too: bounded like the stored one.
-	if n, lines := logged.len(); !logged.contains("request_id=") || n > lines*(idem.MaxRequestIDLength+1024) {
-		t.Fatalf("%d log lines of %d bytes, want each with a request id bounded to %d bytes", lines, n, idem.MaxRequestIDLength)
+	if n, lines := logged.len(); !logged.contains("request_id=") || n > lines*(idemstore.MaxRequestIDLength+1024) {
+		t.Fatalf("%d log lines of %d bytes, want each with a request id bounded to %d bytes", lines, n, idemstore.MaxRequestIDLength)
 	}
 	if grown > 32<<20 {
 		t.Fatalf("heap grew by %d bytes", grown)

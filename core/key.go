@@ -3,13 +3,12 @@ package idem
 import (
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // DefaultMaxKeyLength is the longest key accepted unless Config says otherwise.
 const DefaultMaxKeyLength = 255
 
-// Key parsing errors. ParseKey wraps them with the reason.
+// Key parsing errors. parseKey wraps them with the reason.
 var (
 	// ErrKeyMissing means the request carried no idempotency key.
 	ErrKeyMissing = errors.New("idem: idempotency key missing")
@@ -19,9 +18,9 @@ var (
 	ErrKeyInvalid = errors.New("idem: idempotency key invalid")
 )
 
-// ParseKey parses the value of an Idempotency-Key header. The field is one
+// parseKey parses the value of an Idempotency-Key header. The field is one
 // RFC 9651 Structured Field Item, a string ("abc", with \" and \\ escapes,
-// which may hold , and ; between the quotes: "a,b" is the key a,b); ParseKey
+// which may hold , and ; between the quotes: "a,b" is the key a,b); parseKey
 // also accepts the bare form (abc) that most clients send, naming the same
 // key. Optional white space around the value is ignored. The key must be 1
 // to maxLen visible ASCII characters (0x21–0x7E); maxLen <= 0 means
@@ -29,7 +28,7 @@ var (
 //
 // An ambiguous value is refused, so that no reading of it picks one key and
 // runs the request: a list ("a", "b" or a, b, which is also what several
-// field lines combine into, see KeyField), an Inner List (("a" "b")), or
+// field lines combine into, see idemadapter.KeyField), an Inner List (("a" "b")), or
 // parameters ("a";x=1, a;x). So a bare key cannot contain , or ; nor start
 // with (; send such a key quoted.
 //
@@ -38,7 +37,7 @@ var (
 // string "", returns an error wrapping ErrKeyInvalid with the reason: with
 // Config.KeyOptional, a blank key must not let the request run without
 // deduplication.
-func ParseKey(raw string, maxLen int) (string, error) {
+func parseKey(raw string, maxLen int) (string, error) {
 	if maxLen <= 0 {
 		maxLen = DefaultMaxKeyLength
 	}
@@ -154,28 +153,3 @@ func trimOWS(s string) string {
 	}
 	return s
 }
-
-// KeyField returns what an adapter passes as Request.Key (or Call.Key) for
-// the values of the key header as the request carried them, one per field
-// line (http.Header.Values, gRPC metadata's Get): "" when there is none;
-// the value itself when there is one, or " " when that value is empty, so
-// that a header sent empty is refused as blank, not read as missing; and
-// several joined with ", ", as RFC 9110 §5.3 combines field lines, into the
-// list that ParseKey refuses as ambiguous.
-func KeyField(lines []string) string {
-	switch len(lines) {
-	case 0:
-		return ""
-	case 1:
-		if lines[0] == "" {
-			return blankKey
-		}
-		return lines[0]
-	}
-	return strings.Join(lines, ", ")
-}
-
-// blankKey is Request.Key for a key header that is present with an empty
-// value (net/http drops the white space around a field value, so "   "
-// arrives as ""): ParseKey reads it as blank, not as missing.
-const blankKey = " "

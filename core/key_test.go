@@ -8,6 +8,7 @@ import (
 	"github.com/dunglas/httpsfv"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 )
 
 func TestParseKey(t *testing.T) {
@@ -114,7 +115,7 @@ func TestKeyField(t *testing.T) {
 		{lines: []string{"a", "b", "c"}, want: "a, b, c", wantErr: idem.ErrKeyInvalid},
 	}
 	for _, tc := range tests {
-		got := idem.KeyField(tc.lines)
+		got := idemadapter.KeyField(tc.lines)
 		if got != tc.want {
 			t.Errorf("KeyField(%q) = %q, want %q", tc.lines, got, tc.want)
 			continue
@@ -171,7 +172,7 @@ func FuzzParseKey(f *testing.F) {
 			}
 		}
 		for _, lines := range [][]string{{raw, raw}, {raw, "k"}, {"k", raw}} {
-			if k, err := idem.ParseKey(idem.KeyField(lines), 0); !errors.Is(err, idem.ErrKeyInvalid) {
+			if k, err := idem.ParseKey(idemadapter.KeyField(lines), 0); !errors.Is(err, idem.ErrKeyInvalid) {
 				t.Fatalf("ParseKey of the field lines %q = %q, %v; want ErrKeyInvalid", lines, k, err)
 			}
 		}

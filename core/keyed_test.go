@@ -12,6 +12,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -74,13 +75,13 @@ func TestStoredFingerprintNeedsTheKey(t *testing.T) {
 	// The attacker knows everything but the CVV and, in the first case, the key.
 	guess := map[string]func(cvv string) []byte{
 		"with the key": func(cvv string) []byte {
-			return idem.Fingerprint(key, "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
+			return idemadapter.Fingerprint(key, "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
 		},
 		"another key": func(cvv string) []byte {
-			return idem.Fingerprint([]byte("a guessed key that is not the service's"), "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
+			return idemadapter.Fingerprint([]byte("a guessed key that is not the service's"), "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
 		},
 		"empty key": func(cvv string) []byte {
-			return idem.Fingerprint(nil, "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
+			return idemadapter.Fingerprint(nil, "POST", "/payments", "alice", "application/json", []byte(body(cvv)), nil)
 		},
 		// The v1 construction: SHA-256 of the same input, no key.
 		"unkeyed SHA-256": func(cvv string) []byte {
@@ -98,7 +99,7 @@ func TestStoredFingerprintNeedsTheKey(t *testing.T) {
 			}
 			in = binary.BigEndian.AppendUint64(append(in, 'j'), uint64(len(canon)))
 			sum := sha256.Sum256(append(in, canon...))
-			return append([]byte{idem.FingerprintVersion}, sum[:]...) // compared with the stored MAC
+			return append([]byte{idemadapter.FingerprintVersion}, sum[:]...) // compared with the stored MAC
 		},
 	}
 	for name, fp := range guess {

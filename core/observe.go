@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/idemgo/idem/core/idemstore"
 	"log/slog"
 	"strings"
 	"time"
@@ -156,7 +157,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		}
 	}
 	if ev.RequestID != "" {
-		attrs = append(attrs, slog.String("request_id", BoundRequestID(ev.RequestID)))
+		attrs = append(attrs, slog.String("request_id", idemstore.BoundRequestID(ev.RequestID)))
 	}
 	if ev.ClaimLatency > 0 {
 		attrs = append(attrs, slog.Duration("claim_latency", ev.ClaimLatency))

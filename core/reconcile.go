@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemgo/idem/core/idemstore"
 	"time"
 )
 
@@ -29,10 +30,10 @@ const (
 // The caller checked that Reconcile is set.
 func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction, error) {
 	token, nonce := newTokenAndNonce()
-	lease := Lease{Principal: stale.Principal, Key: stale.Key, Token: token}
+	lease := idemstore.Lease{Principal: stale.Principal, Key: stale.Key, Token: token}
 	// e.claim releases, fenced by this token, a claim whose answer was lost
 	// but which may have committed, as for a client's failed claim.
-	res, err := e.claim(ctx, nil, ClaimRequest{
+	res, err := e.claim(ctx, nil, idemstore.ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: stale.Fingerprint, Token: lease.Token,
 		Nonce: nonce, RequestID: stale.RequestID, Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 		TakeOverUncertain: true,
@@ -45,7 +46,7 @@ func (e *Engine) reconcileStale(ctx context.Context, stale Record) (staleAction,
 	case !res.Reclaimed:
 		// The record expired meanwhile and the claim made a new one: the
 		// key counts as absent, so give it back.
-		if err := e.cfg.Store.Release(ctx, lease); err != nil && !errors.Is(err, ErrLeaseLost) {
+		if err := e.cfg.Store.Release(ctx, lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 			return staleFailed, fmt.Errorf("release an expired record's claim: %w", err)
 		}
 		return staleRaced, nil
@@ -108,7 +109,7 @@ func (a *Attempt) keepClaim(ctx context.Context, cause error) error {
 	defer a.sctx.cancel()
 	var errs []error
 	if a.tx != nil {
-		if err := a.tx.Rollback(sctx); err != nil && !errors.Is(err, ErrTxEnded) {
+		if err := a.tx.Rollback(sctx); err != nil && !errors.Is(err, idemstore.ErrTxEnded) {
 			errs = append(errs, err)
 		}
 	}

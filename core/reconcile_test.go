@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -42,25 +43,25 @@ func TestSweeperReconciles(t *testing.T) {
 		// then is what alice's retry gets after the sweep.
 		thenReplay bool // the reconciled response, replayed
 		thenRuns   bool // a fresh claim: the handler runs
-		thenState  idem.State
+		thenState  idemstore.State
 	}{
 		{name: "charged: stored and replayed",
 			reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return reconciled, nil },
-			want:      idem.SweepResult{Reconciled: 1}, thenReplay: true, thenState: idem.StateCompleted},
+			want:      idem.SweepResult{Reconciled: 1}, thenReplay: true, thenState: idemstore.StateCompleted},
 		{name: "charged, found after the deadline: still stored",
 			reconcile: func(ctx context.Context, _ idem.Record) (*idem.Response, error) {
 				<-ctx.Done() // the takeover's RequestTimeout
 				return reconciled, nil
 			},
-			want: idem.SweepResult{Reconciled: 1}, thenReplay: true, thenState: idem.StateCompleted},
+			want: idem.SweepResult{Reconciled: 1}, thenReplay: true, thenState: idemstore.StateCompleted},
 		{name: "no effect: released",
 			reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return nil, nil },
 			want:      idem.SweepResult{Released: 1}, thenRuns: true},
 		{name: "provider down: kept for the next sweep",
 			reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return nil, errors.New("provider down") },
-			want:      idem.SweepResult{Failed: 1}, wantErr: true, thenState: idem.StateInProgress},
+			want:      idem.SweepResult{Failed: 1}, wantErr: true, thenState: idemstore.StateInProgress},
 		{name: "without Reconcile: only reported",
-			want: idem.SweepResult{}, thenState: idem.StateInProgress},
+			want: idem.SweepResult{}, thenState: idemstore.StateInProgress},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,9 +109,9 @@ func TestSweeperReconciles(t *testing.T) {
 				}
 			case err != nil || rec.State != tc.thenState:
 				t.Fatalf("record after the sweep: %+v, %v; want %s", rec, err, tc.thenState)
-			case tc.thenState == idem.StateInProgress && tc.reconcile == nil && rec.LeaseToken != before.LeaseToken:
+			case tc.thenState == idemstore.StateInProgress && tc.reconcile == nil && rec.LeaseToken != before.LeaseToken:
 				t.Fatal("a sweeper without Reconcile took the claim over")
-			case tc.thenState == idem.StateInProgress && tc.reconcile != nil && rec.LeaseToken == before.LeaseToken:
+			case tc.thenState == idemstore.StateInProgress && tc.reconcile != nil && rec.LeaseToken == before.LeaseToken:
 				t.Fatal("the sweeper asked Reconcile without taking the claim over")
 			}
 
@@ -151,7 +152,7 @@ func TestSweeperReconciles(t *testing.T) {
 
 // listHook is a Store whose ListStale calls after once it has listed.
 type listHook struct {
-	idem.Store
+	idemstore.Store
 	after func()
 }
 
@@ -210,18 +211,18 @@ func TestTakeoverKeepsAnUnstoredReconcile(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		reconcile idem.Reconciler
-		wantState idem.State
+		wantState idemstore.State
 		wantCode  int
 	}{
 		{"reconcile failed",
 			func(context.Context, idem.Record) (*idem.Response, error) { return nil, errors.New("provider down") },
-			idem.StateInProgress, http.StatusServiceUnavailable},
+			idemstore.StateInProgress, http.StatusServiceUnavailable},
 		{"answered after the deadline",
 			func(ctx context.Context, _ idem.Record) (*idem.Response, error) {
 				<-ctx.Done() // the takeover's RequestTimeout
 				return &idem.Response{Status: http.StatusCreated, Body: []byte("charged")}, nil
 			},
-			idem.StateCompleted, http.StatusCreated},
+			idemstore.StateCompleted, http.StatusCreated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -250,7 +251,7 @@ func TestTakeoverKeepsAnUnstoredReconcile(t *testing.T) {
 			if err != nil || rec.State != tc.wantState {
 				t.Fatalf("record %+v, %v; want %s", rec, err, tc.wantState)
 			}
-			if tc.wantState == idem.StateInProgress && (!rec.Uncertain || clk.Now().Before(rec.LeaseExpiresAt)) {
+			if tc.wantState == idemstore.StateInProgress && (!rec.Uncertain || clk.Now().Before(rec.LeaseExpiresAt)) {
 				t.Fatalf("record %+v: want it kept Uncertain with its lease ended", rec)
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -76,7 +77,7 @@ func (r *sweepRecorder) ObserveSweep(_ context.Context, res idem.SweepResult, er
 func TestSweeperObserver(t *testing.T) {
 	t.Parallel()
 	store := memstore.New()
-	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: "k", Token: "t",
+	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: "k", Token: "t",
 		Lease: time.Millisecond, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -36,23 +38,23 @@ type faultyStore struct {
 	releaseErrs []error // ctx.Err() at each Release
 }
 
-func (s *faultyStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *faultyStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	if s.claimAnswerLost {
 		_, _ = s.Store.Claim(ctx, req)
-		return idem.ClaimResult{}, context.Canceled
+		return idemstore.ClaimResult{}, context.Canceled
 	}
 	if s.claimErr != nil {
-		return idem.ClaimResult{}, s.claimErr
+		return idemstore.ClaimResult{}, s.claimErr
 	}
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *faultyStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s *faultyStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	ctx, tx, err := s.Store.BeginTx(ctx, l)
 	return ctx, faultyTx{Tx: tx, s: s}, err
 }
 
-func (s *faultyStore) Release(ctx context.Context, l idem.Lease) error {
+func (s *faultyStore) Release(ctx context.Context, l idemstore.Lease) error {
 	s.mu.Lock()
 	s.releaseErrs = append(s.releaseErrs, ctx.Err())
 	s.mu.Unlock()
@@ -60,19 +62,19 @@ func (s *faultyStore) Release(ctx context.Context, l idem.Lease) error {
 }
 
 type faultyTx struct {
-	idem.Tx
+	idemstore.Tx
 	s *faultyStore
 }
 
 func (t faultyTx) Rollback(ctx context.Context) error {
 	err := t.Tx.Rollback(ctx)
 	if t.s.rollbackEnded {
-		return fmt.Errorf("idemtest: rollback: %w", idem.ErrTxEnded)
+		return fmt.Errorf("idemtest: rollback: %w", idemstore.ErrTxEnded)
 	}
 	return err
 }
 
-func (t faultyTx) Settle(ctx context.Context, out idem.Outcome) error {
+func (t faultyTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if t.s.settleErr == nil {
 		return t.Tx.Settle(ctx, out)
 	}
@@ -94,15 +96,15 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 		wantStatus  int
 		wantType    idem.ProblemType
 		wantOutcome idem.OutcomeLabel
-		wantState   idem.State // "" means released
+		wantState   idemstore.State // "" means released
 	}{
-		{"transaction ended behind the store", fmt.Errorf("idemtest: settle: %w", idem.ErrTxEnded),
-			500, idem.ProblemTxEnded, idem.OutcomeTxEnded, idem.StateInProgress},
+		{"transaction ended behind the store", fmt.Errorf("idemtest: settle: %w", idemstore.ErrTxEnded),
+			500, idem.ProblemTxEnded, idem.OutcomeTxEnded, idemstore.StateInProgress},
 		{"misconfigured store", fmt.Errorf("idemtest: settle: %w: no table", idem.ErrMisconfigured),
 			500, idem.ProblemMisconfigured, idem.OutcomeStoreError, ""},
 		{"commit failed", errors.New("idemtest: settle: connection reset"),
 			500, idem.ProblemCommitFailed, idem.OutcomeStoreError, ""},
-		{"lease lost", idem.ErrLeaseLost, 409, idem.ProblemLeaseLost, idem.OutcomeLeaseLost, ""},
+		{"lease lost", idemstore.ErrLeaseLost, 409, idem.ProblemLeaseLost, idem.OutcomeLeaseLost, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,7 +126,7 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 			}
 			rec, err := store.Get(context.Background(), "alice", "k")
 			switch {
-			case tc.wantState == "" && tc.err != idem.ErrLeaseLost && (err != nil || rec.State != idem.StateReleased):
+			case tc.wantState == "" && tc.err != idemstore.ErrLeaseLost && (err != nil || rec.State != idemstore.StateReleased):
 				t.Fatalf("key not released: %+v, %v", rec, err)
 			case tc.wantState != "" && (err != nil || rec.State != tc.wantState):
 				t.Fatalf("record %+v, %v; want it kept %s", rec, err, tc.wantState)
@@ -273,14 +275,14 @@ func TestFirstAnonymousRequestIsLogged(t *testing.T) {
 // Rollback on the handle, as the SQL stores do.
 type ownedStore struct{ *memstore.Store }
 
-func (s ownedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s ownedStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	ctx, tx, err := s.Store.BeginTx(ctx, l)
 	return ctx, ownedTx{tx}, err
 }
 
-type ownedTx struct{ idem.Tx }
+type ownedTx struct{ idemstore.Tx }
 
-func (t ownedTx) Settle(ctx context.Context, _ idem.Outcome) error {
+func (t ownedTx) Settle(ctx context.Context, _ idemstore.Outcome) error {
 	_ = t.Tx.Rollback(ctx)
 	return fmt.Errorf("idemtest: settle: the handler rolled back: %w", idem.ErrTxOwned)
 }
@@ -326,8 +328,8 @@ func TestPrincipalAndRequestIDBounds(t *testing.T) {
 		principal string
 		ok        bool
 	}{
-		{"at the limit", strings.Repeat("p", idem.MaxPrincipalLength), true},
-		{"one byte over", strings.Repeat("p", idem.MaxPrincipalLength+1), false},
+		{"at the limit", strings.Repeat("p", idemstore.MaxPrincipalLength), true},
+		{"one byte over", strings.Repeat("p", idemstore.MaxPrincipalLength+1), false},
 		{"3000 bytes", strings.Repeat("p", 3000), false},
 		{"invalid UTF-8", "alice\xff", false},
 		{"NUL byte", "ali\x00ce", false},
@@ -359,7 +361,7 @@ func TestPrincipalAndRequestIDBounds(t *testing.T) {
 			t.Fatalf("request id %q stored as %q (%v), want %q", tc.sent, rec.RequestID, err, tc.stored)
 		}
 	}
-	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxKeyLength: idem.MaxKeyLengthLimit + 1}); !errors.Is(err, idem.ErrInvalidConfig) {
+	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxKeyLength: idemstore.MaxKeyLengthLimit + 1}); !errors.Is(err, idem.ErrInvalidConfig) {
 		t.Fatalf("MaxKeyLength over what stores hold: New = %v", err)
 	}
 }
@@ -439,7 +441,7 @@ func TestClaimWhoseAnswerWasLostIsReleased(t *testing.T) {
 	defer held.Abort()
 	store.claimAnswerLost = true
 	e.Begin(context.Background(), request("alice", "held"))
-	if rec, err := store.Get(context.Background(), "alice", "held"); err != nil || rec.State != idem.StateInProgress {
+	if rec, err := store.Get(context.Background(), "alice", "held"); err != nil || rec.State != idemstore.StateInProgress {
 		t.Fatalf("a lost claim on a key another attempt holds released that attempt's claim: %+v, %v", rec, err)
 	}
 }
@@ -479,7 +481,7 @@ func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
 			if resp != nil && (resp.Status != 500 || !bytes.Contains(resp.Body, []byte(idem.ProblemTxEnded))) {
 				t.Fatalf("answered %d %s, want 500 %s", resp.Status, resp.Body, idem.ProblemTxEnded)
 			}
-			if rec, err := store.Get(context.Background(), "alice", "k"); err != nil || rec.State != idem.StateInProgress {
+			if rec, err := store.Get(context.Background(), "alice", "k"); err != nil || rec.State != idemstore.StateInProgress {
 				t.Fatalf("record %+v, %v; want it kept in progress", rec, err)
 			}
 		})
@@ -497,12 +499,12 @@ func TestStreamedResponseIsLoggedOnce(t *testing.T) {
 	t.Cleanup(func() { slog.SetDefault(old) })
 	for _, tc := range []struct {
 		name  string
-		flush func(*idem.ResponseBuffer)
+		flush func(*idemadapter.ResponseBuffer)
 		warns int
 	}{
-		{"no flush", func(*idem.ResponseBuffer) {}, 0},
-		{"Flush", func(b *idem.ResponseBuffer) { b.Flush() }, 1},
-		{"ResponseController", func(b *idem.ResponseBuffer) { _ = http.NewResponseController(b).Flush() }, 1},
+		{"no flush", func(*idemadapter.ResponseBuffer) {}, 0},
+		{"Flush", func(b *idemadapter.ResponseBuffer) { b.Flush() }, 1},
+		{"ResponseController", func(b *idemadapter.ResponseBuffer) { _ = http.NewResponseController(b).Flush() }, 1},
 	} {
 		logged.Reset()
 		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: true})
@@ -513,7 +515,7 @@ func TestStreamedResponseIsLoggedOnce(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/events", strings.NewReader(`{}`))
 			r.Header.Set(idem.DefaultHeader, fmt.Sprint("k", i))
 			w := httptest.NewRecorder()
-			e.HandleHTTP(w, r, "alice", func(_ *http.Request, b *idem.ResponseBuffer) error {
+			idemadapter.HandleHTTP(e, w, r, "alice", func(_ *http.Request, b *idemadapter.ResponseBuffer) error {
 				_, _ = b.Write([]byte("chunk 1\n"))
 				tc.flush(b)
 				_, _ = b.Write([]byte("chunk 2\n"))

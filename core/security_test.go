@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -137,7 +138,7 @@ func TestBlankKeyWithKeyOptional(t *testing.T) {
 		}
 		ran := false
 		w := httptest.NewRecorder()
-		e.HandleHTTP(w, r, "alice", func(_ *http.Request, buf *idem.ResponseBuffer) error {
+		idemadapter.HandleHTTP(e, w, r, "alice", func(_ *http.Request, buf *idemadapter.ResponseBuffer) error {
 			ran = true
 			if buf == nil { // passed through
 				return nil
@@ -240,7 +241,7 @@ func TestWriteResponseSkipsInvalidHeaders(t *testing.T) {
 	for _, tc := range tests {
 		w := httptest.NewRecorder()
 		tc.header["Cache-Control"] = []string{"no-store"}
-		idem.WriteResponse(w, &idem.Response{Status: http.StatusCreated, Header: tc.header, Body: []byte("ok")})
+		idemadapter.WriteResponse(w, &idem.Response{Status: http.StatusCreated, Header: tc.header, Body: []byte("ok")})
 		if _, ok := w.Header()[tc.absent]; ok || w.Header().Get("Cache-Control") != "no-store" {
 			t.Errorf("%s: written header %v; want %s left out and the rest kept", tc.name, w.Header(), tc.absent)
 		}
@@ -264,10 +265,10 @@ func TestValidHeaderField(t *testing.T) {
 		{"Ä", "a\x7f", false, false},
 		{"(x)", "\x01", false, false},
 	} {
-		if got := idem.ValidHeaderFieldName(tc.name); got != tc.nameOK {
+		if got := idemadapter.ValidHeaderFieldName(tc.name); got != tc.nameOK {
 			t.Errorf("ValidHeaderFieldName(%q) = %v", tc.name, got)
 		}
-		if got := idem.ValidHeaderFieldValue(tc.value); got != tc.valueOK {
+		if got := idemadapter.ValidHeaderFieldValue(tc.value); got != tc.valueOK {
 			t.Errorf("ValidHeaderFieldValue(%q) = %v", tc.value, got)
 		}
 	}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -37,7 +39,7 @@ func (s *checkedStore) Check(ctx context.Context) error {
 	if s.block {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("fakestore: check: %w: %w", idem.ErrTransient, ctx.Err())
+			return fmt.Errorf("fakestore: check: %w: %w", idemstore.ErrTransient, ctx.Err())
 		case <-time.After(10 * time.Second):
 			return errors.New("fakestore: check: not given up")
 		}
@@ -46,13 +48,13 @@ func (s *checkedStore) Check(ctx context.Context) error {
 }
 
 var (
-	_ idem.Store   = (*checkedStore)(nil)
-	_ idem.Checker = (*checkedStore)(nil)
+	_ idemstore.Store   = (*checkedStore)(nil)
+	_ idemstore.Checker = (*checkedStore)(nil)
 )
 
 var (
 	errMissingTable = fmt.Errorf("fakestore: check: %w: table idem_keys does not exist", idem.ErrMisconfigured)
-	errUnreachable  = fmt.Errorf("fakestore: check: %w: dial tcp 127.0.0.1:5432: connection refused", idem.ErrTransient)
+	errUnreachable  = fmt.Errorf("fakestore: check: %w: dial tcp 127.0.0.1:5432: connection refused", idemstore.ErrTransient)
 	errOther        = errors.New("fakestore: check: the server closed the connection")
 )
 
@@ -65,7 +67,7 @@ func TestNewChecksTheStore(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		store  idem.Store // nil: a checkedStore returning err
+		store  idemstore.Store // nil: a checkedStore returning err
 		err    error
 		skip   bool
 		fails  bool  // New fails with ErrInvalidConfig and ErrMisconfigured
@@ -180,4 +182,20 @@ func (h *records) warnings() []string {
 		out = append(out, line)
 	}
 	return out
+}
+
+// records is a slog.Handler that keeps what it is given.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (*records) Enabled(context.Context, slog.Level) bool { return true }
+func (h *records) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h *records) WithGroup(string) slog.Handler          { return h }
+func (h *records) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r.Clone())
+	return nil
 }

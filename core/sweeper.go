@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemgo/idem/core/idemstore"
 	"log/slog"
 	"time"
 )
@@ -39,8 +40,10 @@ type Sweeper struct {
 	// takeovers use.
 	Engine *Engine
 	// Store is swept. Required unless Engine is set.
-	Store Store
-	// Interval between sweeps. Default 1 minute.
+	Store idemstore.
+		// Interval between sweeps. Default 1 minute.
+		Store
+
 	Interval time.Duration
 	// BatchSize bounds each PurgeExpired call. Default 500.
 	BatchSize int
@@ -89,11 +92,13 @@ type SweepResult struct {
 	Raced int
 	// Stats is the store's count of its records after the sweep, when
 	// Sweeper.CountRecords is set and the count succeeded; otherwise nil.
-	Stats *Stats
-	// Failed counts the stale claims whose takeover, Reconcile or store
-	// calls failed; Sweep's error says why. Such a claim is kept in
-	// progress, Uncertain, and asked about again by the next sweep or
-	// retry.
+	Stats *idemstore.
+		// Failed counts the stale claims whose takeover, Reconcile or store
+		// calls failed; Sweep's error says why. Such a claim is kept in
+		// progress, Uncertain, and asked about again by the next sweep or
+		// retry.
+		Stats
+
 	Failed int
 }
 
@@ -128,7 +133,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 }
 
 // target is the store swept and the lease past which a claim is stale.
-func (s *Sweeper) target() (Store, time.Duration) {
+func (s *Sweeper) target() (idemstore.Store, time.Duration) {
 	store, lease := s.Store, s.Lease
 	if s.Engine != nil {
 		if store == nil {

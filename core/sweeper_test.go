@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -28,7 +29,7 @@ func TestSweeperKeepsUpWithABacklog(t *testing.T) {
 	const expired = 20
 	for i := range expired {
 		key := "k" + strings.Repeat("x", i)
-		if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: key, Token: key,
+		if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: key, Token: key,
 			Lease: time.Second, Retention: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +69,7 @@ func TestSweeperLogsNoKey(t *testing.T) {
 	clk := newClock()
 	store := memstore.New(memstore.WithClock(clk.Now))
 	const key = "order-4111111111111111"
-	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "p", Key: key, Token: "t",
+	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: key, Token: "t",
 		Lease: time.Second, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestSweeperCountsRecords(t *testing.T) {
 	store := memstore.New(memstore.WithClock(clk.Now))
 	ctx := context.Background()
 	for _, k := range []string{"stale", "held"} {
-		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: k, Token: k, Nonce: k,
+		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: k, Token: k, Nonce: k,
 			Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}

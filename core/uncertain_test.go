@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -23,17 +24,17 @@ type takeoverStore struct {
 	loseTakeovers atomic.Bool // a takeover commits, then its answer is lost
 }
 
-func (s *takeoverStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s *takeoverStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	if s.failBegin.Load() {
 		return ctx, nil, errors.New("idemtest: begin: pool exhausted")
 	}
 	return s.Store.BeginTx(ctx, l)
 }
 
-func (s *takeoverStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *takeoverStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	res, err := s.Store.Claim(ctx, req)
 	if err == nil && res.Reclaimed && s.loseTakeovers.Load() {
-		return idem.ClaimResult{}, errors.New("idemtest: claim: connection reset after the takeover committed")
+		return idemstore.ClaimResult{}, errors.New("idemtest: claim: connection reset after the takeover committed")
 	}
 	return res, err
 }
@@ -120,7 +121,7 @@ func TestFailuresAfterATakeoverKeepTheClaim(t *testing.T) {
 				t.Fatalf("the failing takeover answered %d %s, want a 5xx", resp.Status, resp.Body)
 			}
 			rec, err := store.Get(context.Background(), "alice", "k")
-			if err != nil || rec.State != idem.StateInProgress || !rec.Uncertain || clk.Now().Before(rec.LeaseExpiresAt) {
+			if err != nil || rec.State != idemstore.StateInProgress || !rec.Uncertain || clk.Now().Before(rec.LeaseExpiresAt) {
 				t.Fatalf("after the failed takeover: %+v, %v; want it kept in progress, Uncertain, its lease ended", rec, err)
 			}
 
@@ -183,7 +184,7 @@ func TestUncertainWithoutReconcile(t *testing.T) {
 		t.Fatalf("another request with the key answered %d, want 422", resp.Status)
 	}
 	rec, _ := store.Get(context.Background(), "alice", "k")
-	if err := store.Release(context.Background(), idem.Lease{Principal: "alice", Key: "k", Token: rec.LeaseToken}); err != nil {
+	if err := store.Release(context.Background(), idemstore.Lease{Principal: "alice", Key: "k", Token: rec.LeaseToken}); err != nil {
 		t.Fatal(err)
 	}
 	if retry, resp := e.Begin(context.Background(), request("alice", "k")); retry == nil {

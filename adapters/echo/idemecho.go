@@ -100,6 +100,7 @@ import (
 	"net/http"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/labstack/echo/v4"
 )
 
@@ -129,7 +130,7 @@ type Config struct {
 // returns is the handler's error: it is rendered by the HTTPErrorHandler
 // into the buffer, and by default such an outcome is released, not stored.
 func New(cfg Config) (echo.MiddlewareFunc, error) {
-	a, err := idem.NewAdapter("idemecho", cfg.Engine, cfg.Principal)
+	a, err := idemadapter.NewAdapter("idemecho", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +143,7 @@ func New(cfg Config) (echo.MiddlewareFunc, error) {
 			var unbuffered error
 			// The final response goes through echo's Response, so the
 			// middleware further out (a logger) sees its status and size.
-			a.HandleHTTP(c, res, req, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			a.HandleHTTP(c, res, req, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 				if buf == nil {
 					unbuffered = next(c)
 					return nil

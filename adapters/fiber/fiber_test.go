@@ -22,6 +22,7 @@ import (
 	idemfiber "github.com/idemgo/idem/adapters/fiber"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
@@ -542,7 +543,7 @@ func TestStoreGetsItsOwnStrings(t *testing.T) {
 				if c, want := store.claims[i], (keptClaim{who(i), key(i), "req-" + num(i)}); c != want {
 					t.Errorf("claim %d: %q, want %q", i, c, want)
 				}
-				if s, want := store.settled[i], tc.want(num(i)); s.lease != (idem.Lease{Principal: who(i), Key: key(i), Token: s.lease.Token}) ||
+				if s, want := store.settled[i], tc.want(num(i)); s.lease != (idemstore.Lease{Principal: who(i), Key: key(i), Token: s.lease.Token}) ||
 					!maps.EqualFunc(s.header, want, slices.Equal) {
 					t.Errorf("settle %d: %q %q, want %q", i, s.lease, s.header, want)
 				}
@@ -578,7 +579,7 @@ func TestStoreGetsItsOwnStrings(t *testing.T) {
 // contract allows: those of each claim, and the lease and the stored header
 // values of each settle (in maps and slices of its own).
 type keepingStore struct {
-	idem.Store
+	idemstore.Store
 	mu      sync.Mutex
 	claims  []keptClaim
 	settled []keptSettle
@@ -587,29 +588,29 @@ type keepingStore struct {
 type keptClaim struct{ principal, key, requestID string }
 
 type keptSettle struct {
-	lease  idem.Lease
+	lease  idemstore.Lease
 	header http.Header
 }
 
-func (s *keepingStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *keepingStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	s.mu.Lock()
 	s.claims = append(s.claims, keptClaim{req.Principal, req.Key, req.RequestID})
 	s.mu.Unlock()
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *keepingStore) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+func (s *keepingStore) BeginTx(ctx context.Context, lease idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	ctx, tx, err := s.Store.BeginTx(ctx, lease)
 	return ctx, &keepingTx{Tx: tx, s: s, lease: lease}, err
 }
 
 type keepingTx struct {
-	idem.Tx
+	idemstore.Tx
 	s     *keepingStore
-	lease idem.Lease
+	lease idemstore.Lease
 }
 
-func (tx *keepingTx) Settle(ctx context.Context, out idem.Outcome) error {
+func (tx *keepingTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	h := make(http.Header, len(out.Response.Header))
 	for k, vs := range out.Response.Header {
 		h[k] = slices.Clone(vs)

@@ -115,6 +115,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/valyala/fasthttp"
 )
 
@@ -147,7 +148,7 @@ type Config struct {
 // outcome is released, not stored; the middleware then returns nil. A
 // panic releases the key and goes on to the recover middleware.
 func New(cfg Config) (fiber.Handler, error) {
-	a, err := idem.NewAdapter("idemfiber", cfg.Engine, cfg.Principal)
+	a, err := idemadapter.NewAdapter("idemfiber", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,7 @@ func storedNames(list []string) []string {
 
 // middleware is one New's handler and what it prepared once.
 type middleware struct {
-	*idem.Adapter[*fiber.Ctx]
+	*idemadapter.Adapter[*fiber.Ctx]
 	cfg    idem.Config // with defaults
 	stored []string    // the names a store keeps (Config.StoredHeaders), canonical
 	// observed is true when an Observer or a Logger receives the engine's
@@ -281,13 +282,13 @@ func (m *middleware) request(c *fiber.Ctx) (idem.Request, *bytes.Reader) {
 	principal, perr := m.Principal(c)
 	// Every field line of the key header, not the first alone that c.Get
 	// reads: several are refused as ambiguous, and one present but empty
-	// is refused as blank, never run without idempotency (idem.KeyField).
+	// is refused as blank, never run without idempotency (idemadapter.KeyField).
 	var one [1]string
 	lines := one[:0]
 	for _, v := range c.Request().Header.PeekAll(m.cfg.Header) {
 		lines = append(lines, utils.UnsafeString(v)) // copied into kept below
 	}
-	key, id := idem.KeyField(lines), c.Get(m.cfg.RequestIDHeader)
+	key, id := idemadapter.KeyField(lines), c.Get(m.cfg.RequestIDHeader)
 	var kept strings.Builder
 	kept.Grow(len(principal) + len(key) + len(id))
 	kept.WriteString(principal)
@@ -452,7 +453,7 @@ func (s *snapshot) release() { snapshots.Put(s) }
 // stores, and the rest of the response stays in c.Response(), which goes
 // out as it is when Finish keeps the handler's response. When inPlace is
 // true the body is the response's own, not a copy: the engine hands it to
-// the store's Settle, which must not keep it (see idem.Tx), and nothing
+// the store's Settle, which must not keep it (see idemstore.Tx), and nothing
 // writes to the response until Finish returns. A streamed body is read up
 // to MaxResponseBytes+1 bytes: past that the response is too large to
 // store.
@@ -485,7 +486,7 @@ func sameBytes(a, b []byte) bool {
 // string (a store may keep them as long as the record), in a map whose
 // value slices share one array. The map and the array are reused from
 // request to request: the engine hands them to Settle, which must not keep
-// them (see idem.Tx).
+// them (see idemstore.Tx).
 type storedHeader struct {
 	h    http.Header
 	vals []string
@@ -573,7 +574,7 @@ func (sh *storedHeader) release() {
 func write(c *fiber.Ctx, resp *idem.Response) {
 	h := &c.Response().Header
 	for k, vs := range resp.Header {
-		if !idem.ValidHeaderField(k, vs) {
+		if !idemadapter.ValidHeaderField(k, vs) {
 			continue
 		}
 		h.Del(k)

@@ -101,6 +101,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 )
 
 // Config configures the middleware: the engine it runs on and how to read
@@ -136,7 +137,7 @@ var ErrHijack = errors.New("idemgin: hijacking the connection is refused on an i
 // replay, a 409, a 422, a 400 or 401 problem) the rest of the chain is
 // aborted.
 func New(cfg Config) (gin.HandlerFunc, error) {
-	a, err := idem.NewAdapter("idemgin", cfg.Engine, cfg.Principal)
+	a, err := idemadapter.NewAdapter("idemgin", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +147,7 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 	return func(c *gin.Context) {
 		orig, origReq := c.Writer, c.Request
 		ran := false
-		a.HandleHTTP(c, orig, origReq, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+		a.HandleHTTP(c, orig, origReq, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 			ran = true
 			if buf == nil {
 				c.Next()
@@ -200,7 +201,7 @@ func handlerError(errs []*gin.Error) error {
 // records the status, which may change until the first write; Size is -1
 // and Written false until the header is written.
 type responseWriter struct {
-	*idem.ResponseBuffer
+	*idemadapter.ResponseBuffer
 	status int
 	size   int
 

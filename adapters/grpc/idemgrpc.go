@@ -163,6 +163,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -244,7 +245,7 @@ func New(cfg Config) (grpc.UnaryServerInterceptor, error) {
 	if classify == nil {
 		classify = DefaultClassifier
 	}
-	a, err := idem.NewAdapter("idemgrpc", cfg.Engine, cfg.Principal)
+	a, err := idemadapter.NewAdapter("idemgrpc", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
@@ -264,7 +265,7 @@ func New(cfg Config) (grpc.UnaryServerInterceptor, error) {
 }
 
 type interceptor struct {
-	a                  *idem.Adapter[context.Context]
+	a                  *idemadapter.Adapter[context.Context]
 	classify           idem.Classifier
 	idempotent         func(string) bool
 	stored             map[string]bool
@@ -285,8 +286,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	md, _ := metadata.FromIncomingContext(ctx)
 	// Every value of the key: several are refused as ambiguous, and one
 	// present but empty is refused as blank, never run without
-	// idempotency (idem.KeyField).
-	key := idem.KeyField(md.Get(i.keyMD))
+	// idempotency (idemadapter.KeyField).
+	key := idemadapter.KeyField(md.Get(i.keyMD))
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: the request of %s is not a proto message", info.FullMethod)

@@ -10,6 +10,8 @@ import (
 	idemgrpc "github.com/idemgo/idem/adapters/grpc"
 	"github.com/idemgo/idem/adapters/grpc/internal/testpb"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -139,8 +141,8 @@ func TestReconcileTakeover(t *testing.T) {
 	req := &testpb.ActRequest{EffectId: "pay_1"}
 	input, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	// A holder that claimed and died.
-	fp := idem.Fingerprint(storetest.FingerprintKey, "", testpb.TestService_Act_FullMethodName, "alice", idemgrpc.Encoding, input, nil)
-	if _, err := store.Claim(context.Background(), idem.ClaimRequest{Principal: "alice", Key: "k", Fingerprint: fp, Token: "dead",
+	fp := idemadapter.Fingerprint(storetest.FingerprintKey, "", testpb.TestService_Act_FullMethodName, "alice", idemgrpc.Encoding, input, nil)
+	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "alice", Key: "k", Fingerprint: fp, Token: "dead",
 		Lease: 300 * time.Millisecond, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}

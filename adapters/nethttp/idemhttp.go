@@ -91,6 +91,7 @@ import (
 	"net/http"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 )
 
 // Config configures the middleware: the engine it runs on and how to read
@@ -117,13 +118,13 @@ type Config struct {
 // after the outcome is committed; http.Flusher is a no-op and hijacking is
 // not offered.
 func New(cfg Config) (func(http.Handler) http.Handler, error) {
-	a, err := idem.NewAdapter("idemhttp", cfg.Engine, cfg.Principal)
+	a, err := idemadapter.NewAdapter("idemhttp", cfg.Engine, cfg.Principal)
 	if err != nil {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			a.HandleHTTP(r, w, r, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			a.HandleHTTP(r, w, r, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 				if buf == nil {
 					next.ServeHTTP(w, r2)
 					return nil

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
@@ -106,7 +108,7 @@ func (s *suite) wantUntouched(t *testing.T, p *payments, principal, key string) 
 	if n := p.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times", n)
 	}
-	if _, err := s.b.Store.Get(context.Background(), principal, key); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.b.Store.Get(context.Background(), principal, key); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("the key was claimed: %v", err)
 	}
 }
@@ -303,7 +305,7 @@ func testBadKeys(t *testing.T, s *suite) {
 	if n := p.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times for requests without a valid key", n)
 	}
-	if _, err := s.b.Store.Get(context.Background(), "alice", "has space"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.b.Store.Get(context.Background(), "alice", "has space"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("an invalid key was stored: %v", err)
 	}
 }
@@ -359,7 +361,7 @@ func testAmbiguousKeys(t *testing.T, s *suite) {
 				t.Fatalf("key field lines %q: the handler ran", tc.Lines)
 			}
 			for _, key := range tc.Keys {
-				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
+				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idemstore.ErrNotFound) {
 					t.Fatalf("key field lines %q: %q was claimed: %v", tc.Lines, key, err)
 				}
 			}
@@ -590,7 +592,7 @@ func testTransactionAndDeadline(t *testing.T, s *suite) {
 		case time.Until(deadline) > cfg.RequestTimeout:
 			problem.Store(fmt.Sprintf("deadline %v away, RequestTimeout is %v", time.Until(deadline), cfg.RequestTimeout))
 		}
-		if _, ok := idem.LeaseFrom(ctx); !ok {
+		if _, ok := idemadapter.LeaseFrom(ctx); !ok {
 			problem.Store("handler context carries no lease")
 		}
 		if err := s.b.WriteEffect(ctx, effectID(r)); err != nil {
@@ -670,7 +672,7 @@ func testBodyTooLarge(t *testing.T, s *suite) {
 	if p.runs.Load() != 0 {
 		t.Fatal("handler ran for an oversized body")
 	}
-	if _, err := s.b.Store.Get(context.Background(), "alice", "k-big"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-big"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("an oversized request claimed its key: %v", err)
 	}
 }
@@ -737,10 +739,10 @@ func testStoredRecord(t *testing.T, s *suite) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.State != idem.StateCompleted || rec.Response == nil {
+	if rec.State != idemstore.StateCompleted || rec.Response == nil {
 		t.Fatalf("record = %+v", rec)
 	}
-	if len(rec.Fingerprint) != idem.FingerprintSize || rec.Fingerprint[0] != idem.FingerprintVersion {
+	if len(rec.Fingerprint) != idemstore.FingerprintSize || rec.Fingerprint[0] != idemadapter.FingerprintVersion {
 		t.Fatalf("stored fingerprint is %x, want the version byte and an HMAC-SHA-256", rec.Fingerprint)
 	}
 	for name := range rec.Response.Header {
@@ -907,7 +909,7 @@ func testSlowAndBrokenBodies(t *testing.T, s *suite) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // let the server finish with the broken request
-	if _, err := s.b.Store.Get(context.Background(), "alice", "k-broken-body"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.b.Store.Get(context.Background(), "alice", "k-broken-body"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("an abandoned body claimed its key: %v", err)
 	}
 	if runs.Load() != 1 {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
@@ -195,11 +196,11 @@ func testTransactionCommits(t *testing.T, s *suite) {
 	for _, tc := range []struct {
 		status  int
 		effects int
-		state   idem.State
+		state   idemstore.State
 	}{
-		{http.StatusCreated, 1, idem.StateCompleted},
-		{http.StatusUnprocessableEntity, 1, idem.StateFailed},
-		{http.StatusBadGateway, 0, idem.StateReleased}, // nothing stored, the nonce kept
+		{http.StatusCreated, 1, idemstore.StateCompleted},
+		{http.StatusUnprocessableEntity, 1, idemstore.StateFailed},
+		{http.StatusBadGateway, 0, idemstore.StateReleased}, // nothing stored, the nonce kept
 
 	} {
 		key := fmt.Sprintf("k-tx-%d", tc.status)

@@ -5,17 +5,17 @@ import (
 	"net/http"
 	"testing"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // taintedStore plays a record stored before Finish checked header values:
 // every record a claim returns for replay carries a Location value with a
 // CR LF and a Set-Cookie line after it.
-type taintedStore struct{ idem.Store }
+type taintedStore struct{ idemstore.Store }
 
 const taintedLocation = "/ok\r\nSet-Cookie: stolen=1"
 
-func (s taintedStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s taintedStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	res, err := s.Store.Claim(ctx, req)
 	if err == nil && !res.Claimed && res.Record.Response != nil {
 		if res.Record.Response.Header == nil {

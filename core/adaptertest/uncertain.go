@@ -7,17 +7,18 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // keepOnce is a Store whose first Release keeps the claim instead
 // (Store.Keep), as the engine does for an attempt whose work may have
 // committed without its outcome.
 type keepOnce struct {
-	idem.Store
+	idemstore.Store
 	kept atomic.Bool
 }
 
-func (s *keepOnce) Release(ctx context.Context, l idem.Lease) error {
+func (s *keepOnce) Release(ctx context.Context, l idemstore.Lease) error {
 	if s.kept.CompareAndSwap(false, true) {
 		return s.Store.Keep(ctx, l)
 	}

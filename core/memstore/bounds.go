@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // size is what e costs under k.
@@ -12,7 +13,7 @@ func (e *entry) size(k recordKey) int64 {
 }
 
 // newEntrySize is what the entry for req will cost, but for its key.
-func newEntrySize(req *idem.ClaimRequest) int64 {
+func newEntrySize(req *idemstore.ClaimRequest) int64 {
 	return int64(fieldLen(len(req.Fingerprint))+fieldLen(len(req.Token))+fieldLen(len(req.RequestID))) + entryOverhead
 }
 
@@ -74,7 +75,7 @@ func (s *Store) room(now int64, principal string, records int, bytes int64) erro
 	}
 	u := s.usage[principal]
 	return fmt.Errorf("%w: %w (store %d/%d records, %d/%d bytes; principal %d/%d records, %d/%d bytes)",
-		idem.ErrTransient, ErrFull, len(s.records), s.max, s.bytes, s.maxBytes,
+		idemstore.ErrTransient, ErrFull, len(s.records), s.max, s.bytes, s.maxBytes,
 		u.records, s.shareOf(int64(s.max)), u.bytes, s.shareOf(s.maxBytes))
 }
 

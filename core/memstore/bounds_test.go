@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -56,34 +57,34 @@ func TestPrincipalShare(t *testing.T) {
 	t.Run("bytes", func(t *testing.T) {
 		t.Parallel()
 		s := memstore.New(memstore.WithMaxBytes(1<<20), memstore.WithPrincipalShare(0.25))
-		claim := func(principal, key string) (idem.Tx, error) {
-			req := idem.ClaimRequest{Principal: principal, Key: key, Fingerprint: make([]byte, 32), Token: key,
+		claim := func(principal, key string) (idemstore.Tx, error) {
+			req := idemstore.ClaimRequest{Principal: principal, Key: key, Fingerprint: make([]byte, 32), Token: key,
 				Lease: time.Minute, Retention: time.Hour}
 			if _, err := s.Claim(ctx, req); err != nil {
 				return nil, err
 			}
-			_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: principal, Key: key, Token: key})
+			_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: principal, Key: key, Token: key})
 			return tx, err
 		}
 		body := make([]byte, 100<<10)
 		stored := 0
 		var err error
 		for i := range 10 {
-			var tx idem.Tx
+			var tx idemstore.Tx
 			if tx, err = claim("mallory", fmt.Sprint(i)); err == nil {
-				err = tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 200, Body: body}})
+				err = tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 200, Body: body}})
 			}
 			if err != nil {
 				break
 			}
 			stored++
 		}
-		if !errors.Is(err, memstore.ErrFull) || !errors.Is(err, idem.ErrTransient) || stored != 2 {
+		if !errors.Is(err, memstore.ErrFull) || !errors.Is(err, idemstore.ErrTransient) || stored != 2 {
 			t.Fatalf("mallory stored %d responses of 100 KiB in a 256 KiB share, then %v", stored, err)
 		}
 		tx, err := claim("bob", "k")
 		if err == nil {
-			err = tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 200, Body: body}})
+			err = tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 200, Body: body}})
 		}
 		if err != nil {
 			t.Fatalf("bob starved by mallory's bytes: %v", err)
@@ -103,7 +104,7 @@ func TestMaxBytes(t *testing.T) {
 	// Each record under its own principal: only the store's own bound
 	// applies.
 	claim := func(key string, retention time.Duration) error {
-		_, err := s.Claim(ctx, idem.ClaimRequest{Principal: "p" + key, Key: key, Token: key, RequestID: id,
+		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p" + key, Key: key, Token: key, RequestID: id,
 			Lease: time.Minute, Retention: retention})
 		return err
 	}

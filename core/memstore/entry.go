@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // An entry is a record as the store keeps it: by value in the map, with its
@@ -21,7 +22,7 @@ import (
 // request through net/http once the garbage collector is counted
 // (docs/design-notes.md, "The engine's hot path").
 type entry struct {
-	state      idem.State
+	state      idemstore.State
 	uncertain  bool // idem.Record.Uncertain
 	created    int64
 	locked     int64
@@ -41,7 +42,7 @@ type entry struct {
 
 // newEntry returns the in-progress entry for a claim made at now, with
 // nonce: the request's for a new record, the old record's for a takeover.
-func newEntry(req *idem.ClaimRequest, nonce string, created, now int64) entry {
+func newEntry(req *idemstore.ClaimRequest, nonce string, created, now int64) entry {
 	var e encoder
 	e.Grow(fieldLen(len(req.Fingerprint)) + fieldLen(len(req.Token)) + fieldLen(len(req.RequestID)) + fieldLen(len(nonce)))
 	e.uvarint(uint64(len(req.Fingerprint)))
@@ -50,13 +51,13 @@ func newEntry(req *idem.ClaimRequest, nonce string, created, now int64) entry {
 	e.str(req.RequestID)
 	e.str(nonce)
 	return entry{
-		state: idem.StateInProgress, created: created, locked: now, leaseUntil: addSaturating(now, req.Lease),
+		state: idemstore.StateInProgress, created: created, locked: now, leaseUntil: addSaturating(now, req.Lease),
 		expires: addSaturating(now, req.Retention), data: e.String(),
 	}
 }
 
 // settle stores state and resp in e, copying resp.
-func (e *entry) settle(state idem.State, resp *idem.Response) {
+func (e *entry) settle(state idemstore.State, resp *idem.Response) {
 	_, _, _, _, rest := e.fields()
 	ids := e.data[:len(e.data)-len(rest.s)]
 	size := len(ids) + uvarintLen(uint64(resp.Status)) + uvarintLen(uint64(len(resp.Header))) + len(resp.Body)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -18,7 +18,7 @@ func fill(b testing.TB, s *memstore.Store, n int, step time.Duration) {
 	b.Helper()
 	for i := range n {
 		key := strconv.Itoa(i)
-		if _, err := s.Claim(context.Background(), idem.ClaimRequest{Principal: "p" + key, Key: key, Token: key, Nonce: key,
+		if _, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p" + key, Key: key, Token: key, Nonce: key,
 			Lease: time.Minute, Retention: time.Duration(i+1) * step}); err != nil {
 			b.Fatalf("fill %d: %v", i, err)
 		}
@@ -36,7 +36,7 @@ func BenchmarkClaimWhenFull(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				i++
-				_, err := s.Claim(context.Background(), idem.ClaimRequest{Principal: "new", Key: strconv.Itoa(i), Token: "t", Nonce: "n",
+				_, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "new", Key: strconv.Itoa(i), Token: "t", Nonce: "n",
 					Lease: time.Minute, Retention: time.Hour})
 				if !errors.Is(err, memstore.ErrFull) {
 					b.Fatalf("claim on a full store: %v, want ErrFull", err)
@@ -55,7 +55,7 @@ func TestFullStoreEvictsInExpiryOrder(t *testing.T) {
 	s := memstore.New(memstore.WithMaxRecords(100), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	fill(t, s, 100, time.Second) // record i expires at +(i+1)s
 	claim := func(key string) error {
-		_, err := s.Claim(context.Background(), idem.ClaimRequest{Principal: "new", Key: key, Token: key, Nonce: key,
+		_, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "new", Key: key, Token: key, Nonce: key,
 			Lease: time.Minute, Retention: time.Hour})
 		return err
 	}
@@ -79,7 +79,7 @@ func TestFullStoreEvictsInExpiryOrder(t *testing.T) {
 	}
 	// A record replaced with a later expiry is not evicted at its old one.
 	now = now.Add(time.Second) // record 3 has expired: claimed again, it lives an hour
-	if _, err := s.Claim(context.Background(), idem.ClaimRequest{Principal: "p3", Key: "3", Token: "again", Nonce: "again",
+	if _, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p3", Key: "3", Token: "again", Nonce: "again",
 		Lease: time.Minute, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestFullStoreEvictsInExpiryOrder(t *testing.T) {
 	if _, err := s.Get(context.Background(), "p3", "3"); err != nil {
 		t.Fatalf("the record claimed again was evicted at its old expiry: %v", err)
 	}
-	if _, err := s.Get(context.Background(), "p4", "4"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(context.Background(), "p4", "4"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record 4, expired, is still there: %v", err)
 	}
 }

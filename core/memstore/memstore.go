@@ -1,11 +1,11 @@
-// Package memstore is an in-memory idem.Store for tests and single-process
+// Package memstore is an in-memory idemstore.Store for tests and single-process
 // demos. Records live in one process: it gives no protection across
 // instances and loses everything on restart, the records' nonces included:
 // after a restart a retry gets a new idem.DownstreamKey, so a provider the
 // attempt before the restart reached charges again. It is bounded in records and
 // in bytes, in all and per principal: past a bound it evicts expired
 // records, and when none has expired it refuses the claim (or the settle of
-// a response that does not fit) with an error wrapping idem.ErrTransient
+// a response that does not fit) with an error wrapping idemstore.ErrTransient
 // instead of growing. No principal may hold more than its share of either
 // bound (WithPrincipalShare), so one caller filling its share leaves room
 // for every other.
@@ -25,6 +25,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Defaults of a Store's bounds.
@@ -44,13 +45,13 @@ const (
 // the entry and the string headers, roughly.
 const entryOverhead = 128
 
-// ErrFull is returned (wrapped with idem.ErrTransient) by Claim when the
+// ErrFull is returned (wrapped with idemstore.ErrTransient) by Claim when the
 // store, or the claiming principal's share of it, holds as many unexpired
 // records or bytes as its bounds allow, and by Settle when the response
 // does not fit in them.
 var ErrFull = errors.New("memstore: full")
 
-// Store is an in-memory idem.Store. The zero value is not usable; call New.
+// Store is an in-memory idemstore.Store. The zero value is not usable; call New.
 //
 // The times in the records it returns are in the local time zone and carry
 // no monotonic clock reading: leases and expiry are measured on the wall
@@ -118,9 +119,9 @@ func (s *Store) Len() int {
 	return len(s.records)
 }
 
-// Claim implements idem.Store. The whole decision runs under one lock, which
+// Claim implements idemstore.Store. The whole decision runs under one lock, which
 // is the in-memory form of a single atomic statement.
-func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *Store) Claim(_ context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -131,23 +132,23 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	switch {
 	case !ok:
 		if err := s.room(t, k.principal, 1, int64(len(k.principal)+len(k.key))+newEntrySize(&req)); err != nil {
-			return idem.ClaimResult{}, err
+			return idemstore.ClaimResult{}, err
 		}
 	case t >= e.expires:
 		// Expired: absent as far as correctness goes.
-	case e.state == idem.StateReleased:
+	case e.state == idemstore.StateReleased:
 		// Absent too, but its nonce is kept for the same request (see
-		// idem.StateReleased).
+		// idemstore.StateReleased).
 		if e.fingerprint() == string(req.Fingerprint) {
 			nonce = e.nonce()
 		}
-	case e.state == idem.StateInProgress && t >= e.leaseUntil &&
+	case e.state == idemstore.StateInProgress && t >= e.leaseUntil &&
 		e.fingerprint() == string(req.Fingerprint) && (!e.uncertain || req.TakeOverUncertain):
 		// A takeover keeps the record's nonce (see idem.Record.Nonce) and
 		// its Uncertain mark.
 		created, reclaimed, uncertain, nonce = e.created, true, e.uncertain, e.nonce()
 	default:
-		return idem.ClaimResult{Record: e.record(k), Now: now}, nil
+		return idemstore.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
 	e = newEntry(&req, nonce, created, t)
 	e.uncertain = uncertain
@@ -156,7 +157,7 @@ func (s *Store) Claim(_ context.Context, req idem.ClaimRequest) (idem.ClaimResul
 	// caller's request.
 	rec := e.meta(k)
 	rec.Fingerprint, rec.LeaseToken, rec.RequestID, rec.Nonce = req.Fingerprint, req.Token, req.RequestID, nonce
-	return idem.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
+	return idemstore.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
 }
 
 // evictExpired deletes at most n records expired at now, the soonest
@@ -176,53 +177,53 @@ func (s *Store) evictExpired(now int64, n int) {
 
 // held returns the key and entry of the record l holds, and whether there
 // is one. Callers hold s.mu.
-func (s *Store) held(l idem.Lease) (recordKey, entry, bool) {
+func (s *Store) held(l idemstore.Lease) (recordKey, entry, bool) {
 	k := recordKey{l.Principal, l.Key}
 	e, ok := s.records[k]
-	return k, e, ok && e.state == idem.StateInProgress && e.token() == l.Token
+	return k, e, ok && e.state == idemstore.StateInProgress && e.token() == l.Token
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(_ context.Context, l idem.Lease) error {
+// Release implements idemstore.Store.
+func (s *Store) Release(_ context.Context, l idemstore.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k, e, ok := s.held(l)
 	if !ok {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	// Its size stays the same: the record keeps every field until it
-	// expires (see idem.StateReleased).
-	e.state, e.uncertain = idem.StateReleased, false
+	// expires (see idemstore.StateReleased).
+	e.state, e.uncertain = idemstore.StateReleased, false
 	s.records[k] = e
 	return nil
 }
 
-// Keep implements idem.Store.
-func (s *Store) Keep(_ context.Context, l idem.Lease) error {
+// Keep implements idemstore.Store.
+func (s *Store) Keep(_ context.Context, l idemstore.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k, e, ok := s.held(l)
 	if !ok {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	e.uncertain, e.leaseUntil = true, s.now().UnixNano()
 	s.records[k] = e
 	return nil
 }
 
-// Get implements idem.Store.
+// Get implements idemstore.Store.
 func (s *Store) Get(_ context.Context, principal, key string) (idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := recordKey{principal, key}
 	e, ok := s.records[k]
 	if !ok {
-		return idem.Record{}, idem.ErrNotFound
+		return idem.Record{}, idemstore.ErrNotFound
 	}
 	return e.record(k), nil
 }
 
-// PurgeExpired implements idem.Store.
+// PurgeExpired implements idemstore.Store.
 func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -231,7 +232,7 @@ func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 	return before - len(s.records), nil
 }
 
-// ListStale implements idem.Store. It decodes only the records it returns.
+// ListStale implements idemstore.Store. It decodes only the records it returns.
 func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -242,7 +243,7 @@ func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 	}
 	var stale []keyed
 	for k, e := range s.records {
-		if e.state == idem.StateInProgress && now >= e.leaseUntil {
+		if e.state == idemstore.StateInProgress && now >= e.leaseUntil {
 			stale = append(stale, keyed{k, e})
 		}
 	}
@@ -260,9 +261,9 @@ func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 	return recs, nil
 }
 
-// BeginTx implements idem.Store. The transaction buffers nothing itself:
+// BeginTx implements idemstore.Store. The transaction buffers nothing itself:
 // work registered with OnCommit runs atomically with the settle.
-func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	c := &txContext{Context: ctx, tx: Tx{store: s, lease: l}}
 	c.st.tx = &c.tx
 	return c, &c.st, nil
@@ -292,7 +293,7 @@ func (c *txContext) Value(key any) any {
 // returns, or rolls it back.
 type Tx struct {
 	store    *Store
-	lease    idem.Lease
+	lease    idemstore.Lease
 	mu       sync.Mutex
 	onCommit []func()
 	failWith error
@@ -330,12 +331,12 @@ func (tx *Tx) FailCommit(err error) {
 	tx.failWith = err
 }
 
-// storeTx is the idem.Tx the engine drives; the handler never sees it.
+// storeTx is the idemstore.Tx the engine drives; the handler never sees it.
 type storeTx struct{ tx *Tx }
 
-// Settle implements idem.Tx. The store keeps a copy of the outcome's
+// Settle implements idemstore.Tx. The store keeps a copy of the outcome's
 // response.
-func (st *storeTx) Settle(_ context.Context, out idem.Outcome) error {
+func (st *storeTx) Settle(_ context.Context, out idemstore.Outcome) error {
 	tx := st.tx
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
@@ -351,7 +352,7 @@ func (st *storeTx) Settle(_ context.Context, out idem.Outcome) error {
 	defer s.mu.Unlock()
 	k, e, ok := s.held(tx.lease)
 	if !ok {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	if err := s.room(s.now().UnixNano(), k.principal, 0, responseSize(&out.Response)); err != nil {
 		return fmt.Errorf("memstore: settle: %w", err)
@@ -364,7 +365,7 @@ func (st *storeTx) Settle(_ context.Context, out idem.Outcome) error {
 	return nil
 }
 
-// Rollback implements idem.Tx.
+// Rollback implements idemstore.Tx.
 func (st *storeTx) Rollback(context.Context) error {
 	tx := st.tx
 	tx.mu.Lock()
@@ -374,11 +375,11 @@ func (st *storeTx) Rollback(context.Context) error {
 	return nil
 }
 
-// Used implements idem.Tx.
+// Used implements idemstore.Tx.
 func (st *storeTx) Used() bool {
 	st.tx.mu.Lock()
 	defer st.tx.mu.Unlock()
 	return st.tx.used
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -29,7 +30,7 @@ func TestBounded(t *testing.T) {
 	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	claim := func(key string, retention time.Duration) error {
-		_, err := s.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
+		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
 		return err
 	}
 	for _, k := range []string{"a", "b"} {
@@ -41,7 +42,7 @@ func TestBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := claim("d", time.Hour)
-	if !errors.Is(err, idem.ErrTransient) || !errors.Is(err, memstore.ErrFull) {
+	if !errors.Is(err, idemstore.ErrTransient) || !errors.Is(err, memstore.ErrFull) {
 		t.Fatalf("claim on a full store = %v, want ErrFull wrapped as transient", err)
 	}
 	if s.Len() != 3 {
@@ -66,7 +67,7 @@ func newClocked() (*memstore.Store, *clock) {
 	return memstore.New(memstore.WithClock(clk.Now)), clk
 }
 
-func claim(t testing.TB, s *memstore.Store, req idem.ClaimRequest) idem.ClaimResult {
+func claim(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest) idemstore.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(context.Background(), req)
 	if err != nil {
@@ -75,14 +76,14 @@ func claim(t testing.TB, s *memstore.Store, req idem.ClaimRequest) idem.ClaimRes
 	return res
 }
 
-func settle(t testing.TB, s *memstore.Store, req idem.ClaimRequest, resp idem.Response) {
+func settle(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest, resp idem.Response) {
 	t.Helper()
 	ctx := context.Background()
-	_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+	_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: resp}); err != nil {
 		t.Fatalf("Settle(%s): %v", req.Key, err)
 	}
 }
@@ -140,7 +141,7 @@ func TestResponseEncoding(t *testing.T) {
 	s := memstore.New()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			req := idem.ClaimRequest{Principal: "p", Key: tc.name, Fingerprint: tc.fingerprint, Token: "tok-" + tc.name,
+			req := idemstore.ClaimRequest{Principal: "p", Key: tc.name, Fingerprint: tc.fingerprint, Token: "tok-" + tc.name,
 				RequestID: "req-" + tc.name, Lease: time.Minute, Retention: time.Hour}
 			claim(t, s, req)
 			// The store must keep its own copy of what Settle is given.
@@ -178,7 +179,7 @@ func TestResponseEncoding(t *testing.T) {
 						t.Fatalf("%s: response = %+v, want %+v", how, rec.Response, tc.resp)
 					}
 					if !bytes.Equal(rec.Fingerprint, tc.fingerprint) || rec.LeaseToken != req.Token ||
-						rec.RequestID != req.RequestID || rec.State != idem.StateCompleted {
+						rec.RequestID != req.RequestID || rec.State != idemstore.StateCompleted {
 						t.Fatalf("%s: record = %+v, want the claim's fingerprint, token and request id", how, rec)
 					}
 					scribble(t, &rec)
@@ -224,11 +225,11 @@ func TestClock(t *testing.T) {
 	t.Parallel()
 	s, clk := newClocked()
 	start := clk.now
-	req := func(token string) idem.ClaimRequest {
-		return idem.ClaimRequest{Principal: "p", Key: "k", Fingerprint: []byte("fp"), Token: token,
+	req := func(token string) idemstore.ClaimRequest {
+		return idemstore.ClaimRequest{Principal: "p", Key: "k", Fingerprint: []byte("fp"), Token: token,
 			RequestID: "r-" + token, Lease: time.Minute, Retention: time.Hour}
 	}
-	check := func(res idem.ClaimResult, claimed, reclaimed bool, token string, created, locked time.Time) {
+	check := func(res idemstore.ClaimResult, claimed, reclaimed bool, token string, created, locked time.Time) {
 		t.Helper()
 		rec := res.Record
 		if res.Claimed != claimed || res.Reclaimed != reclaimed || rec.LeaseToken != token || !res.Now.Equal(clk.now) ||
@@ -273,9 +274,9 @@ func TestListStaleOrder(t *testing.T) {
 	start := clk.now
 	for i, key := range []string{"c", "a", "d", "b"} {
 		clk.now = start.Add(time.Duration(i) * time.Second)
-		claim(t, s, idem.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: time.Hour})
+		claim(t, s, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: time.Hour})
 	}
-	settle(t, s, idem.ClaimRequest{Principal: "p", Key: "d", Token: "d"}, idem.Response{Status: 200})
+	settle(t, s, idemstore.ClaimRequest{Principal: "p", Key: "d", Token: "d"}, idem.Response{Status: 200})
 	clk.now = start.Add(time.Hour - time.Second)
 	stale, err := s.ListStale(context.Background(), 2)
 	if err != nil {
@@ -299,7 +300,7 @@ func TestTxContext(t *testing.T) {
 	t.Parallel()
 	s := memstore.New()
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
-	txCtx, tx, err := s.BeginTx(parent, idem.Lease{Principal: "p", Key: "k", Token: "t"})
+	txCtx, tx, err := s.BeginTx(parent, idemstore.Lease{Principal: "p", Key: "k", Token: "t"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,8 +328,8 @@ func TestTxContext(t *testing.T) {
 	}
 }
 
-func benchClaim(key string) idem.ClaimRequest {
-	return idem.ClaimRequest{Principal: "acct_1", Key: key, Fingerprint: bytes.Repeat([]byte{7}, 32),
+func benchClaim(key string) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{Principal: "acct_1", Key: key, Fingerprint: bytes.Repeat([]byte{7}, 32),
 		Token: "0123456789abcdef0123456789abcdef", RequestID: "req-" + key, Lease: time.Minute, Retention: time.Hour}
 }
 
@@ -342,7 +343,7 @@ var benchResponse = idem.Response{
 func BenchmarkFirstRequest(b *testing.B) {
 	s := memstore.New(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
 	ctx := context.Background()
-	reqs := make([]idem.ClaimRequest, b.N)
+	reqs := make([]idemstore.ClaimRequest, b.N)
 	for i := range reqs {
 		reqs[i] = benchClaim(strconv.Itoa(i))
 	}
@@ -352,8 +353,8 @@ func BenchmarkFirstRequest(b *testing.B) {
 		if _, err := s.Claim(ctx, req); err != nil {
 			b.Fatal(err)
 		}
-		_, tx, _ := s.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: benchResponse}); err != nil {
+		_, tx, _ := s.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: benchResponse}); err != nil {
 			b.Fatal(err)
 		}
 	}

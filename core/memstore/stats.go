@@ -4,20 +4,20 @@ import (
 	"context"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
-// Stats implements idem.Store: one pass over the records under the store's
+// Stats implements idemstore.Store: one pass over the records under the store's
 // lock, every figure counted.
-func (s *Store) Stats(_ context.Context, staleAfter time.Duration) (idem.Stats, error) {
+func (s *Store) Stats(_ context.Context, staleAfter time.Duration) (idemstore.Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now().UnixNano()
-	var st idem.Stats
+	var st idemstore.Stats
 	oldest := int64(-1)
 	for _, e := range s.records {
 		switch e.state {
-		case idem.StateInProgress:
+		case idemstore.StateInProgress:
 			st.InProgress++
 			if now-e.locked >= int64(staleAfter) {
 				st.Stale++
@@ -25,11 +25,11 @@ func (s *Store) Stats(_ context.Context, staleAfter time.Duration) (idem.Stats, 
 			if oldest < 0 || e.locked < oldest {
 				oldest = e.locked
 			}
-		case idem.StateCompleted:
+		case idemstore.StateCompleted:
 			st.Completed++
-		case idem.StateFailed:
+		case idemstore.StateFailed:
 			st.Failed++
-		case idem.StateReleased:
+		case idemstore.StateReleased:
 			st.Released++
 		}
 		if now >= e.expires {

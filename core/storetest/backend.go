@@ -1,4 +1,4 @@
-// Package storetest is the conformance suite every idem.Store must pass.
+// Package storetest is the conformance suite every idemstore.Store must pass.
 // A store's own tests call Run with a function that makes a fresh Backend
 // on a real server; the suite states the Store contract as tests.
 package storetest
@@ -7,7 +7,7 @@ import (
 	"context"
 	"testing"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Backend is a Store plus what the suite needs to observe a store's
@@ -16,7 +16,7 @@ import (
 type Backend struct {
 	// Store is the store under test. Each Backend must start empty, or use
 	// principals and keys no other Backend sees (a fresh table or schema).
-	Store idem.Store
+	Store idemstore.Store
 	// WriteEffect records one business write for id inside the transaction
 	// that ctx carries (as BeginTx returned it). It must fail when ctx
 	// carries no transaction.

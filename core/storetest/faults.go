@@ -12,6 +12,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 )
 
@@ -160,7 +161,7 @@ func checkFaultOutcome(t *testing.T, b Backend, key string, first, final *idem.R
 	if err != nil {
 		t.Fatalf("%s: no record after completion: %v", key, err)
 	}
-	if n != 1 || rec.State != idem.StateCompleted {
+	if n != 1 || rec.State != idemstore.StateCompleted {
 		t.Fatalf("%s: %d effects and a %s record: want exactly one effect with its completed record", key, n, rec.State)
 	}
 	if !bytes.Equal(rec.Response.Body, final.Body) {

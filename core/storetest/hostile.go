@@ -12,6 +12,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // The hostile-handler section: a handler that ends the transaction it was
@@ -399,7 +400,7 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 			t.Fatalf("outcome %q, want %q", ev.Outcome, idem.OutcomeTxEnded)
 		}
 		// The key must not be released: its effect may have committed.
-		if r, err := b.Store.Get(ctxT(t), "alice", key); err != nil || r.State != idem.StateInProgress || !r.Uncertain {
+		if r, err := b.Store.Get(ctxT(t), "alice", key); err != nil || r.State != idemstore.StateInProgress || !r.Uncertain {
 			t.Fatalf("after the transaction ended behind the store: record %+v, %v; want it kept in progress, Uncertain", r, err)
 		}
 		// Without Reconcile nothing runs it again: the retry is answered
@@ -429,7 +430,7 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 		t.Fatalf("after well-behaved retries: %d business writes for the key, want exactly 1", n)
 	}
 	stored := get(t, b, "alice", key)
-	if stored.State != idem.StateCompleted || stored.Response == nil || !bytes.Equal(stored.Response.Body, final.Body) {
+	if stored.State != idemstore.StateCompleted || stored.Response == nil || !bytes.Equal(stored.Response.Body, final.Body) {
 		t.Fatalf("after retries: record %s with %v, want completed with the retry's body %s", stored.State, stored.Response, final.Body)
 	}
 	if first.Status == http.StatusCreated && !bytes.Equal(first.Body, final.Body) {
@@ -506,9 +507,9 @@ func testTxUsedReported(t *testing.T, b Backend) {
 // is; one byte more of principal is a 400 before anything is claimed.
 func testLimits(t *testing.T, b Backend) {
 	eng := hostileEngine(t, b, nil)
-	principal := strings.Repeat("é", idem.MaxPrincipalLength/2) + "p" // 255 bytes, multi-byte UTF-8
+	principal := strings.Repeat("é", idemstore.MaxPrincipalLength/2) + "p" // 255 bytes, multi-byte UTF-8
 	key := strings.Repeat("k", idem.DefaultMaxKeyLength-12) + uniq("")[1:]
-	if len(principal) != idem.MaxPrincipalLength || len(key) != idem.DefaultMaxKeyLength {
+	if len(principal) != idemstore.MaxPrincipalLength || len(key) != idem.DefaultMaxKeyLength {
 		t.Fatalf("test set-up: principal %d bytes, key %d", len(principal), len(key))
 	}
 	var bodies [][]byte
@@ -529,7 +530,7 @@ func testLimits(t *testing.T, b Backend) {
 	}
 	// The request id is stored as it is at the limit.
 	req := claimReq(principal, uniq("rid"), "body")
-	req.RequestID = strings.Repeat("ü", idem.MaxRequestIDLength/2) + "r"
+	req.RequestID = strings.Repeat("ü", idemstore.MaxRequestIDLength/2) + "r"
 	mustClaim(t, b.Store, req)
 	if got := get(t, b, principal, req.Key); got.RequestID != req.RequestID || got.Principal != principal {
 		t.Fatalf("request id of %d bytes stored as %d bytes, principal %d as %d", len(req.RequestID), len(got.RequestID), len(principal), len(got.Principal))

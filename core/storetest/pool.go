@@ -12,6 +12,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // PoolPinning proves that one principal cannot pin a store's connection
@@ -34,7 +36,7 @@ import (
 //     without waiting.
 //
 // It takes about 3*hold.
-func PoolPinning(t *testing.T, store idem.Store, poolSize int, hold time.Duration) {
+func PoolPinning(t *testing.T, store idemstore.Store, poolSize int, hold time.Duration) {
 	storeTimeout := 500 * time.Millisecond
 	tests := []struct {
 		name       string
@@ -78,7 +80,7 @@ func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (t
 	var running atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		principal := r.Header.Get("X-Principal")
-		eng.HandleHTTP(w, r, principal, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+		idemadapter.HandleHTTP(eng, w, r, principal, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 			if principal == "alice" {
 				running.Add(1)
 				defer running.Add(-1)
@@ -155,7 +157,7 @@ func pinPool(t *testing.T, cfg idem.Config, poolSize int, hold time.Duration) (t
 // whose DownstreamKey waited for a second pool connection (to make the
 // claim durable) would leave every one of them waiting for the others.
 // store's pool must hold exactly poolSize connections.
-func DownstreamKeyOnAFullPool(t *testing.T, store idem.Store, poolSize int) {
+func DownstreamKeyOnAFullPool(t *testing.T, store idemstore.Store, poolSize int) {
 	const storeTimeout = 2 * time.Second
 	eng, err := idem.New(idem.Config{Store: store, FingerprintKey: FingerprintKey,
 		StoreTimeout: storeTimeout, RequestTimeout: 4 * storeTimeout})

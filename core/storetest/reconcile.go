@@ -10,13 +10,14 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // principalStore is a Store whose ListStale sees one principal's records
 // only, so a sweeper in the suite never touches what other tests (or other
 // test processes sharing the server) left stale.
 type principalStore struct {
-	idem.Store
+	idemstore.Store
 	principal string
 }
 
@@ -105,7 +106,7 @@ func testSweeperRacesRetry(t *testing.T, b Backend) {
 		var crashedKeys []string
 		for i := range keys {
 			key := fmt.Sprintf("r%d-k%d", round, i)
-			req := idem.ClaimRequest{Principal: principal, Key: key, Fingerprint: rec.Fingerprint, Token: token(), Nonce: token(),
+			req := idemstore.ClaimRequest{Principal: principal, Key: key, Fingerprint: rec.Fingerprint, Token: token(), Nonce: token(),
 				Lease: time.Second, Retention: time.Hour}
 			mustClaim(t, b.Store, req)
 			if i%2 == 0 {
@@ -166,7 +167,7 @@ func testSweeperRacesRetry(t *testing.T, b Backend) {
 			if n, err := b.CountEffects(ctx, principal+"|"+key); err != nil || n < wantEffects || (n > wantEffects && !b.NoSharedTx) {
 				t.Fatalf("round %d %s: %d committed handler writes (%v), want %d", round, key, n, err, wantEffects)
 			}
-			if r := get(t, b, principal, key); r.State != idem.StateCompleted || r.Response == nil || string(r.Response.Body) != want {
+			if r := get(t, b, principal, key); r.State != idemstore.StateCompleted || r.Response == nil || string(r.Response.Body) != want {
 				t.Fatalf("round %d %s: record %s %+v, want completed with %q", round, key, r.State, r.Response, want)
 			}
 		}

@@ -7,16 +7,17 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // settle stores state with resp for lease, with no business write.
-func settle(ctx context.Context, b Backend, lease idem.Lease, state idem.State, resp idem.Response) error {
+func settle(ctx context.Context, b Backend, lease idemstore.Lease, state idemstore.State, resp idem.Response) error {
 	_, tx, err := b.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	return tx.Settle(ctx, idem.Outcome{State: state, Response: resp})
+	return tx.Settle(ctx, idemstore.Outcome{State: state, Response: resp})
 }
 
 // testStats checks every figure of Store.Stats against records made to
@@ -30,9 +31,9 @@ func testStats(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, c := range map[string]idem.Count{"InProgress": empty.InProgress, "Completed": empty.Completed,
+	for name, c := range map[string]idemstore.Count{"InProgress": empty.InProgress, "Completed": empty.Completed,
 		"Failed": empty.Failed, "Released": empty.Released, "Stale": empty.Stale, "Expired": empty.Expired} {
-		if c != 0 && c != idem.NotCounted {
+		if c != 0 && c != idemstore.NotCounted {
 			t.Errorf("empty store: %s = %v, want 0 (or not counted)", name, c)
 		}
 	}
@@ -43,7 +44,7 @@ func testStats(t *testing.T, b Backend) {
 		t.Fatalf("Stats.Now %v is %v away from this machine's clock", empty.Now, d)
 	}
 
-	claim := func(name string, retention time.Duration) idem.ClaimRequest {
+	claim := func(name string, retention time.Duration) idemstore.ClaimRequest {
 		req := claimReq("alice", uniq(name), "body")
 		req.Retention = retention
 		mustClaim(t, b.Store, req)
@@ -56,13 +57,13 @@ func testStats(t *testing.T, b Backend) {
 		t.Fatalf("release: %v", err)
 	}
 	for _, c := range []struct {
-		state     idem.State
+		state     idemstore.State
 		status    int
 		retention time.Duration
 	}{
-		{idem.StateCompleted, http.StatusCreated, time.Hour},
-		{idem.StateFailed, http.StatusUnprocessableEntity, time.Hour},
-		{idem.StateCompleted, http.StatusOK, Lease}, // expired once settled
+		{idemstore.StateCompleted, http.StatusCreated, time.Hour},
+		{idemstore.StateFailed, http.StatusUnprocessableEntity, time.Hour},
+		{idemstore.StateCompleted, http.StatusOK, Lease}, // expired once settled
 	} {
 		req := claim(string(c.state), c.retention)
 		if err := settle(ctx, b, leaseOf(req), c.state, idem.Response{Status: c.status, Header: http.Header{}, Body: []byte("{}")}); err != nil {
@@ -80,12 +81,12 @@ func testStats(t *testing.T, b Backend) {
 	// On a loaded machine the fresh claim may have aged past the lease
 	// before Stats ran; only then may it count as stale.
 	freshMayBeStale := time.Since(claimedFresh) >= Lease/2
-	want := idem.Stats{InProgress: 4, Completed: 2, Failed: 1, Released: 1, Stale: 3, Expired: 2}
+	want := idemstore.Stats{InProgress: 4, Completed: 2, Failed: 1, Released: 1, Stale: 3, Expired: 2}
 	if b.SelfExpiring {
 		// Both expired records are gone by themselves.
-		want = idem.Stats{InProgress: 3, Completed: 1, Failed: 1, Released: 1, Stale: 2, Expired: 0}
+		want = idemstore.Stats{InProgress: 3, Completed: 1, Failed: 1, Released: 1, Stale: 2, Expired: 0}
 	}
-	check := func(name string, got, want idem.Count, alsoOK ...idem.Count) {
+	check := func(name string, got, want idemstore.Count, alsoOK ...idemstore.Count) {
 		t.Helper()
 		if got == want {
 			return
@@ -97,9 +98,9 @@ func testStats(t *testing.T, b Backend) {
 		}
 		t.Errorf("Stats.%s = %v, want %v", name, got, want)
 	}
-	settledMay := []idem.Count{}
+	settledMay := []idemstore.Count{}
 	if b.SelfExpiring {
-		settledMay = append(settledMay, idem.NotCounted)
+		settledMay = append(settledMay, idemstore.NotCounted)
 	}
 	check("InProgress", st.InProgress, want.InProgress)
 	check("Completed", st.Completed, want.Completed, settledMay...)
@@ -123,7 +124,7 @@ func testStats(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Stale != idem.Count(len(stale)) && !freshMayBeStale {
+	if st.Stale != idemstore.Count(len(stale)) && !freshMayBeStale {
 		t.Errorf("Stats.Stale = %v, ListStale lists %d", st.Stale, len(stale))
 	}
 	// staleAfter is honoured: nothing is an hour old.
@@ -140,7 +141,7 @@ func testStats(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Expired != 0 || after.InProgress != 3 || !(after.Completed == 1 || b.SelfExpiring && after.Completed == idem.NotCounted) {
+	if after.Expired != 0 || after.InProgress != 3 || !(after.Completed == 1 || b.SelfExpiring && after.Completed == idemstore.NotCounted) {
 		t.Errorf("after PurgeExpired: %+v; want Expired 0, InProgress 3, Completed 1", after)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Lease is the lease the suite uses where it waits for expiry. Stores whose
@@ -92,7 +94,7 @@ func uniq(prefix string) string {
 // fingerprint is a fingerprint as the engine makes it, FingerprintSize
 // bytes, so that a store whose schema assumes another length fails.
 func fingerprint(s string) []byte {
-	return idem.Fingerprint(FingerprintKey, "POST", "/", "storetest", "text/plain", []byte(s), nil)
+	return idemadapter.Fingerprint(FingerprintKey, "POST", "/", "storetest", "text/plain", []byte(s), nil)
 }
 
 func token() string {
@@ -101,18 +103,18 @@ func token() string {
 	return hex.EncodeToString(b[:])
 }
 
-func claimReq(principal, key, fp string) idem.ClaimRequest {
-	return idem.ClaimRequest{
+func claimReq(principal, key, fp string) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{
 		Principal: principal, Key: key, Fingerprint: fingerprint(fp), Token: token(), Nonce: token(),
 		RequestID: uniq("req"), Lease: Lease, Retention: time.Hour,
 	}
 }
 
-func leaseOf(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOf(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-func mustClaim(t testing.TB, s idem.Store, req idem.ClaimRequest) idem.ClaimResult {
+func mustClaim(t testing.TB, s idemstore.Store, req idemstore.ClaimRequest) idemstore.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(ctxT(t), req)
 	if err != nil {
@@ -131,7 +133,7 @@ func okResponse(body string) idem.Response {
 
 // settleWithEffect begins a transaction for lease, writes a business effect
 // named id in it and settles with resp.
-func settleWithEffect(ctx context.Context, b Backend, lease idem.Lease, id string, resp idem.Response) error {
+func settleWithEffect(ctx context.Context, b Backend, lease idemstore.Lease, id string, resp idem.Response) error {
 	txCtx, tx, err := b.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return fmt.Errorf("BeginTx: %w", err)
@@ -140,22 +142,22 @@ func settleWithEffect(ctx context.Context, b Backend, lease idem.Lease, id strin
 	if err := b.WriteEffect(txCtx, id); err != nil {
 		return fmt.Errorf("WriteEffect: %w", err)
 	}
-	return tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: resp})
+	return tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: resp})
 }
 
 // settleFailed begins a transaction for lease and settles it failed with a
 // stored 400.
-func settleFailed(ctx context.Context, b Backend, lease idem.Lease) error {
+func settleFailed(ctx context.Context, b Backend, lease idemstore.Lease) error {
 	_, tx, err := b.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return fmt.Errorf("BeginTx: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	return tx.Settle(ctx, idem.Outcome{State: idem.StateFailed, Response: idem.Response{Status: http.StatusBadRequest}})
+	return tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateFailed, Response: idem.Response{Status: http.StatusBadRequest}})
 }
 
 // claimAndBegin claims a fresh key for alice and begins its transaction.
-func claimAndBegin(t testing.TB, b Backend) (idem.ClaimRequest, context.Context, idem.Tx) {
+func claimAndBegin(t testing.TB, b Backend) (idemstore.ClaimRequest, context.Context, idemstore.Tx) {
 	t.Helper()
 	req := claimReq("alice", uniq("k"), "body")
 	mustClaim(t, b.Store, req)
@@ -191,7 +193,7 @@ func testClaimNewKey(t *testing.T, b Backend) {
 		t.Fatalf("first claim: Claimed=%v Reclaimed=%v, want true false", res.Claimed, res.Reclaimed)
 	}
 	rec := res.Record
-	if rec.State != idem.StateInProgress || rec.LeaseToken != req.Token || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+	if rec.State != idemstore.StateInProgress || rec.LeaseToken != req.Token || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
 		t.Fatalf("claimed record = %+v, want in_progress with the request's token and fingerprint", rec)
 	}
 	if res.Now.IsZero() || rec.LockedAt.After(res.Now) || rec.ExpiresAt.Before(res.Now.Add(59*time.Minute)) {
@@ -202,7 +204,7 @@ func testClaimNewKey(t *testing.T, b Backend) {
 		t.Fatalf("store clock %v is %v away from this machine's", res.Now, d)
 	}
 	stored := get(t, b, "alice", req.Key)
-	if stored.State != idem.StateInProgress || stored.LeaseToken != req.Token || stored.RequestID != req.RequestID {
+	if stored.State != idemstore.StateInProgress || stored.LeaseToken != req.Token || stored.RequestID != req.RequestID {
 		t.Fatalf("Get after claim = %+v", stored)
 	}
 }
@@ -215,7 +217,7 @@ func testClaimExisting(t *testing.T, b Backend) {
 	if res.Claimed {
 		t.Fatal("second claim of a live key claimed it")
 	}
-	if res.Record.LeaseToken != first.Token || res.Record.State != idem.StateInProgress {
+	if res.Record.LeaseToken != first.Token || res.Record.State != idemstore.StateInProgress {
 		t.Fatalf("second claim returned %+v, want the first holder's in-progress record", res.Record)
 	}
 	// The first holder still holds the key: its settle goes through.
@@ -223,7 +225,7 @@ func testClaimExisting(t *testing.T, b Backend) {
 		t.Fatalf("first holder's settle after a concurrent claim: %v", err)
 	}
 	res = mustClaim(t, b.Store, claimReq("alice", first.Key, "body"))
-	if res.Claimed || res.Record.State != idem.StateCompleted || res.Record.Response == nil {
+	if res.Claimed || res.Record.State != idemstore.StateCompleted || res.Record.Response == nil {
 		t.Fatalf("claim after settle = %+v, want the completed record", res)
 	}
 }
@@ -267,7 +269,7 @@ func testConcurrentClaims(t *testing.T, b Backend) {
 				<-start
 				res, err := b.Store.Claim(ctx, req)
 				if err != nil {
-					if errors.Is(err, idem.ErrTransient) {
+					if errors.Is(err, idemstore.ErrTransient) {
 						lost.Add(1) // allowed: the client retries
 						return
 					}
@@ -296,7 +298,7 @@ func testConcurrentClaims(t *testing.T, b Backend) {
 			if got := effects(t, b, key); got != 1 {
 				t.Fatalf("round %d: %d committed effects, want 1", round, got)
 			}
-			if rec := get(t, b, "alice", key); rec.State != idem.StateCompleted {
+			if rec := get(t, b, "alice", key); rec.State != idemstore.StateCompleted {
 				t.Fatalf("round %d: record left %s", round, rec.State)
 			}
 		}
@@ -317,7 +319,7 @@ func testTakeoverOnlyAfterLease(t *testing.T, b Backend) {
 	if !res.Claimed || !res.Reclaimed {
 		t.Fatalf("claim after the lease expired: Claimed=%v Reclaimed=%v, want both", res.Claimed, res.Reclaimed)
 	}
-	if res.Record.LeaseToken != late.Token || res.Record.State != idem.StateInProgress {
+	if res.Record.LeaseToken != late.Token || res.Record.State != idemstore.StateInProgress {
 		t.Fatalf("taken-over record = %+v, want in_progress with the new token", res.Record)
 	}
 	if !res.Record.LockedAt.After(res.Now.Add(-time.Second)) {
@@ -369,7 +371,7 @@ func testConcurrentTakeover(t *testing.T, b Backend) {
 					if err := settleWithEffect(ctx, b, leaseOf(req), first.Key, okResponse("x")); err != nil {
 						t.Errorf("winner's settle: %v", err)
 					}
-				} else if err != nil && !errors.Is(err, idem.ErrTransient) {
+				} else if err != nil && !errors.Is(err, idemstore.ErrTransient) {
 					t.Errorf("claim: %v", err)
 				}
 			})
@@ -391,7 +393,7 @@ func testStaleHolderFenced(t *testing.T, b Backend) {
 	mustClaim(t, b.Store, old)
 	var (
 		oldCtx context.Context
-		oldTx  idem.Tx
+		oldTx  idemstore.Tx
 	)
 	begin := func() {
 		var err error
@@ -419,8 +421,8 @@ func testStaleHolderFenced(t *testing.T, b Backend) {
 		begin()
 	}
 
-	err := oldTx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("old")})
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	err := oldTx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("old")})
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale holder's settle = %v, want ErrLeaseLost", err)
 	}
 	t.Run("StaleWriteRolledBack", func(t *testing.T) {
@@ -429,10 +431,10 @@ func testStaleHolderFenced(t *testing.T, b Backend) {
 			t.Fatalf("stale holder's business write committed (%d rows) despite the lost lease", n)
 		}
 	})
-	if err := b.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale holder's release = %v, want ErrLeaseLost", err)
 	}
-	if rec := get(t, b, "alice", old.Key); rec.State != idem.StateInProgress || rec.LeaseToken != fresh.Token {
+	if rec := get(t, b, "alice", old.Key); rec.State != idemstore.StateInProgress || rec.LeaseToken != fresh.Token {
 		t.Fatalf("after the stale settle the record is %+v, want the new holder's", rec)
 	}
 	if err := settleWithEffect(ctx, b, leaseOf(fresh), "new-"+old.Key, okResponse("new")); err != nil {
@@ -442,7 +444,7 @@ func testStaleHolderFenced(t *testing.T, b Backend) {
 		t.Fatalf("new holder's effect count = %d, want 1", n)
 	}
 	rec := get(t, b, "alice", old.Key)
-	if rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
+	if rec.State != idemstore.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
 		t.Fatalf("final record = %+v, want the new holder's completed response", rec)
 	}
 }
@@ -453,7 +455,7 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	mustClaim(t, b.Store, req)
 	wrong := leaseOf(req)
 	wrong.Token = token()
-	if err := b.Store.Release(ctx, wrong); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Release(ctx, wrong); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("release with a foreign token = %v, want ErrLeaseLost", err)
 	}
 	if rec := get(t, b, "alice", req.Key); rec.LeaseToken != req.Token {
@@ -464,14 +466,14 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	}
 	// Released is a state, not a deletion: the record keeps its nonce.
 	nonce := storedNonce(b, req.Nonce)
-	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateReleased || rec.Nonce != nonce || rec.Response != nil {
+	if rec := get(t, b, "alice", req.Key); rec.State != idemstore.StateReleased || rec.Nonce != nonce || rec.Response != nil {
 		t.Fatalf("after release the record is %s with nonce %q and response %v, want released with nonce %q and none",
 			rec.State, rec.Nonce, rec.Response, nonce)
 	}
-	if err := b.Store.Release(ctx, leaseOf(req)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Release(ctx, leaseOf(req)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("second release with the released token = %v, want ErrLeaseLost", err)
 	}
-	if err := settle(ctx, b, leaseOf(req), idem.StateCompleted, okResponse("late")); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := settle(ctx, b, leaseOf(req), idemstore.StateCompleted, okResponse("late")); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("settle with the released token = %v, want ErrLeaseLost", err)
 	}
 	// Released means absent: the retry claims it afresh, without waiting
@@ -491,7 +493,7 @@ func testReleaseFenced(t *testing.T, b Backend) {
 			want = storedNonce(b, retry.Nonce)
 		}
 		for _, rec := range []idem.Record{res.Record, get(t, b, "alice", req.Key)} {
-			if rec.State != idem.StateInProgress || rec.LeaseToken != retry.Token || !bytes.Equal(rec.Fingerprint, retry.Fingerprint) ||
+			if rec.State != idemstore.StateInProgress || rec.LeaseToken != retry.Token || !bytes.Equal(rec.Fingerprint, retry.Fingerprint) ||
 				rec.RequestID != retry.RequestID || rec.Nonce != want || rec.Response != nil || rec.Uncertain {
 				t.Fatalf("record claimed after release with %q = %+v, want in progress for the retry with nonce %q", body, rec, want)
 			}
@@ -527,10 +529,10 @@ func testReleaseFenced(t *testing.T, b Backend) {
 	if err := settleWithEffect(ctx, b, leaseOf(settled), settled.Key, okResponse("s")); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Store.Release(ctx, leaseOf(settled)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Release(ctx, leaseOf(settled)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("release of a settled record = %v, want ErrLeaseLost", err)
 	}
-	if rec := get(t, b, "alice", settled.Key); rec.State != idem.StateCompleted {
+	if rec := get(t, b, "alice", settled.Key); rec.State != idemstore.StateCompleted {
 		t.Fatalf("settled record became %s after a release attempt", rec.State)
 	}
 }
@@ -550,7 +552,7 @@ func testExpiredRecordAbsent(t *testing.T, b Backend) {
 		t.Fatalf("claim of an expired record: Claimed=%v Reclaimed=%v, want a fresh claim", res.Claimed, res.Reclaimed)
 	}
 	rec := res.Record
-	if rec.State != idem.StateInProgress || rec.Response != nil || !bytes.Equal(rec.Fingerprint, next.Fingerprint) ||
+	if rec.State != idemstore.StateInProgress || rec.Response != nil || !bytes.Equal(rec.Fingerprint, next.Fingerprint) ||
 		rec.LeaseToken != next.Token || rec.RequestID != next.RequestID {
 		t.Fatalf("replaced record = %+v, want a fresh in-progress record for the new request", rec)
 	}
@@ -579,18 +581,18 @@ func testFailedCommit(t *testing.T, b Backend) {
 	if err := b.PoisonTx(txCtx); err != nil {
 		t.Fatal(err)
 	}
-	err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: okResponse("x")})
+	err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("x")})
 	if err == nil {
 		t.Fatal("Settle reported success for a transaction that cannot commit")
 	}
-	if errors.Is(err, idem.ErrLeaseLost) {
+	if errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("a failed commit was reported as a lost lease: %v", err)
 	}
 	if n := effects(t, b, req.Key); n != 0 {
 		t.Fatalf("%d effects committed by a failed transaction", n)
 	}
 	rec := get(t, b, "alice", req.Key)
-	if rec.State != idem.StateInProgress || rec.Response != nil {
+	if rec.State != idemstore.StateInProgress || rec.Response != nil {
 		t.Fatalf("after a failed commit the record is %+v, want still in progress with no response", rec)
 	}
 	if err := b.Store.Release(ctx, leaseOf(req)); err != nil {
@@ -616,7 +618,7 @@ func testRollback(t *testing.T, b Backend) {
 			t.Fatalf("%d effects survived a rollback", n)
 		}
 	})
-	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateInProgress || rec.LeaseToken != req.Token {
+	if rec := get(t, b, "alice", req.Key); rec.State != idemstore.StateInProgress || rec.LeaseToken != req.Token {
 		t.Fatalf("after rollback the record is %+v, want the claim in progress", rec)
 	}
 	// The holder can still begin again and settle.
@@ -642,11 +644,11 @@ func testSettleFailed(t *testing.T, b Backend) {
 	ctx := ctxT(t)
 	req, _, tx := claimAndBegin(t, b)
 	resp := idem.Response{Status: 400, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"bad amount"}`)}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateFailed, Response: resp}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateFailed, Response: resp}); err != nil {
 		t.Fatal(err)
 	}
 	res := mustClaim(t, b.Store, claimReq("alice", req.Key, "body"))
-	if res.Claimed || res.Record.State != idem.StateFailed || res.Record.Response == nil || res.Record.Response.Status != 400 {
+	if res.Claimed || res.Record.State != idemstore.StateFailed || res.Record.Response == nil || res.Record.Response.Status != 400 {
 		t.Fatalf("claim after a failed outcome = %+v, want the stored 400", res)
 	}
 }
@@ -665,21 +667,21 @@ func testPrincipalsIsolated(t *testing.T, b Backend) {
 	if err := settleWithEffect(ctx, b, leaseOf(alice), "alice-"+key, okResponse("alice")); err != nil {
 		t.Fatal(err)
 	}
-	if rec := get(t, b, "bob", key); rec.State != idem.StateInProgress || rec.LeaseToken != bob.Token {
+	if rec := get(t, b, "bob", key); rec.State != idemstore.StateInProgress || rec.LeaseToken != bob.Token {
 		t.Fatalf("bob's record = %+v after alice settled", rec)
 	}
 	// A lease is per principal: alice's token cannot release bob's claim.
-	cross := idem.Lease{Principal: "bob", Key: key, Token: alice.Token}
-	if err := b.Store.Release(ctx, cross); !errors.Is(err, idem.ErrLeaseLost) {
+	cross := idemstore.Lease{Principal: "bob", Key: key, Token: alice.Token}
+	if err := b.Store.Release(ctx, cross); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("release of bob's claim with alice's token = %v, want ErrLeaseLost", err)
 	}
-	if _, err := b.Store.Get(ctx, "carol", key); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.Store.Get(ctx, "carol", key); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("carol sees a record for a key only alice and bob used: %v", err)
 	}
 }
 
 func testGetMissing(t *testing.T, b Backend) {
-	if _, err := b.Store.Get(ctxT(t), "alice", uniq("never")); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.Store.Get(ctxT(t), "alice", uniq("never")); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("Get of a missing key = %v, want ErrNotFound", err)
 	}
 }
@@ -737,7 +739,7 @@ func testPurgeExpired(t *testing.T, b Backend) {
 		t.Fatalf("purged %d records, want %d", total, want)
 	}
 	for _, k := range expired {
-		if _, err := b.Store.Get(ctx, "alice", k); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := b.Store.Get(ctx, "alice", k); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("expired %s survived the purge: %v", k, err)
 		}
 	}
@@ -765,7 +767,7 @@ func testConcurrentPurge(t *testing.T, b Backend) {
 		wg.Go(func() {
 			for {
 				got, err := b.Store.PurgeExpired(ctx, 5)
-				if err != nil && !errors.Is(err, idem.ErrTransient) {
+				if err != nil && !errors.Is(err, idemstore.ErrTransient) {
 					t.Errorf("PurgeExpired: %v", err)
 					return
 				}
@@ -785,7 +787,7 @@ func testConcurrentPurge(t *testing.T, b Backend) {
 		t.Fatalf("three purgers together report %d deletions of %d expired records, want %d", got, n, want)
 	}
 	for _, k := range keys {
-		if _, err := b.Store.Get(ctx, "alice", k); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := b.Store.Get(ctx, "alice", k); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("expired %s survived the purgers: %v", k, err)
 		}
 	}
@@ -826,7 +828,7 @@ func testListStale(t *testing.T, b Backend) {
 		if r.Principal == principal && !(freshMayBeStale && r.Key == fresh.Key) {
 			mine = append(mine, r)
 		}
-		if r.State != idem.StateInProgress {
+		if r.State != idemstore.StateInProgress {
 			t.Fatalf("ListStale returned a %s record", r.State)
 		}
 	}
@@ -861,7 +863,7 @@ func testResponseRoundTrip(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	sent := idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: sent}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: sent}); err != nil {
 		t.Fatal(err)
 	}
 	// Adapters reuse their header map and body buffer once Settle returns:
@@ -907,7 +909,7 @@ func testResponseRoundTrip(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 204}}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 204}}); err != nil {
 		t.Fatal(err)
 	}
 	if rec := get(t, b, "alice", empty.Key); rec.Response == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
@@ -965,7 +967,7 @@ func testSweepersUnderTraffic(t *testing.T, b Backend) {
 				req := claimReq("sweep", uniq(fmt.Sprintf("live%d-%d", w, i)), "body")
 				req.Lease = time.Minute
 				res, err := b.Store.Claim(ctx, req)
-				if errors.Is(err, idem.ErrTransient) {
+				if errors.Is(err, idemstore.ErrTransient) {
 					continue
 				}
 				if err != nil || !res.Claimed {
@@ -994,14 +996,14 @@ func testSweepersUnderTraffic(t *testing.T, b Backend) {
 		t.Fatalf("two sweepers purged %d rows in all, want %d (%d expired, SelfExpiring %v)", got, want, expired, b.SelfExpiring)
 	}
 	for _, k := range expiredKeys {
-		if _, err := b.Store.Get(ctx, "sweep", k); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := b.Store.Get(ctx, "sweep", k); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("expired %s survived the sweep: %v", k, err)
 		}
 	}
 	n := 0
 	live.Range(func(k, _ any) bool {
 		n++
-		if rec := get(t, b, "sweep", k.(string)); rec.State != idem.StateCompleted {
+		if rec := get(t, b, "sweep", k.(string)); rec.State != idemstore.StateCompleted {
 			t.Fatalf("live record %s is %s after the sweep", k, rec.State)
 		}
 		return true
@@ -1010,26 +1012,26 @@ func testSweepersUnderTraffic(t *testing.T, b Backend) {
 }
 
 // Free reports whether the next claim of principal's key in s runs afresh:
-// s holds no record for it, or a released one (idem.StateReleased, which
+// s holds no record for it, or a released one (idemstore.StateReleased, which
 // keeps only the nonce). It returns the record it found, if any, for the
 // caller's message, and fails t when Get fails otherwise. Tests that check
-// that a key was given back use it instead of expecting idem.ErrNotFound.
-func Free(t testing.TB, s idem.Store, principal, key string) (idem.Record, bool) {
+// that a key was given back use it instead of expecting idemstore.ErrNotFound.
+func Free(t testing.TB, s idemstore.Store, principal, key string) (idem.Record, bool) {
 	t.Helper()
 	rec, err := s.Get(ctxT(t), principal, key)
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		return rec, true
 	case err != nil:
 		t.Fatalf("Get(%s/%s): %v", principal, key, err)
 	}
-	return rec, rec.State == idem.StateReleased
+	return rec, rec.State == idemstore.StateReleased
 }
 
 // Held counts the records in s that hold their key: in progress, completed
 // or failed, not released (see Free). It reads Store.Stats and fails t when
 // that fails or a figure is not counted.
-func Held(t testing.TB, s idem.Store) int {
+func Held(t testing.TB, s idemstore.Store) int {
 	t.Helper()
 	st, err := s.Stats(ctxT(t), time.Hour)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // testKeep: Keep leaves the held record in progress, marks it Uncertain and
@@ -21,7 +22,7 @@ func testKeep(t *testing.T, b Backend) {
 
 	wrong := leaseOf(req)
 	wrong.Token = token()
-	if err := b.Store.Keep(ctx, wrong); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Keep(ctx, wrong); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Keep with a foreign token = %v, want ErrLeaseLost", err)
 	}
 	if rec := get(t, b, "alice", req.Key); rec.Uncertain || rec.LeaseToken != req.Token {
@@ -40,7 +41,7 @@ func testKeep(t *testing.T, b Backend) {
 		t.Fatal("a claim without TakeOverUncertain took over an Uncertain record")
 	}
 	kept := res.Record
-	if kept.State != idem.StateInProgress || !kept.Uncertain || kept.LeaseToken != req.Token || kept.Nonce != nonce ||
+	if kept.State != idemstore.StateInProgress || !kept.Uncertain || kept.LeaseToken != req.Token || kept.Nonce != nonce ||
 		kept.Response != nil || res.Now.Before(kept.LeaseExpiresAt) {
 		t.Fatalf("kept record = %+v (now %v), want in progress, Uncertain, the holder's token and nonce, its lease ended", kept, res.Now)
 	}
@@ -70,16 +71,16 @@ func testKeep(t *testing.T, b Backend) {
 			t.Fatalf("taken-over record = %+v, want Uncertain, nonce %q, the new token and a lease of an hour from %v", rec, nonce, res.Now)
 		}
 	}
-	if err := b.Store.Keep(ctx, leaseOf(req)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Keep(ctx, leaseOf(req)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Keep with the taken-over token = %v, want ErrLeaseLost", err)
 	}
 	if err := settleWithEffect(ctx, b, leaseOf(ask), ask.Key, okResponse("kept")); err != nil {
 		t.Fatal(err)
 	}
-	if rec := get(t, b, "alice", req.Key); rec.State != idem.StateCompleted || rec.Uncertain {
+	if rec := get(t, b, "alice", req.Key); rec.State != idemstore.StateCompleted || rec.Uncertain {
 		t.Fatalf("settled record = %+v, want completed and not Uncertain", rec)
 	}
-	if err := b.Store.Keep(ctx, leaseOf(ask)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Keep(ctx, leaseOf(ask)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Keep of a settled record = %v, want ErrLeaseLost", err)
 	}
 
@@ -97,10 +98,10 @@ func testKeep(t *testing.T, b Backend) {
 	if err := b.Store.Release(ctx, leaseOf(again)); err != nil {
 		t.Fatal(err)
 	}
-	if rec := get(t, b, "alice", rel.Key); rec.State != idem.StateReleased || rec.Uncertain {
+	if rec := get(t, b, "alice", rel.Key); rec.State != idemstore.StateReleased || rec.Uncertain {
 		t.Fatalf("released record = %+v, want released and not Uncertain", rec)
 	}
-	if err := b.Store.Keep(ctx, leaseOf(again)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.Store.Keep(ctx, leaseOf(again)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Keep of a released record = %v, want ErrLeaseLost", err)
 	}
 	if res := mustClaim(t, b.Store, claimReq("alice", rel.Key, "body")); !res.Claimed || res.Reclaimed || res.Record.Uncertain {

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -218,9 +219,9 @@ func (l *Ledger) Handle(ctx context.Context, header nats.Header, data []byte, de
 		return Term, 0, "refused by the database: " + err.Error()
 	case err != nil:
 		return Nak, backoff(nakDelay, delivered), "released: " + err.Error()
-	case res.State == idem.StateFailed:
+	case res.State == idemstore.StateFailed:
 		return Term, 0, "invalid event (stored as failed)"
-	case res.State == idem.StateCompleted:
+	case res.State == idemstore.StateCompleted:
 		if res.Replayed {
 			return Ack, 0, "replayed"
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -195,7 +196,7 @@ func (c *config) validate() error {
 
 // idemConfig is the engine configuration for store; the caller adds the
 // observer and the logger.
-func (c *config) idemConfig(store idem.Store) idem.Config {
+func (c *config) idemConfig(store idemstore.Store) idem.Config {
 	return idem.Config{
 		Store:          store,
 		FingerprintKey: []byte(c.fingerprintKey),

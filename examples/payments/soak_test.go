@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/redis/go-redis/v9"
@@ -267,7 +267,7 @@ func runSoak(t *testing.T, plan soakPlan) {
 	started := time.Now()
 	cl := newSoakCluster(t, plan.instances, args)
 	db := openCheckDB(t, plan.store, dsn)
-	var records idem.Store
+	var records idemstore.Store
 	if plan.store == "redis" {
 		records = openCheckRedis(t)
 	}
@@ -302,7 +302,7 @@ func runSoak(t *testing.T, plan soakPlan) {
 // one instance killed at a random moment of a random request and
 // restarted; then the checks.
 func soakRound(ctx context.Context, t *testing.T, plan soakPlan, cl *soakCluster, hc *http.Client, db *gorm.DB,
-	records idem.Store, rng *rand.Rand, prefix string, tot *soakTotals, lastStale map[*proc]int) {
+	records idemstore.Store, rng *rand.Rand, prefix string, tot *soakTotals, lastStale map[*proc]int) {
 	// Keys: each client's own, then the shared ones, each given to sharers
 	// distinct clients and put near the front of their lists so that the
 	// sharers retry it at the same time.
@@ -486,7 +486,7 @@ type soakRoundStats struct {
 // completed, and the key never blocked past its lease. records is the
 // Redis store of a redis soak, nil for the SQL stores (their records are
 // read from db).
-func checkSoakRound(t *testing.T, store string, cl *soakCluster, hc *http.Client, db *gorm.DB, records idem.Store,
+func checkSoakRound(t *testing.T, store string, cl *soakCluster, hc *http.Client, db *gorm.DB, records idemstore.Store,
 	prefix string, keys []*soakKey) soakRoundStats {
 	t.Helper()
 	var rs soakRoundStats
@@ -723,7 +723,7 @@ func openCheckDB(t *testing.T, store, dsn string) *gorm.DB {
 
 // openCheckRedis opens the Redis of a redis soak, to read the records the
 // processes settled (under the example's default prefix).
-func openCheckRedis(t *testing.T) idem.Store {
+func openCheckRedis(t *testing.T) idemstore.Store {
 	t.Helper()
 	o, err := redis.ParseURL(redisURL())
 	if err != nil {
@@ -740,11 +740,11 @@ func openCheckRedis(t *testing.T) idem.Store {
 
 // checkRedisRecords checks that every key of a round has its record
 // completed in Redis, none left in progress.
-func checkRedisRecords(t *testing.T, records idem.Store, prefix string, keys []*soakKey) {
+func checkRedisRecords(t *testing.T, records idemstore.Store, prefix string, keys []*soakKey) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	states := map[idem.State]int{}
+	states := map[idemstore.State]int{}
 	for _, k := range keys {
 		rec, err := records.Get(ctx, k.account, k.key)
 		if err != nil {
@@ -753,7 +753,7 @@ func checkRedisRecords(t *testing.T, records idem.Store, prefix string, keys []*
 		}
 		states[rec.State]++
 	}
-	if len(states) != 1 || states[idem.StateCompleted] != len(keys) {
+	if len(states) != 1 || states[idemstore.StateCompleted] != len(keys) {
 		t.Errorf("%s: records by state %v, want %d completed", prefix, states, len(keys))
 	}
 }

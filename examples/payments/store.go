@@ -15,6 +15,7 @@ import (
 	"github.com/glebarez/sqlite"
 	"github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	idempgx "github.com/idemgo/idem/stores/pgx"
@@ -26,10 +27,10 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// backend is the store choice, made once: the idem.Store and the payments
+// backend is the store choice, made once: the idemstore.Store and the payments
 // repository that writes through that store's transaction.
 type backend struct {
-	store idem.Store
+	store idemstore.Store
 	repo  Repository
 	// reconcile, when set, is the engine's Config.Reconcile.
 	reconcile idem.Reconciler

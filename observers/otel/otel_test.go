@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemotel "github.com/idemgo/idem/observers/otel"
@@ -131,7 +132,7 @@ func TestMetrics(t *testing.T) {
 	// The sweeper: two claims that never settle, 90s and 120s past.
 	ctx := context.Background()
 	for _, key := range []string{"crashed-1", "crashed-2"} {
-		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
 			Token: key, Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
@@ -311,7 +312,7 @@ func TestSweepReconciles(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, key := range []string{"charged", "not-charged", "provider-down"} {
-		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
 			Token: key, Lease: e.Config().Lease, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}

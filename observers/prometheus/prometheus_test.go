@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemprom "github.com/idemgo/idem/observers/prometheus"
@@ -130,7 +131,7 @@ func TestSweepMetrics(t *testing.T) {
 	// Two claims that never settle (crashed attempts), one record that
 	// expires: claimed with a short retention.
 	for i, key := range []string{"crashed-1", "crashed-2"} {
-		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
 			Token: key, Lease: lease, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func TestSweepMetrics(t *testing.T) {
 			clk.Add(30 * time.Second)
 		}
 	}
-	if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: "expiring", Fingerprint: make([]byte, 32),
+	if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: "expiring", Fingerprint: make([]byte, 32),
 		Token: "t", Lease: time.Second, Retention: 2 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,7 @@ func TestSweepReconciles(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, key := range []string{"charged", "not-charged", "provider-down"} {
-		if _, err := store.Claim(ctx, idem.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
+		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Fingerprint: make([]byte, 32),
 			Token: key, Lease: e.Config().Lease, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
@@ -28,7 +29,7 @@ func (c stringKeyed) Value(key any) any {
 	return nil
 }
 
-func beginAttempt(t *testing.T, store idem.Store, key string) *idem.Attempt {
+func beginAttempt(t *testing.T, store idemstore.Store, key string) *idem.Attempt {
 	t.Helper()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store})
 	if err != nil {

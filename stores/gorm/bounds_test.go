@@ -20,6 +20,7 @@ import (
 	"gorm.io/gorm"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
 )
@@ -51,7 +52,7 @@ func holdRow(t *testing.T, f *fixture, key string) func() {
 // TestLockTimeoutBoundsWaits: a claim, a replay, a takeover, a release and
 // a settle that meet a row another transaction holds (a settle not yet
 // committed) answer within the store's lock timeout, with an error
-// wrapping idem.ErrTransient, instead of waiting for that transaction;
+// wrapping idemstore.ErrTransient, instead of waiting for that transaction;
 // whatever lock_timeout or innodb_lock_wait_timeout the connection
 // carries. Get does not wait at all.
 func TestLockTimeoutBoundsWaits(t *testing.T) {
@@ -73,8 +74,8 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 				if took > bound {
 					t.Fatalf("%s took %v, want at most %v (lock timeout %v)", what, took, bound, lock)
 				}
-				if !errors.Is(err, idem.ErrTransient) {
-					t.Fatalf("%s after %v: %v, want an error wrapping idem.ErrTransient", what, took, err)
+				if !errors.Is(err, idemstore.ErrTransient) {
+					t.Fatalf("%s after %v: %v, want an error wrapping idemstore.ErrTransient", what, took, err)
 				}
 				t.Logf("%s answered in %v: %v", what, took.Round(time.Millisecond), err)
 			}
@@ -97,7 +98,7 @@ func TestLockTimeoutBoundsWaits(t *testing.T) {
 				return err
 			})
 			start := time.Now()
-			if rec, err := f.Store.Get(ctx, "alice", settled.Key); err != nil || rec.State != idem.StateCompleted {
+			if rec, err := f.Store.Get(ctx, "alice", settled.Key); err != nil || rec.State != idemstore.StateCompleted {
 				t.Fatalf("Get under the held row: %+v %v", rec, err)
 			}
 			if took := time.Since(start); took > lock/2 {
@@ -303,7 +304,7 @@ func TestClaimNeverReturnsTwoRows(t *testing.T) {
 		}
 		next := claimReq("alice", first.Key, "body", time.Minute)
 		done := make(chan struct{})
-		var res idem.ClaimResult
+		var res idemstore.ClaimResult
 		var err error
 		go func() {
 			defer close(done)
@@ -512,7 +513,7 @@ func TestImmuneToTheSession(t *testing.T) {
 				t.Fatalf("settle: %v", err)
 			}
 			if res, err := store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute)); err != nil || res.Claimed ||
-				res.Record.State != idem.StateCompleted || res.Record.Response == nil {
+				res.Record.State != idemstore.StateCompleted || res.Record.Response == nil {
 				t.Fatalf("replay: %+v %v", res, err)
 			}
 			// The expired-row path, which on MySQL is the upsert.
@@ -530,7 +531,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 			again := claimReq("alice", exp.Key, "other", time.Minute)
-			if res, err := store.Claim(ctx, again); err != nil || !res.Claimed || res.Record.State != idem.StateInProgress {
+			if res, err := store.Claim(ctx, again); err != nil || !res.Claimed || res.Record.State != idemstore.StateInProgress {
 				t.Fatalf("claim of an expired row: %+v %v", res, err)
 			}
 			if err := store.Release(ctx, leaseOf(again)); err != nil {
@@ -542,7 +543,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			if _, err := store.PurgeExpired(ctx, 10); err != nil {
 				t.Fatalf("purge: %v", err)
 			}
-			if rec, err := direct.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+			if rec, err := direct.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted {
 				t.Fatalf("the record as seen from a clean session: %+v %v", rec, err)
 			}
 		})
@@ -586,7 +587,7 @@ func TestSettleOutlivesTheHandlersStatementTimeout(t *testing.T) {
 	if err := tx.Settle(ctx, created("slow")); err != nil {
 		t.Fatalf("settle after the handler's SET LOCAL statement_timeout = '1ms': %v", err)
 	}
-	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := f.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("after the settle: %+v %v", rec, err)
 	}
 }

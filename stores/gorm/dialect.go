@@ -187,7 +187,7 @@ type queries struct {
 	cols string // the record's columns, in recordRow's order
 
 	claimPG        string // PostgreSQL: insert or return the existing row, one statement, committed asynchronously
-	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idem.ClaimRequest.Durable)
+	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idemstore.ClaimRequest.Durable)
 	insertLite     string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
 	upsertMy       string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
 	upsertMyRet    string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -111,7 +112,7 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 	if got := showSync(t, db); got != server {
 		t.Fatalf("synchronous_commit after a claim = %q, want the session's %q", got, server)
 	}
-	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 }
 
 // TestPostgresSyncOnTheTxConnection: the Tx of a PostgreSQL attempt is an
-// idem.Syncer whose Sync returns once the claim before it is durable, on
+// idemstore.Syncer whose Sync returns once the claim before it is durable, on
 // the transaction's own connection: the pool here has one connection,
 // which the transaction holds, so a Sync that asked the pool for another
 // would wait until its context ended. Five claims, each checked within
@@ -142,15 +143,15 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 		if err := db.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed).Error; err != nil {
 			t.Fatal(err)
 		}
-		txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Before the table's cleanup, which needs the pool's connection.
 		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-		syncer, ok := tx.(idem.Syncer)
+		syncer, ok := tx.(idemstore.Syncer)
 		if !ok {
-			t.Fatalf("the PostgreSQL Tx (%T) is not an idem.Syncer", tx)
+			t.Fatalf("the PostgreSQL Tx (%T) is not an idemstore.Syncer", tx)
 		}
 		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
 		err = syncer.Sync(sctx)
@@ -177,17 +178,17 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 	if _, err := s.Claim(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
 	htx, _ := Tx(txCtx)
 	_ = htx.Exec("SELECT 1/0").Error
-	if err := tx.(idem.Syncer).Sync(ctx); !errors.Is(err, ErrTxAborted) {
+	if err := tx.(idemstore.Syncer).Sync(ctx); !errors.Is(err, ErrTxAborted) {
 		t.Fatalf("Sync after a failed statement = %v, want ErrTxAborted", err)
 	}
 	_ = tx.Rollback(ctx)
-	if err := tx.(idem.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {
+	if err := tx.(idemstore.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {
 		t.Fatalf("Sync after Rollback = %v, want the transaction finished", err)
 	}
 }
@@ -210,7 +211,7 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 	if err := db.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed).Error; err != nil {
 		t.Fatal(err)
 	}
-	txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +234,7 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 	if !ok {
 		t.Fatalf("Sync's position is not between the claim's (%s) and the handler's first write (%s)", claimed, beforeWrites)
 	}
-	if err := tx.(idem.Syncer).Sync(ctx); err != nil {
+	if err := tx.(idemstore.Syncer).Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !flushedTo(t, db, claimed) {
@@ -281,7 +282,7 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 		}
 		return v[0]
 	}
-	claim := func(r idem.ClaimRequest, reclaim bool) {
+	claim := func(r idemstore.ClaimRequest, reclaim bool) {
 		t.Helper()
 		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed || res.Reclaimed != reclaim {
 			t.Fatalf("claim %s: %+v %v", r.Token, res, err)
@@ -326,8 +327,8 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 	}
 }
 
-func leaseOfReq(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOfReq(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
 // TestPostgresSettleCommitsDurably: the settle commits with synchronous_commit
@@ -347,7 +348,7 @@ func TestPostgresSettleCommitsDurably(t *testing.T) {
 				if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 					t.Fatalf("claim: %+v %v", res, err)
 				}
-				txCtx, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+				txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -359,7 +360,7 @@ func TestPostgresSettleCommitsDurably(t *testing.T) {
 				if err := htx.Raw("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&inside).Error; err != nil {
 					t.Fatal(err)
 				}
-				if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+				if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 					t.Fatal(err)
 				}
 				if !flushedTo(t, db, inside) {

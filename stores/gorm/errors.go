@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // wrap adds what the store was doing to err, once ("idemgorm: claim: …"),
@@ -15,21 +16,21 @@ func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, idem.ErrTransient) || errors.Is(err, idem.ErrMisconfigured) {
-		return idem.WrapStoreError("idemgorm", op, idem.ClassOther, err)
+	if errors.Is(err, idemstore.ErrTransient) || errors.Is(err, idem.ErrMisconfigured) {
+		return idemstore.WrapStoreError("idemgorm", op, idemstore.ClassOther, err)
 	}
-	return idem.WrapStoreError("idemgorm", op, errorClass(err), err)
+	return idemstore.WrapStoreError("idemgorm", op, errorClass(err), err)
 }
 
 // errorClass tells a transient error from a misconfiguration.
-func errorClass(err error) idem.ErrorClass {
+func errorClass(err error) idemstore.ErrorClass {
 	switch {
 	case isTransient(err):
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	case isMisconfigured(err):
-		return idem.ClassMisconfigured
+		return idemstore.ClassMisconfigured
 	}
-	return idem.ClassOther
+	return idemstore.ClassOther
 }
 
 // isTransient reports whether err is a serialization failure, a deadlock,

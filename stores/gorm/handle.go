@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"gorm.io/gorm"
 )
 
@@ -16,10 +17,10 @@ import (
 // transaction-control statements with an error wrapping it.
 var ErrTxOwned = idem.ErrTxOwned
 
-// ErrTxEnded is idem.ErrTxEnded: Settle returns an error wrapping it when
+// ErrTxEnded is idemstore.ErrTxEnded: Settle returns an error wrapping it when
 // the database ended the handler's transaction by itself (a MySQL
 // deadlock, an interrupted SQLite statement) before the settle.
-var ErrTxEnded = idem.ErrTxEnded
+var ErrTxEnded = idemstore.ErrTxEnded
 
 // ErrTxAborted is wrapped by the error every statement gets after an
 // earlier statement on the handle failed, as PostgreSQL answers in an

@@ -16,6 +16,7 @@ import (
 	"github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -65,13 +66,13 @@ func mysqlStore(t *testing.T, edit func(*mysqldriver.Config)) *Store {
 	return s
 }
 
-func req(key, body, token string, lease, retention time.Duration) idem.ClaimRequest {
+func req(key, body, token string, lease, retention time.Duration) idemstore.ClaimRequest {
 	h := sha256.Sum256([]byte(body))
-	return idem.ClaimRequest{Principal: "alice", Key: key, Fingerprint: h[:], Token: token, Nonce: "n-" + token,
+	return idemstore.ClaimRequest{Principal: "alice", Key: key, Fingerprint: h[:], Token: token, Nonce: "n-" + token,
 		RequestID: "r-" + token, Lease: lease, Retention: retention}
 }
 
-func (s *Store) upsert(t *testing.T, r idem.ClaimRequest) int64 {
+func (s *Store) upsert(t *testing.T, r idemstore.ClaimRequest) int64 {
 	t.Helper()
 	n, err := s.exec(context.Background(), s.q.upsertMy, upsertMyArgs(r)...)
 	if err != nil {
@@ -117,7 +118,7 @@ func TestMySQLUpsertProof(t *testing.T) {
 			before, _ := s.Get(ctx, "alice", key)
 			upserts := func(what string) {
 				t.Helper()
-				for _, r := range []idem.ClaimRequest{
+				for _, r := range []idemstore.ClaimRequest{
 					req(key, "a", "t2", time.Hour, time.Hour),       // same body
 					req(key, "b", "t3", time.Hour, time.Hour),       // another fingerprint
 					req(key, "a", "t4", time.Nanosecond, time.Hour), // a short lease asked for: the row's own decides
@@ -146,7 +147,7 @@ func TestMySQLUpsertProof(t *testing.T) {
 			upserts("stale")
 			// Kept: uncertain, its lease ended; still untouched by the upsert,
 			// and taken over only by a claim that asks for it.
-			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t1"}); err != nil {
+			if err := s.Keep(ctx, idemstore.Lease{Principal: "alice", Key: key, Token: "t1"}); err != nil {
 				t.Fatal(err)
 			}
 			before, _ = s.Get(ctx, "alice", key)
@@ -166,18 +167,18 @@ func TestMySQLUpsertProof(t *testing.T) {
 			}
 
 			// Settle it, then replays change nothing.
-			_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t6"})
+			_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: key, Token: "t6"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+			if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 				t.Fatal(err)
 			}
 			if n := s.upsert(t, req(key, "a", "t7", time.Nanosecond, time.Hour)); n != unchanged {
 				t.Fatalf("upsert on a settled row: %d rows affected, want %d", n, unchanged)
 			}
 			res, err = s.Claim(ctx, req(key, "a", "t8", time.Nanosecond, time.Hour))
-			if err != nil || res.Claimed || res.Record.State != idem.StateCompleted {
+			if err != nil || res.Claimed || res.Record.State != idemstore.StateCompleted {
 				t.Fatalf("Claim on a settled row: %+v %v", res, err)
 			}
 
@@ -187,11 +188,11 @@ func TestMySQLUpsertProof(t *testing.T) {
 			if n := s.upsert(t, req(short, "a", "u1", time.Hour, 30*time.Millisecond)); n != 1 {
 				t.Fatalf("insert: %d", n)
 			}
-			_, stx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: short, Token: "u1"})
+			_, stx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: short, Token: "u1"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := stx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+			if err := stx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -200,7 +201,7 @@ func TestMySQLUpsertProof(t *testing.T) {
 			}
 			rec, _ := s.Get(ctx, "alice", short)
 			h := sha256.Sum256([]byte("other body"))
-			if rec.LeaseToken != "u2" || rec.State != idem.StateInProgress || string(rec.Fingerprint) != string(h[:]) ||
+			if rec.LeaseToken != "u2" || rec.State != idemstore.StateInProgress || string(rec.Fingerprint) != string(h[:]) ||
 				rec.RequestID != "r-u2" || rec.Nonce != "n-u2" || rec.Response != nil || rec.ExpiresAt.Sub(rec.LockedAt) != time.Hour ||
 				rec.LeaseExpiresAt.Sub(rec.LockedAt) != time.Hour || !rec.CreatedAt.Equal(rec.LockedAt) || rec.Uncertain {
 				t.Fatalf("replaced row = %+v", rec)
@@ -213,7 +214,7 @@ func TestMySQLUpsertProof(t *testing.T) {
 			if n := s.upsert(t, req(kept, "a", "x1", time.Hour, 30*time.Millisecond)); n != 1 {
 				t.Fatalf("insert: %d", n)
 			}
-			if err := s.Keep(ctx, idem.Lease{Principal: "alice", Key: kept, Token: "x1"}); err != nil {
+			if err := s.Keep(ctx, idemstore.Lease{Principal: "alice", Key: kept, Token: "x1"}); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -232,24 +233,24 @@ func TestMySQLUpsertProof(t *testing.T) {
 			if res, err := s.Claim(ctx, r1); err != nil || !res.Claimed {
 				t.Fatalf("first claim: %+v %v", res, err)
 			}
-			_, vtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v1"})
+			_, vtx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: exp, Token: "v1"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := vtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
+			if err := vtx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("old")}}); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(50 * time.Millisecond)
 			res, err = s.Claim(ctx, req(exp, "other", "v2", time.Hour, time.Hour))
-			if err != nil || !res.Claimed || res.Record.State != idem.StateInProgress || res.Record.Response != nil ||
+			if err != nil || !res.Claimed || res.Record.State != idemstore.StateInProgress || res.Record.Response != nil ||
 				res.Record.LeaseToken != "v2" {
 				t.Fatalf("claim of an expired completed row: %+v %v", res, err)
 			}
-			_, wtx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: exp, Token: "v2"})
+			_, wtx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: exp, Token: "v2"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := wtx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("new")}}); err != nil {
+			if err := wtx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("new")}}); err != nil {
 				t.Fatalf("settle after claiming an expired row: %v", err)
 			}
 		})
@@ -286,7 +287,7 @@ func TestTransientMapping(t *testing.T) {
 		{errors.New("connection refused"), false},
 	} {
 		err := (&Store{}).wrap("op", c.err)
-		if got := errors.Is(err, idem.ErrTransient); got != c.transient {
+		if got := errors.Is(err, idemstore.ErrTransient); got != c.transient {
 			t.Errorf("%v: transient = %v, want %v", c.err, got, c.transient)
 		}
 		if !errors.Is(err, c.err) || !strings.HasPrefix(err.Error(), "idemgorm: op: ") {
@@ -410,16 +411,16 @@ func TestMySQLSessionTimeoutPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = s.Release(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-	if took := time.Since(start); !errors.Is(err, idem.ErrTransient) || took > 3500*time.Millisecond {
+	err = s.Release(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	if took := time.Since(start); !errors.Is(err, idemstore.ErrTransient) || took > 3500*time.Millisecond {
 		t.Fatalf("release under a held row: %v after %v, want a transient error within the 1s lock timeout", err, took)
 	}
 	_ = other.Rollback()
-	_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+	_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 		t.Fatalf("settle: %v", err)
 	}
 }
@@ -460,11 +461,11 @@ func runRequests(t *testing.T, s *Store, n int) {
 		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v %v", res, err)
 		}
-		_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -596,7 +597,7 @@ func TestMariaDBClaimReturning(t *testing.T) {
 	}
 	oneStmt := s.q.upsertMyRet
 	ctx := context.Background()
-	check := func(name string, r idem.ClaimRequest, claimed bool, token string) idem.ClaimResult {
+	check := func(name string, r idemstore.ClaimRequest, claimed bool, token string) idemstore.ClaimResult {
 		t.Helper()
 		res, err := s.Claim(ctx, r)
 		if err != nil || res.Claimed != claimed || res.Record.LeaseToken != token {
@@ -618,14 +619,14 @@ func TestMariaDBClaimReturning(t *testing.T) {
 		key := "rt-" + suffix()
 		check("fresh", req(key, "a", "t1", time.Hour, time.Hour), true, "t1")
 		check("live", req(key, "a", "t2", time.Hour, time.Hour), false, "t1")
-		_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: "t1"})
+		_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: key, Token: "t1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 			t.Fatal(err)
 		}
-		if res := check("settled", req(key, "a", "t3", time.Hour, time.Hour), false, "t1"); res.Record.State != idem.StateCompleted {
+		if res := check("settled", req(key, "a", "t3", time.Hour, time.Hour), false, "t1"); res.Record.State != idemstore.StateCompleted {
 			t.Fatalf("settled: state %s", res.Record.State)
 		}
 		short := "rt-" + suffix()
@@ -655,11 +656,11 @@ func TestMySQLMarkerToken(t *testing.T) {
 			if res, err := s.Claim(ctx, req(key, "a", token, time.Hour, time.Hour)); err != nil || !res.Claimed {
 				t.Fatalf("sql_mode %q, token %q: claim %+v %v", mode, token, res, err)
 			}
-			_, tx, err := s.BeginTx(ctx, idem.Lease{Principal: "alice", Key: key, Token: token})
+			_, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: "alice", Key: key, Token: token})
 			if err != nil {
 				t.Fatalf("sql_mode %q, token %q: %v", mode, token, err)
 			}
-			if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+			if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 				t.Fatalf("sql_mode %q, token %q: settle: %v", mode, token, err)
 			}
 		}
@@ -748,7 +749,7 @@ func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
 			if err != nil || !ok || seen.rec.Uncertain || seen.now.Before(seen.rec.LeaseExpiresAt) {
 				t.Fatalf("the read: %+v %v %v, want a stale record, not uncertain", seen, ok, err)
 			}
-			if err := s.Keep(ctx, idem.Lease{Principal: held.Principal, Key: held.Key, Token: held.Token}); err != nil {
+			if err := s.Keep(ctx, idemstore.Lease{Principal: held.Principal, Key: held.Key, Token: held.Token}); err != nil {
 				t.Fatal(err)
 			}
 			next := req(held.Key, "a", "t2", time.Hour, time.Hour)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 //go:embed migrations/*.sql
@@ -121,7 +122,7 @@ func (e *SchemaError) Error() string {
 func (e *SchemaError) Unwrap() error { return idem.ErrMisconfigured }
 
 // storeColumns are the columns the store reads and writes; binary ones
-// must hold any bytes (headers became binary with idem.EncodeHeader).
+// must hold any bytes (headers became binary with idemstore.EncodeHeader).
 var storeColumns = []struct {
 	name   string
 	binary bool
@@ -142,7 +143,7 @@ func (s *Store) Check(ctx context.Context) error {
 		return s.wrap("check", err)
 	}
 	fail := func(column, problem string) error {
-		return idem.WrapStoreError("idemgorm", "check", idem.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
+		return idemstore.WrapStoreError("idemgorm", "check", idemstore.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
 	}
 	var rows *sql.Rows
 	switch s.dialect {
@@ -180,7 +181,7 @@ func (s *Store) Check(ctx context.Context) error {
 			return fail(c.name, "is missing: the table predates this version of the store, or was made by hand")
 		}
 		if c.binary && !strings.Contains(typ, "bytea") && !strings.Contains(typ, "blob") && !strings.Contains(typ, "binary") {
-			return fail(c.name, fmt.Sprintf("is %s, want a binary type (bytea, LONGBLOB, BLOB): headers are stored byte-exact since idem.EncodeHeader", typ))
+			return fail(c.name, fmt.Sprintf("is %s, want a binary type (bytea, LONGBLOB, BLOB): headers are stored byte-exact since idemstore.EncodeHeader", typ))
 		}
 	}
 	// The statements the store runs, matching nothing: the database checks

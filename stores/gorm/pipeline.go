@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // leaseLostMarker is in the error the pipelined settle raises when its
@@ -67,7 +67,7 @@ func (t *storeTx) settleAndCommit(ctx context.Context, args []any) (bool, error)
 	case settleErr != nil:
 		t.endConn(ctx, false)
 		if isLeaseLost(settleErr) {
-			return true, idem.ErrLeaseLost
+			return true, idemstore.ErrLeaseLost
 		}
 		return true, t.store.wrap("settle", settleErr)
 	case commitErr != nil:

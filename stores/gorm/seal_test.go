@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
@@ -36,7 +37,7 @@ func forEachVariant(t *testing.T, fn func(t *testing.T, f *fixture)) {
 }
 
 // begin claims a fresh key and begins its transaction.
-func begin(t *testing.T, f *fixture) (idem.ClaimRequest, context.Context, idem.Tx, *gorm.DB) {
+func begin(t *testing.T, f *fixture) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *gorm.DB) {
 	t.Helper()
 	ctx := testCtx(t)
 	req := claimReq("alice", "seal-"+randSuffix(), "body", time.Minute)
@@ -121,10 +122,10 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if n := count(t, f, req2.Key); n != 0 {
 			t.Fatalf("the write is visible from outside after a refused Rollback: %d", n)
 		}
-		if err := tx2.Settle(ctx, created(req2.Key)); err == nil || errors.Is(err, idem.ErrTxEnded) {
+		if err := tx2.Settle(ctx, created(req2.Key)); err == nil || errors.Is(err, idemstore.ErrTxEnded) {
 			t.Fatalf("settle after Rollback = %v, want a plain error (nothing stored, key released)", err)
 		}
-		if rec, err := f.Store.Get(ctx, "alice", req2.Key); err != nil || rec.State != idem.StateInProgress {
+		if rec, err := f.Store.Get(ctx, "alice", req2.Key); err != nil || rec.State != idemstore.StateInProgress {
 			t.Fatalf("record after a refused Rollback: %+v %v", rec, err)
 		}
 		if n := count(t, f, req2.Key); n != 0 {
@@ -196,7 +197,7 @@ func TestBeginOnTheHandle(t *testing.T) {
 		if n := count(t, f, req.Key); n != 0 {
 			t.Fatalf("the begun db's Commit committed the write before the settle (%d rows)", n)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
 			t.Fatalf("settle: %v", err)
 		}
 		if n := count(t, f, req.Key); n != 1 {
@@ -211,7 +212,7 @@ func TestBeginOnTheHandle(t *testing.T) {
 		if err := began.Rollback().Error; !errors.Is(err, idem.ErrTxOwned) {
 			t.Fatalf("Rollback of the begun db = %v, want an error wrapping idem.ErrTxOwned", err)
 		}
-		if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrTxOwned) {
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrTxOwned) {
 			t.Fatalf("settle after the begun db's Rollback = %v, want an error wrapping idem.ErrTxOwned", err)
 		}
 		if n := count(t, f, req.Key); n != 0 {
@@ -454,7 +455,7 @@ func TestHeadersByteExact(t *testing.T) {
 				"X-Empty":      {""},
 				"X-Many":       {"1", "2", "3"},
 			}
-			out := idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Header: h, Body: []byte("\x00\xff")}}
+			out := idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Header: h, Body: []byte("\x00\xff")}}
 			if err := tx.Settle(ctx, out); err != nil {
 				t.Fatal(err)
 			}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
-// statsQuery counts every figure of idem.Stats in one statement on the
+// statsQuery counts every figure of idemstore.Stats in one statement on the
 // database clock, in the dialect's own time arithmetic. Its one bind
 // parameter is staleAfter in microseconds.
 func (s *Store) statsQuery() string {
@@ -24,17 +24,17 @@ func (s *Store) statsQuery() string {
 		" FROM " + d.qualified(s.qtable))
 }
 
-// Stats implements idem.Store with one statement that counts every figure
+// Stats implements idemstore.Store with one statement that counts every figure
 // (none is NotCounted), on the primary when dbresolver is configured. It
 // reads the whole table: run it from an operator's tool or a gauge every
 // minute or so, not per request.
-func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
+func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idemstore.Stats, error) {
 	pool, err := s.pool()
 	if err != nil {
-		return idem.Stats{}, s.wrap("stats", err)
+		return idemstore.Stats{}, s.wrap("stats", err)
 	}
 	var (
-		st                                                  idem.Stats
+		st                                                  idemstore.Stats
 		now                                                 timeValue
 		oldest                                              nullTime
 		inProgress, completed, failed, released, stale, exp int64
@@ -42,11 +42,11 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats
 	err = pool.QueryRowContext(ctx, s.statsQuery(), staleAfter.Microseconds()).
 		Scan(&now, &inProgress, &completed, &failed, &released, &stale, &oldest, &exp)
 	if err != nil {
-		return idem.Stats{}, s.wrap("stats", err)
+		return idemstore.Stats{}, s.wrap("stats", err)
 	}
 	st.Now, st.OldestLockedAt = now.t, oldest.t
-	st.InProgress, st.Completed, st.Failed = idem.Count(inProgress), idem.Count(completed), idem.Count(failed)
-	st.Released, st.Stale, st.Expired = idem.Count(released), idem.Count(stale), idem.Count(exp)
+	st.InProgress, st.Completed, st.Failed = idemstore.Count(inProgress), idemstore.Count(completed), idemstore.Count(failed)
+	st.Released, st.Stale, st.Expired = idemstore.Count(released), idemstore.Count(stale), idemstore.Count(exp)
 	return st, nil
 }
 

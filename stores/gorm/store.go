@@ -1,4 +1,4 @@
-// Package idemgorm is an idem.Store on GORM for PostgreSQL, MySQL/MariaDB
+// Package idemgorm is an idemstore.Store on GORM for PostgreSQL, MySQL/MariaDB
 // and SQLite. The handler's own writes and the stored outcome commit in one
 // transaction, which handlers reach with Tx (or DB).
 //
@@ -8,7 +8,7 @@
 // settled record writes nothing. The transaction the handler gets is
 // sealed: it cannot end it, half-commit it, or change what the store's own
 // statements do. On PostgreSQL a claim commits without waiting for its WAL
-// flush, and the Tx is an idem.Syncer that waits for it on its own
+// flush, and the Tx is an idemstore.Syncer that waits for it on its own
 // connection; MySQL and SQLite claims are durable when Claim returns. See
 // README.md for the statement each dialect uses and why.
 package idemgorm
@@ -26,12 +26,13 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 	"gorm.io/plugin/dbresolver"
 )
 
-// Store is an idem.Store on a *gorm.DB. It is safe for concurrent use by
+// Store is an idemstore.Store on a *gorm.DB. It is safe for concurrent use by
 // many goroutines and, through the database, by many processes.
 //
 // The store runs its own statements on the *sql.DB behind the *gorm.DB (the
@@ -86,7 +87,7 @@ func WithTable(name string) Option {
 // WithLockTimeout bounds how long any of the store's statements waits for
 // a row lock another transaction holds (a settle not yet committed, a
 // stuck handler's claim): past it the statement fails with an error
-// wrapping idem.ErrTransient, so a claim meeting such a row answers in
+// wrapping idemstore.ErrTransient, so a claim meeting such a row answers in
 // time instead of waiting for it. The default is 2 seconds; keep it below
 // the engine's StoreTimeout. MySQL counts it in whole seconds (at least
 // one); PostgreSQL's statement timeout for the settle's transaction is
@@ -251,7 +252,7 @@ const (
 // something is wrong.
 const maxClaimRounds = 20
 
-func (s *Store) checkClaim(req idem.ClaimRequest) error {
+func (s *Store) checkClaim(req idemstore.ClaimRequest) error {
 	switch {
 	case req.Principal == "":
 		return errors.New("idemgorm: claim: empty principal")
@@ -265,10 +266,10 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 		return errors.New("idemgorm: claim: empty fingerprint")
 	case req.Lease <= 0 || req.Retention <= 0:
 		return fmt.Errorf("idemgorm: claim: lease %v and retention %v must be positive", req.Lease, req.Retention)
-	case len(req.Principal) > idem.MaxPrincipalLength:
-		return fmt.Errorf("idemgorm: claim: principal is %d bytes, the schema holds %d", len(req.Principal), idem.MaxPrincipalLength)
-	case len(req.Key) > idem.MaxKeyLengthLimit:
-		return fmt.Errorf("idemgorm: claim: key is %d bytes, the schema holds %d", len(req.Key), idem.MaxKeyLengthLimit)
+	case len(req.Principal) > idemstore.MaxPrincipalLength:
+		return fmt.Errorf("idemgorm: claim: principal is %d bytes, the schema holds %d", len(req.Principal), idemstore.MaxPrincipalLength)
+	case len(req.Key) > idemstore.MaxKeyLengthLimit:
+		return fmt.Errorf("idemgorm: claim: key is %d bytes, the schema holds %d", len(req.Key), idemstore.MaxKeyLengthLimit)
 	case len(req.Fingerprint) > maxFingerprint:
 		return fmt.Errorf("idemgorm: claim: fingerprint is %d bytes, the schema holds %d", len(req.Fingerprint), maxFingerprint)
 	case len(req.Token) > maxToken:
@@ -279,7 +280,7 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 	return nil
 }
 
-// Claim implements idem.Store. The first statement inserts the caller's
+// Claim implements idemstore.Store. The first statement inserts the caller's
 // in-progress record or finds the existing one, atomically (on SQLite a
 // read comes first, so that replays do not queue for the single writer;
 // the INSERT still decides). A found record that is claimable (past its
@@ -291,37 +292,37 @@ func (s *Store) checkClaim(req idem.ClaimRequest) error {
 // starts again; deadlocks and serialization failures are retried the same
 // way. A settled record is returned as it is, and nothing is written. A
 // row locked by another transaction for longer than the lock timeout makes
-// Claim fail with an error wrapping idem.ErrTransient.
+// Claim fail with an error wrapping idemstore.ErrTransient.
 //
 // On PostgreSQL a claim that inserts the record commits without waiting
 // for its WAL flush, unless req.Durable (see pgTx.Sync); on MySQL and
 // SQLite, and for every takeover, Claim returns once the claim is durable,
 // and req.Durable changes nothing.
-func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	if err := s.checkClaim(req); err != nil {
-		return idem.ClaimResult{}, err
+		return idemstore.ClaimResult{}, err
 	}
-	req.RequestID = idem.BoundRequestID(req.RequestID)
+	req.RequestID = idemstore.BoundRequestID(req.RequestID)
 	var lastErr error
 	for round := range maxClaimRounds {
 		res, decided, err := s.claimOnce(ctx, req)
 		switch {
 		case err == nil && decided:
-			if res.Claimed && (res.Record.LeaseToken != req.Token || res.Record.State != idem.StateInProgress ||
+			if res.Claimed && (res.Record.LeaseToken != req.Token || res.Record.State != idemstore.StateInProgress ||
 				!bytes.Equal(res.Record.Fingerprint, req.Fingerprint)) {
 				// Never answer Claimed for a row that is not the caller's
 				// own in-progress row.
-				return idem.ClaimResult{}, s.wrap("claim", fmt.Errorf("the claimed row is %s with token %q, not this claim's in-progress row",
+				return idemstore.ClaimResult{}, s.wrap("claim", fmt.Errorf("the claimed row is %s with token %q, not this claim's in-progress row",
 					res.Record.State, res.Record.LeaseToken))
 			}
 			return res, nil
 		case err != nil && !isFastTransient(err):
-			return idem.ClaimResult{}, s.wrap("claim", err)
+			return idemstore.ClaimResult{}, s.wrap("claim", err)
 		case err != nil:
 			lastErr = err
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return idem.ClaimResult{}, s.wrap("claim", cerr)
+			return idemstore.ClaimResult{}, s.wrap("claim", cerr)
 		}
 		if round > 0 {
 			// Back off a little: another request is changing this row
@@ -333,7 +334,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 	if lastErr == nil {
 		lastErr = errors.New("the record kept changing")
 	}
-	return idem.ClaimResult{}, idem.WrapStoreError("idemgorm", "claim", idem.ClassTransient,
+	return idemstore.ClaimResult{}, idemstore.WrapStoreError("idemgorm", "claim", idemstore.ClassTransient,
 		fmt.Errorf("no decision after %d rounds: %w", maxClaimRounds, lastErr))
 }
 
@@ -352,7 +353,7 @@ func (s *Store) writeTurn(ctx context.Context, fn func() error) error {
 
 // claimOnce runs one round of Claim. decided is false when the row changed
 // between two statements and the round must be run again.
-func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.ClaimResult, decided bool, err error) {
+func (s *Store) claimOnce(ctx context.Context, req idemstore.ClaimRequest) (res idemstore.ClaimResult, decided bool, err error) {
 	var (
 		r        rowWithNow
 		found    bool
@@ -371,7 +372,7 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 	}
 	rec, now := r.rec, r.now
 	if inserted {
-		return idem.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
+		return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 	}
 
 	switch {
@@ -389,9 +390,9 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		if terr != nil || !ok {
 			return res, false, terr
 		}
-		return idem.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
+		return idemstore.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
 
-	case rec.State == idem.StateReleased:
+	case rec.State == idemstore.StateReleased:
 		taken, ok, terr := s.takeover(ctx, s.q.takeFreed, s.lockArgs(
 			req.Fingerprint, req.Nonce, req.Fingerprint, req.Token, req.RequestID, req.Lease.Microseconds(), req.Retention.Microseconds(),
 			req.Principal, req.Key, rec.LeaseToken,
@@ -399,9 +400,9 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		if terr != nil || !ok {
 			return res, false, terr
 		}
-		return idem.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
+		return idemstore.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
 
-	case rec.State == idem.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
+	case rec.State == idemstore.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
 		bytes.Equal(rec.Fingerprint, req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
 		// Its own lease ended (its holder crashed, hung or kept it): taken
 		// over, keeping its nonce and its uncertain mark.
@@ -412,11 +413,11 @@ func (s *Store) claimOnce(ctx context.Context, req idem.ClaimRequest) (res idem.
 		if terr != nil || !ok {
 			return res, false, terr
 		}
-		return idem.ClaimResult{Claimed: true, Reclaimed: true, Record: taken.rec, Now: taken.now}, true, nil
+		return idemstore.ClaimResult{Claimed: true, Reclaimed: true, Record: taken.rec, Now: taken.now}, true, nil
 	}
 	// Live in-progress, uncertain without TakeOverUncertain, settled, or
 	// another fingerprint: dispatch on it.
-	return idem.ClaimResult{Record: rec, Now: now}, true, nil
+	return idemstore.ClaimResult{Record: rec, Now: now}, true, nil
 }
 
 // lockArgs prepends PostgreSQL's lock timeout to a statement's arguments
@@ -430,7 +431,7 @@ func (s *Store) lockArgs(args ...any) []any {
 
 // claimPostgres inserts or returns the existing row in one statement,
 // committed synchronously only when req.Durable.
-func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+func (s *Store) claimPostgres(ctx context.Context, req idemstore.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	pool, err := s.pool()
 	if err != nil {
 		return r, false, false, err
@@ -475,7 +476,7 @@ func (s *Store) claimPostgres(ctx context.Context, req idem.ClaimRequest) (r row
 // row only when it inserted one. When it conflicts (another request
 // inserted in between) the row is read again; when that row is gone too
 // (released meanwhile) the round starts over.
-func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+func (s *Store) claimSQLite(ctx context.Context, req idemstore.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	r, ok, err := s.queryRow(ctx, true, s.q.selectNow, req.Principal, req.Key)
 	if err != nil || ok {
 		return r, false, ok, err
@@ -498,7 +499,7 @@ func (s *Store) claimSQLite(ctx context.Context, req idem.ClaimRequest) (r rowWi
 // statement, prepared once per pool connection and kept: go-sql-driver/mysql
 // otherwise prepares, executes and closes a statement with arguments on
 // every run (two round trips) unless the DSN says interpolateParams=true.
-func (s *Store) claimReturning(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+func (s *Store) claimReturning(ctx context.Context, req idemstore.ClaimRequest) (rowWithNow, bool, error) {
 	pool, err := s.pool()
 	if err != nil {
 		return rowWithNow{}, false, err
@@ -540,7 +541,7 @@ func mariaReturning(version string) bool {
 // lease_expires_at and expires_at that clock plus the lease and the
 // retention, as the INSERT computed them (SQLite's 'now' is one value
 // throughout a statement).
-func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWithNow, bool, error) {
+func (s *Store) insertSQLite(ctx context.Context, req idemstore.ClaimRequest) (rowWithNow, bool, error) {
 	pool, err := s.pool()
 	if err != nil {
 		return rowWithNow{}, false, err
@@ -572,7 +573,7 @@ func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWit
 	}
 	t := created.t
 	return rowWithNow{idem.Record{
-		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idem.StateInProgress,
+		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idemstore.StateInProgress,
 		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
 		CreatedAt: t, LockedAt: t, LeaseExpiresAt: time.UnixMicro(t.UnixMicro() + lease), ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
 	}, t}, true, nil
@@ -580,7 +581,7 @@ func (s *Store) insertSQLite(ctx context.Context, req idem.ClaimRequest) (rowWit
 
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
 // insert, then the values that replace an expired row.
-func upsertMyArgs(req idem.ClaimRequest) []any {
+func upsertMyArgs(req idemstore.ClaimRequest) []any {
 	lease, ret := req.Lease.Microseconds(), req.Retention.Microseconds()
 	return []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce, lease, ret,
 		req.Token, req.Fingerprint, req.RequestID, req.Nonce, lease, ret}
@@ -591,7 +592,7 @@ func upsertMyArgs(req idem.ClaimRequest) []any {
 // the upsert inserted it or replaced an expired one.
 //
 // On MariaDB 10.5+ the upsert returns that row itself: one statement.
-func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
+func (s *Store) claimMySQL(ctx context.Context, req idemstore.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	if s.q.upsertMyRet != "" {
 		r, ok, err := s.claimReturning(ctx, req)
 		if err != nil {
@@ -628,7 +629,7 @@ func (s *Store) claimMySQL(ctx context.Context, req idem.ClaimRequest) (r rowWit
 
 // takeover runs a fenced takeover UPDATE. ok is false when it matched no
 // row: the row changed since it was read.
-func (s *Store) takeover(ctx context.Context, query string, args []any, req idem.ClaimRequest) (rowWithNow, bool, error) {
+func (s *Store) takeover(ctx context.Context, query string, args []any, req idemstore.ClaimRequest) (rowWithNow, bool, error) {
 	if s.dialect != dialectMySQL {
 		var (
 			r   rowWithNow
@@ -748,24 +749,24 @@ func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
 	return rowWithNow{rec, r.now.t}, true, nil
 }
 
-// Release implements idem.Store: an UPDATE to the released state, fenced by
+// Release implements idemstore.Store: an UPDATE to the released state, fenced by
 // the lease token and the in-progress state, clearing the uncertain mark;
-// the row keeps its nonce until it expires. It returns idem.ErrLeaseLost
+// the row keeps its nonce until it expires. It returns idemstore.ErrLeaseLost
 // when it matched nothing.
-func (s *Store) Release(ctx context.Context, lease idem.Lease) error {
+func (s *Store) Release(ctx context.Context, lease idemstore.Lease) error {
 	return s.endLease(ctx, "release", s.q.release, lease)
 }
 
-// Keep implements idem.Store: an UPDATE, fenced like Release, that marks the
+// Keep implements idemstore.Store: an UPDATE, fenced like Release, that marks the
 // in-progress record uncertain and ends its lease on the database clock,
-// leaving it in progress. It returns idem.ErrLeaseLost when it matched
+// leaving it in progress. It returns idemstore.ErrLeaseLost when it matched
 // nothing. On PostgreSQL it commits synchronously.
-func (s *Store) Keep(ctx context.Context, lease idem.Lease) error {
+func (s *Store) Keep(ctx context.Context, lease idemstore.Lease) error {
 	return s.endLease(ctx, "keep", s.q.keep, lease)
 }
 
 // endLease runs Release's or Keep's fenced UPDATE.
-func (s *Store) endLease(ctx context.Context, op, query string, lease idem.Lease) error {
+func (s *Store) endLease(ctx context.Context, op, query string, lease idemstore.Lease) error {
 	var n int64
 	if err := s.writeTurn(ctx, func() (err error) {
 		n, err = s.exec(ctx, query, s.lockArgs(lease.Principal, lease.Key, lease.Token)...)
@@ -774,12 +775,12 @@ func (s *Store) endLease(ctx context.Context, op, query string, lease idem.Lease
 		return s.wrap(op, err)
 	}
 	if n != 1 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Get implements idem.Store. It returns idem.ErrNotFound when no record
+// Get implements idemstore.Store. It returns idemstore.ErrNotFound when no record
 // exists; an expired record is returned as it is.
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
 	r, ok, err := s.queryRow(ctx, false, s.q.get, principal, key)
@@ -787,7 +788,7 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 		return idem.Record{}, s.wrap("get", err)
 	}
 	if !ok {
-		return idem.Record{}, idem.ErrNotFound
+		return idem.Record{}, idemstore.ErrNotFound
 	}
 	return r.rec, nil
 }
@@ -796,7 +797,7 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 // batch.
 const purgeRounds = 8
 
-// PurgeExpired implements idem.Store: it deletes at most limit records
+// PurgeExpired implements idemstore.Store: it deletes at most limit records
 // whose expires_at has passed on the database clock. Several purgers may
 // run at once: on PostgreSQL they skip each other's rows (FOR UPDATE SKIP
 // LOCKED); on MySQL each picks its batch without locking and deletes it by
@@ -879,7 +880,7 @@ func (s *Store) purgeMySQL(ctx context.Context, limit int) (int, error) {
 	return int(n), err
 }
 
-// ListStale implements idem.Store: at most limit in-progress records whose
+// ListStale implements idemstore.Store: at most limit in-progress records whose
 // lease_expires_at has passed on the database clock, uncertain ones
 // included, the longest expired first.
 func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error) {
@@ -933,7 +934,7 @@ func (r *recordRow) dest(withNow bool) []any {
 
 func (r *recordRow) record() (idem.Record, error) {
 	rec := idem.Record{
-		Principal: r.principal, Key: r.key, Fingerprint: r.fingerprint, State: idem.State(r.state),
+		Principal: r.principal, Key: r.key, Fingerprint: r.fingerprint, State: idemstore.State(r.state),
 		LeaseToken: r.token, RequestID: r.requestID, Nonce: r.nonce,
 		CreatedAt: r.created.t, LockedAt: r.locked.t, LeaseExpiresAt: r.leaseUntil.t, ExpiresAt: r.expires.t,
 		Uncertain: bool(r.uncertain),
@@ -942,7 +943,7 @@ func (r *recordRow) record() (idem.Record, error) {
 		return idem.Record{}, fmt.Errorf("record %q/%q has unknown state %q", r.principal, r.key, r.state)
 	}
 	if r.status.Valid {
-		h, err := idem.DecodeHeader(r.headers)
+		h, err := idemstore.DecodeHeader(r.headers)
 		if err != nil {
 			return idem.Record{}, fmt.Errorf("record %q/%q: stored headers: %w", r.principal, r.key, err)
 		}
@@ -1024,4 +1025,4 @@ func (v *boolValue) parse(s string) error {
 	return nil
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 )
 
@@ -24,19 +25,19 @@ func fp(s string) []byte {
 	return h[:]
 }
 
-func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
-	return idem.ClaimRequest{
+func claimReq(principal, key, body string, lease time.Duration) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{
 		Principal: principal, Key: key, Fingerprint: fp(body), Token: "tok-" + randSuffix() + randSuffix(), Nonce: "n-" + randSuffix(),
 		RequestID: "req-" + randSuffix(), Lease: lease, Retention: time.Hour,
 	}
 }
 
-func leaseOf(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOf(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-func created(id string) idem.Outcome {
-	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+func created(id string) idemstore.Outcome {
+	return idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"` + id + `"}`),
 	}}
@@ -94,7 +95,7 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 						req := claimReq("alice", key, "same body", time.Minute)
 						<-gate
 						res, err := f.Store.Claim(ctx, req)
-						if errors.Is(err, idem.ErrTransient) {
+						if errors.Is(err, idemstore.ErrTransient) {
 							transient.Add(1)
 							return
 						}
@@ -145,7 +146,7 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 			}
 			for _, k := range keys {
 				rec, err := f.Store.Get(ctx, "alice", k)
-				if err != nil || rec.State != idem.StateCompleted {
+				if err != nil || rec.State != idemstore.StateCompleted {
 					t.Fatalf("key %s: %v %v, want completed", k, rec.State, err)
 				}
 			}
@@ -175,7 +176,7 @@ func TestFence(t *testing.T) {
 			if res, err := f.Store.Claim(ctx, old); err != nil || !res.Claimed {
 				t.Fatalf("first claim: %+v %v", res, err)
 			}
-			begin := func() (context.Context, idem.Tx) {
+			begin := func() (context.Context, idemstore.Tx) {
 				txCtx, tx, err := f.Store.BeginTx(ctx, leaseOf(old))
 				if err != nil {
 					t.Fatal(err)
@@ -186,7 +187,7 @@ func TestFence(t *testing.T) {
 				}
 				return txCtx, tx
 			}
-			var oldTx idem.Tx
+			var oldTx idemstore.Tx
 			if d != "sqlite" {
 				_, oldTx = begin()
 			}
@@ -201,13 +202,13 @@ func TestFence(t *testing.T) {
 				_, oldTx = begin()
 			}
 
-			if err := oldTx.Settle(ctx, created("old")); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := oldTx.Settle(ctx, created("old")); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("old holder's settle = %v, want ErrLeaseLost", err)
 			}
 			if n, err := f.CountEffects(ctx, "old"); err != nil || n != 0 {
 				t.Fatalf("old holder's business rows = %d (%v), want 0: rolled back", n, err)
 			}
-			if err := f.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := f.Store.Release(ctx, leaseOf(old)); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("old holder's release = %v, want ErrLeaseLost", err)
 			}
 
@@ -225,7 +226,7 @@ func TestFence(t *testing.T) {
 				t.Fatalf("new holder's business rows = %d, want 1", n)
 			}
 			rec, err := f.Store.Get(ctx, "alice", old.Key)
-			if err != nil || rec.State != idem.StateCompleted || rec.LeaseToken != fresh.Token ||
+			if err != nil || rec.State != idemstore.StateCompleted || rec.LeaseToken != fresh.Token ||
 				!bytes.Equal(rec.Response.Body, created("new").Response.Body) {
 				t.Fatalf("final record %+v %v, want the new holder's", rec, err)
 			}
@@ -264,7 +265,7 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 				if err != nil || res.Claimed {
 					t.Fatalf("replay %d: %+v %v", i, res, err)
 				}
-				if res.Record.State != idem.StateCompleted || res.Record.Response == nil ||
+				if res.Record.State != idemstore.StateCompleted || res.Record.Response == nil ||
 					res.Record.Response.Status != http.StatusCreated || res.Record.LeaseToken != req.Token {
 					t.Fatalf("replay %d returned %+v", i, res.Record)
 				}
@@ -285,19 +286,19 @@ func TestReplayReturnsStoredRecord(t *testing.T) {
 // PostgreSQL, whose table has no CHECK constraints (each would be parsed on
 // every write), these are the only bounds.
 func TestClaimBounds(t *testing.T) {
-	atLimit := strings.Repeat("r", idem.MaxRequestIDLength)
+	atLimit := strings.Repeat("r", idemstore.MaxRequestIDLength)
 	long := strings.Repeat("x", 256)
 	cases := map[string]struct {
-		edit   func(*idem.ClaimRequest)
+		edit   func(*idemstore.ClaimRequest)
 		stored string // the request id stored; "" when the claim is refused
 	}{
-		"request id at the limit": {func(r *idem.ClaimRequest) { r.RequestID = atLimit }, atLimit},
-		"request id over it":      {func(r *idem.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
-		"principal over 255":      {func(r *idem.ClaimRequest) { r.Principal = long }, ""},
-		"key over 255":            {func(r *idem.ClaimRequest) { r.Key = long }, ""},
-		"fingerprint over 255":    {func(r *idem.ClaimRequest) { r.Fingerprint = []byte(long) }, ""},
-		"token over 255":          {func(r *idem.ClaimRequest) { r.Token = long }, ""},
-		"nonce over 64":           {func(r *idem.ClaimRequest) { r.Nonce = long[:65] }, ""},
+		"request id at the limit": {func(r *idemstore.ClaimRequest) { r.RequestID = atLimit }, atLimit},
+		"request id over it":      {func(r *idemstore.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
+		"principal over 255":      {func(r *idemstore.ClaimRequest) { r.Principal = long }, ""},
+		"key over 255":            {func(r *idemstore.ClaimRequest) { r.Key = long }, ""},
+		"fingerprint over 255":    {func(r *idemstore.ClaimRequest) { r.Fingerprint = []byte(long) }, ""},
+		"token over 255":          {func(r *idemstore.ClaimRequest) { r.Token = long }, ""},
+		"nonce over 64":           {func(r *idemstore.ClaimRequest) { r.Nonce = long[:65] }, ""},
 	}
 	for _, d := range dialects {
 		t.Run(d, func(t *testing.T) {
@@ -309,7 +310,7 @@ func TestClaimBounds(t *testing.T) {
 				_, err := f.Store.Claim(ctx, req)
 				rec, gerr := f.Store.Get(ctx, req.Principal, req.Key)
 				switch {
-				case gerr != nil && !errors.Is(gerr, idem.ErrNotFound):
+				case gerr != nil && !errors.Is(gerr, idemstore.ErrNotFound):
 					t.Fatalf("%s: get: %v", name, gerr)
 				case tc.stored == "" && (err == nil || gerr == nil):
 					t.Errorf("%s: claim answered %v, get %v: want a refusal that writes nothing", name, err, gerr)
@@ -447,7 +448,7 @@ func TestSQLiteInterruptedTransaction(t *testing.T) {
 		t.Fatalf("Settle after SQLite ended the transaction = %v, want ErrTxEnded", settleErr)
 	}
 	rec, err := f.Store.Get(ctx, "alice", req.Key)
-	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
+	if err != nil || rec.State != idemstore.StateInProgress || rec.Response != nil {
 		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
 	}
 	if n, _ := f.CountEffects(ctx, "before"); n != 0 {
@@ -558,7 +559,7 @@ func TestMySQLDeadlockedTransaction(t *testing.T) {
 		t.Fatalf("Settle after the deadlock rollback = %v, want ErrTxEnded", settleErr)
 	}
 	rec, err := f.Store.Get(ctx, "alice", req.Key)
-	if err != nil || rec.State != idem.StateInProgress || rec.Response != nil {
+	if err != nil || rec.State != idemstore.StateInProgress || rec.Response != nil {
 		t.Fatalf("record %+v %v, want still in progress and nothing stored", rec, err)
 	}
 	if n, _ := f.CountEffects(ctx, "before"); n != 0 {
@@ -679,10 +680,10 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 				close(gate)
 				wg.Wait()
 				_ = oldTx.Rollback(ctx)
-				if newErr != nil && !errors.Is(newErr, idem.ErrTransient) {
+				if newErr != nil && !errors.Is(newErr, idemstore.ErrTransient) {
 					t.Fatalf("iteration %d: new attempt: %v", i, newErr)
 				}
-				if oldErr != nil && !errors.Is(oldErr, idem.ErrLeaseLost) {
+				if oldErr != nil && !errors.Is(oldErr, idemstore.ErrLeaseLost) {
 					t.Fatalf("iteration %d: old settle: %v", i, oldErr)
 				}
 				nOld, _ := f.CountEffects(ctx, key+"/old")
@@ -694,13 +695,13 @@ func TestTakeoverRacesLateCompletion(t *testing.T) {
 				switch {
 				case oldErr == nil && !newClaimed && nOld == 1 && nNew == 0 && rec.LeaseToken == old.Token:
 					wins["completion first"]++
-				case errors.Is(oldErr, idem.ErrLeaseLost) && newClaimed && newErr == nil && nOld == 0 && nNew == 1 && rec.LeaseToken == fresh.Token:
+				case errors.Is(oldErr, idemstore.ErrLeaseLost) && newClaimed && newErr == nil && nOld == 0 && nNew == 1 && rec.LeaseToken == fresh.Token:
 					wins["takeover first"]++
 				default:
 					t.Fatalf("iteration %d: old settle %v, new claimed %v (%v), rows old %d new %d, record %s by %s",
 						i, oldErr, newClaimed, newErr, nOld, nNew, rec.State, rec.LeaseToken)
 				}
-				if rec.State != idem.StateCompleted {
+				if rec.State != idemstore.StateCompleted {
 					t.Fatalf("iteration %d: record left %s", i, rec.State)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"gorm.io/gorm"
 )
 
@@ -82,7 +83,7 @@ var ErrNoTx = errors.New("idemgorm: this request runs in an idempotent attempt w
 // back into the pool).
 type storeTx struct {
 	store  *Store
-	lease  idem.Lease
+	lease  idemstore.Lease
 	conn   *sql.Conn
 	handle *gorm.DB
 
@@ -100,17 +101,17 @@ type storeTx struct {
 	savepoints    []string // the handler's savepoints, oldest first
 }
 
-// BeginTx implements idem.Store. It takes a connection from the pool (the
+// BeginTx implements idemstore.Store. It takes a connection from the pool (the
 // primary's, when dbresolver is configured), begins a transaction on it
 // and returns ctx carrying it, for Tx and DB. ctx bounds taking the
 // connection and the BEGIN only: the transaction outlives a cancelled ctx
 // until Settle or Rollback ends it.
 //
 // On SQLite this takes the database's single write lock until Settle or
-// Rollback. On PostgreSQL the idem.Tx is an idem.Syncer (see pgTx.Sync);
+// Rollback. On PostgreSQL the idemstore.Tx is an idemstore.Syncer (see pgTx.Sync);
 // on MySQL and SQLite, whose claims are durable when Claim returns, it is
 // not.
-func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+func (s *Store) BeginTx(ctx context.Context, lease idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	if s.gate != nil {
 		if err := s.gate.acquire(ctx); err != nil {
 			return ctx, nil, s.wrap("begin", err)
@@ -131,7 +132,7 @@ func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context,
 	return ctx, t, nil
 }
 
-func (s *Store) begin(ctx context.Context, lease idem.Lease) (*storeTx, error) {
+func (s *Store) begin(ctx context.Context, lease idemstore.Lease) (*storeTx, error) {
 	pool, err := s.pool()
 	if err != nil {
 		return nil, err
@@ -259,7 +260,7 @@ func (t *storeTx) markSQLite(ctx context.Context) error {
 	return nil
 }
 
-// Used implements idem.Tx: whether the handler ran anything through the
+// Used implements idemstore.Tx: whether the handler ran anything through the
 // handle.
 func (t *storeTx) Used() bool {
 	t.mu.Lock()
@@ -267,15 +268,15 @@ func (t *storeTx) Used() bool {
 	return t.used
 }
 
-// Settle implements idem.Tx. It stores outcome with an UPDATE fenced by the
+// Settle implements idemstore.Tx. It stores outcome with an UPDATE fenced by the
 // lease token and the in-progress state, in the handler's transaction, then
 // commits with a COMMIT bounded by ctx. When the UPDATE matches no row the
 // lease was lost to a takeover: it rolls back (the handler's writes with
-// it) and returns idem.ErrLeaseLost. When a statement on the handle failed,
+// it) and returns idemstore.ErrLeaseLost. When a statement on the handle failed,
 // or the handler asked for a rollback, it rolls back and stores nothing;
 // the error wraps ErrTxEnded when the database had already ended the
 // transaction by itself. After Settle the transaction is finished.
-func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
+func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	t.mu.Lock()
 	if t.done {
 		t.mu.Unlock()
@@ -286,7 +287,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 	t.mu.Unlock()
 	defer t.ungate()
 
-	if outcome.State != idem.StateCompleted && outcome.State != idem.StateFailed {
+	if outcome.State != idemstore.StateCompleted && outcome.State != idemstore.StateFailed {
 		t.endConn(ctx, false)
 		return fmt.Errorf("idemgorm: settle: outcome state %q is not terminal", outcome.State)
 	}
@@ -307,7 +308,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		body = []byte{}
 	}
 	q := t.store.q
-	args := []any{string(outcome.State), outcome.Response.Status, idem.EncodeHeader(outcome.Response.Header), body,
+	args := []any{string(outcome.State), outcome.Response.Status, idemstore.EncodeHeader(outcome.Response.Header), body,
 		t.lease.Principal, t.lease.Key, t.lease.Token}
 	query := q.settle
 	switch {
@@ -346,7 +347,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idem.Outcome) error {
 		t.endConn(ctx, false)
 		return t.store.wrap("settle", err)
 	case n == 0:
-		err := idem.ErrLeaseLost
+		err := idemstore.ErrLeaseLost
 		if t.marked && t.serverEnded(ctx) {
 			err = fmt.Errorf("idemgorm: settle: the database rolled the transaction back by itself; nothing was stored: %w", ErrTxEnded)
 		}
@@ -398,7 +399,7 @@ func (t *storeTx) serverEnded(ctx context.Context) bool {
 	return false // cannot tell (the connection is gone): nothing committed through it
 }
 
-// Rollback implements idem.Tx: it abandons the transaction and every write
+// Rollback implements idemstore.Tx: it abandons the transaction and every write
 // made in it. It is safe to call after Settle and more than once.
 func (t *storeTx) Rollback(ctx context.Context) error {
 	t.mu.Lock()
@@ -477,8 +478,8 @@ func (t *storeTx) ungate() {
 	}
 }
 
-// pgTx is the idem.Tx of a PostgreSQL transaction: a storeTx that is an
-// idem.Syncer, since the claim before it may have committed without its
+// pgTx is the idemstore.Tx of a PostgreSQL transaction: a storeTx that is an
+// idemstore.Syncer, since the claim before it may have committed without its
 // WAL flush (see buildQueries).
 type pgTx struct{ *storeTx }
 
@@ -507,7 +508,7 @@ const (
 	syncMaxWait = 20 * time.Millisecond
 )
 
-// Sync implements idem.Syncer: it returns once the WAL is flushed past the
+// Sync implements idemstore.Syncer: it returns once the WAL is flushed past the
 // claim of the transaction's attempt, so the claim survives a database
 // crash. It runs on the transaction's own connection, never on another from
 // the pool, and writes nothing: it reads the WAL insert position, then
@@ -562,6 +563,6 @@ func (t pgTx) syncQuery(ctx context.Context, run func(*sql.Conn) error) error {
 }
 
 var (
-	_ idem.Tx     = (*storeTx)(nil)
-	_ idem.Syncer = pgTx{}
+	_ idemstore.Tx     = (*storeTx)(nil)
+	_ idemstore.Syncer = pgTx{}
 )

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
@@ -95,7 +95,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 		t.Fatalf("the killed process's business row exists (%d)", n)
 	}
 	rec, err := e.Store.Get(ctx, "alice", key)
-	if err != nil || rec.State != idem.StateInProgress || rec.LeaseToken != token {
+	if err != nil || rec.State != idemstore.StateInProgress || rec.LeaseToken != token {
 		t.Fatalf("after the crash the record is %+v (%v), want the child's in-progress claim", rec, err)
 	}
 

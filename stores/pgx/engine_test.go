@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
@@ -154,7 +155,7 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 		t.Fatalf("terminate: %v %v", killed, err)
 	}
 	err = tx.Settle(ctx, okResponse("x"))
-	if err == nil || errors.Is(err, idem.ErrLeaseLost) || !errors.Is(err, idem.ErrTransient) {
+	if err == nil || errors.Is(err, idemstore.ErrLeaseLost) || !errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("settle on a dropped connection = %v, want a transient error", err)
 	}
 	t.Logf("settle on a dropped connection: %v", err)
@@ -168,7 +169,7 @@ func TestConnectionLostBeforeSettle(t *testing.T) {
 		t.Fatalf("release: %v", err)
 	}
 	// The pool still works.
-	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateReleased {
 		t.Fatalf("get after release: %s, %v", rec.State, err)
 	}
 }
@@ -267,7 +268,7 @@ func TestSyncWaitsForTheClaimOnly(t *testing.T) {
 	if got, err := idempgx.SyncTarget(ctx, stx); err != nil || got != target {
 		t.Fatalf("Sync waits for %s (%v), want BeginTx's position %s", got, err, target)
 	}
-	if err := stx.(idem.Syncer).Sync(ctx); err != nil {
+	if err := stx.(idemstore.Syncer).Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !flushedUpTo(t, ctx, e.Pool, target) {

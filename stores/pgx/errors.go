@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -41,25 +42,25 @@ var (
 const pkgName = "idempgx"
 
 // wrap adds the package and the operation's name to err and classifies
-// it, so that errors.Is(err, idem.ErrTransient) holds for errors worth
+// it, so that errors.Is(err, idemstore.ErrTransient) holds for errors worth
 // retrying and errors.Is(err, idem.ErrMisconfigured) for a missing table,
 // column or schema or a missing privilege. errors.As still reaches the
 // *pgconn.PgError.
 func wrap(op string, err error) error {
-	return idem.WrapStoreError(pkgName, op, classify(err), err)
+	return idemstore.WrapStoreError(pkgName, op, classify(err), err)
 }
 
-// classify sorts err into the classes idem.WrapStoreError knows.
-func classify(err error) idem.ErrorClass {
+// classify sorts err into the classes idemstore.WrapStoreError knows.
+func classify(err error) idemstore.ErrorClass {
 	switch {
 	case err == nil:
-		return idem.ClassOther
+		return idemstore.ClassOther
 	case isMisconfigured(err):
-		return idem.ClassMisconfigured
+		return idemstore.ClassMisconfigured
 	case isTransient(err):
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
-	return idem.ClassOther
+	return idemstore.ClassOther
 }
 
 // isMisconfigured reports whether err is one no retry fixes, because the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 func TestWrapClassifies(t *testing.T) {
@@ -27,13 +27,13 @@ func TestWrapClassifies(t *testing.T) {
 	}
 	for _, err := range transient {
 		w := wrap("claim", err)
-		if !errors.Is(w, idem.ErrTransient) || !errors.Is(w, err) {
+		if !errors.Is(w, idemstore.ErrTransient) || !errors.Is(w, err) {
 			t.Errorf("wrap(%v) = %v: want transient and still the original", err, w)
 		}
 	}
 	for _, err := range permanent {
 		w := wrap("claim", err)
-		if errors.Is(w, idem.ErrTransient) || !errors.Is(w, err) {
+		if errors.Is(w, idemstore.ErrTransient) || !errors.Is(w, err) {
 			t.Errorf("wrap(%v) = %v: want not transient and still the original", err, w)
 		}
 	}

@@ -3,7 +3,7 @@ package idempgx
 import (
 	"context"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -31,7 +31,7 @@ func TakeoverSQL(s *Store) string { return s.sql.Takeover }
 
 // SyncTarget runs the first statement of tx's Sync and returns the WAL
 // position Sync would wait for.
-func SyncTarget(ctx context.Context, tx idem.Tx) (string, error) {
+func SyncTarget(ctx context.Context, tx idemstore.Tx) (string, error) {
 	var target lsn
 	_, err := tx.(*storeTx).syncPoll(ctx, &target)
 	return target.String(), err

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idempgx "github.com/idemgo/idem/stores/pgx"
@@ -147,7 +147,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 				t.Fatalf("%s: claim = %+v, %v; want Claimed with our token, Reclaimed=%v", c.name, res, err, c.stale)
 			}
 			rec, err := e.Store.Get(ctx, "alice", key)
-			if err != nil || rec.LeaseToken != req.Token || rec.State != idem.StateInProgress {
+			if err != nil || rec.LeaseToken != req.Token || rec.State != idemstore.StateInProgress {
 				t.Fatalf("%s: stored %+v, %v", c.name, rec, err)
 			}
 		}
@@ -173,10 +173,10 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 		}
 		var err error
 		cut(releaseSQL, when, func() { err = s.Release(ctx, leaseOf(req)) })
-		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
+		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("release with the cut %v: %v", when, err)
 		}
-		if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+		if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateReleased {
 			t.Fatalf("row after release with the cut %v: %s, %v", when, rec.State, err)
 		}
 	}
@@ -189,7 +189,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	}
 	var (
 		txCtx context.Context
-		tx    idem.Tx
+		tx    idemstore.Tx
 	)
 	cut("begin isolation level read committed", faultproxy.Before, func() {
 		txCtx, tx, err = s.BeginTx(ctx, leaseOf(req))
@@ -230,7 +230,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if stmtErr == nil {
 		t.Fatal("the handler's statement succeeded on a cut connection")
 	}
-	if err := tx.Settle(ctx, okResponse("ok")); err == nil || !errors.Is(err, idem.ErrTransient) || errors.Is(err, idem.ErrTxEnded) {
+	if err := tx.Settle(ctx, okResponse("ok")); err == nil || !errors.Is(err, idemstore.ErrTransient) || errors.Is(err, idemstore.ErrTxEnded) {
 		t.Fatalf("settle after the transaction's connection broke = %v, want a transient error (not ErrTxEnded)", err)
 	}
 	if err := s.Release(ctx, leaseOf(req)); err != nil {
@@ -239,7 +239,7 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if got := e.mustCount(t, req.Key); got != 0 {
 		t.Fatalf("%d effects after the broken transaction, want 0", got)
 	}
-	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateReleased {
+	if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateReleased {
 		t.Fatalf("row after release: %s, %v", rec.State, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
@@ -122,30 +123,30 @@ func (e *env) mustCount(t testing.TB, id string) int {
 }
 
 func fp(s string) []byte {
-	b := make([]byte, idem.FingerprintSize)
+	b := make([]byte, idemstore.FingerprintSize)
 	copy(b, s)
 	return b
 }
 
-func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
-	return idem.ClaimRequest{
+func claimReq(principal, key, body string, lease time.Duration) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{
 		Principal: principal, Key: key, Fingerprint: fp(body), Token: randHex(16), Nonce: randHex(16),
 		RequestID: "req-" + randHex(4), Lease: lease, Retention: time.Hour,
 	}
 }
 
-func leaseOf(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOf(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-func okResponse(body string) idem.Outcome {
-	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+func okResponse(body string) idemstore.Outcome {
+	return idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{
 		Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(body),
 	}}
 }
 
 // runAttempt is one claimed request: begin, write the effect id, settle.
-func (e *env) runAttempt(ctx context.Context, l idem.Lease, id, body string) error {
+func (e *env) runAttempt(ctx context.Context, l idemstore.Lease, id, body string) error {
 	txCtx, tx, err := e.Store.BeginTx(ctx, l)
 	if err != nil {
 		return err

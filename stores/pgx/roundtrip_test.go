@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
@@ -91,7 +91,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	xids, wal := measure(func() {
 		for range replays {
 			res, err := e.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
-			if err != nil || res.Claimed || res.Record.State != idem.StateCompleted || string(res.Record.Response.Body) != "original" {
+			if err != nil || res.Claimed || res.Record.State != idemstore.StateCompleted || string(res.Record.Response.Body) != "original" {
 				t.Fatalf("replay: %+v %v", res, err)
 			}
 		}
@@ -253,7 +253,7 @@ func TestRoundTrips(t *testing.T) {
 	key := "rt-" + randHex(4)
 	req := claimReq("alice", key, "body", time.Minute)
 	var txCtx context.Context
-	var tx idem.Tx
+	var tx idemstore.Tx
 	step("claim (new key)", 1, func() {
 		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v %v", res, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -20,7 +21,7 @@ import (
 
 // begin claims a fresh key and begins its transaction; the transaction is
 // rolled back in cleanup if the test leaves it open.
-func (e *env) begin(t *testing.T, ctx context.Context) (idem.ClaimRequest, context.Context, idem.Tx, *idempgx.Handle) {
+func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *idempgx.Handle) {
 	t.Helper()
 	req := claimReq("alice", "seal-"+randHex(6), "body", time.Minute)
 	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
@@ -112,7 +113,7 @@ func TestRefusedStatements(t *testing.T) {
 			if sqlStateOf(err) != "25P02" {
 				t.Fatalf("%s(%q): the next statement answered %v, want 25P02 (aborted)", way, stmt, err)
 			}
-			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) || errors.Is(err, idem.ErrTxEnded) {
+			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) || errors.Is(err, idemstore.ErrTxEnded) {
 				t.Fatalf("%s(%q): settle = %v, want ErrTxAborted", way, stmt, err)
 			}
 			if n := e.mustCount(t, req.Key); n != 0 {
@@ -166,7 +167,7 @@ func sqlStateOf(err error) string {
 // Whatever ended the transaction is detected — the connection idle after
 // the statement, another transaction with another marker, an aborted
 // transaction without the savepoint rawConn sets — and
-// reported as idem.ErrTxEnded by Settle and by Rollback; Release then
+// reported as idemstore.ErrTxEnded by Settle and by Rollback; Release then
 // changes nothing, and Keep, which the engine calls instead, keeps the
 // claim in progress, Uncertain. A raw statement that only fails, in the
 // store's own transaction, is not mistaken for an end.
@@ -199,11 +200,11 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			}
 			_, _ = idempgx.RawConn(htx).Exec(txCtx, c.raw)
 			_, nextErr := htx.Exec(txCtx, "INSERT INTO "+e.EffectsTable()+" (id) VALUES ($1)", req.Key+"/after")
-			if c.nextRefuse && !errors.Is(nextErr, idem.ErrTxEnded) {
+			if c.nextRefuse && !errors.Is(nextErr, idemstore.ErrTxEnded) {
 				t.Fatalf("%q: the next statement through the handle = %v, want ErrTxEnded", c.raw, nextErr)
 			}
 			if c.nextRefuse {
-				if _, err := htx.Exec(txCtx, "SELECT 1"); !errors.Is(err, idem.ErrTxEnded) {
+				if _, err := htx.Exec(txCtx, "SELECT 1"); !errors.Is(err, idemstore.ErrTxEnded) {
 					t.Fatalf("%q: a later statement = %v, want ErrTxEnded", c.raw, err)
 				}
 			}
@@ -213,7 +214,7 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			} else {
 				err = stx.Rollback(ctx)
 			}
-			if got := errors.Is(err, idem.ErrTxEnded); got != c.ended {
+			if got := errors.Is(err, idemstore.ErrTxEnded); got != c.ended {
 				t.Fatalf("%q (settle %v): %v; want ErrTxEnded %v", c.raw, settle, err, c.ended)
 			}
 			if settle && !c.ended && c.effects == 0 && !errors.Is(err, idempgx.ErrTxAborted) {
@@ -236,21 +237,21 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			rerr := e.Store.Release(ctx, leaseOf(req))
 			rec, gerr := e.Store.Get(ctx, "alice", req.Key)
 			switch {
-			case c.ended && (!errors.Is(rerr, idem.ErrTxEnded) || gerr != nil || rec.State != idem.StateInProgress || rec.Uncertain):
+			case c.ended && (!errors.Is(rerr, idemstore.ErrTxEnded) || gerr != nil || rec.State != idemstore.StateInProgress || rec.Uncertain):
 				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want ErrTxEnded and the claim untouched", c.raw, settle, rerr, rec, gerr)
 			case c.ended:
 				if err := e.Store.Keep(ctx, leaseOf(req)); err != nil {
 					t.Fatalf("%q (settle %v): keep = %v", c.raw, settle, err)
 				}
-				if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateInProgress ||
+				if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateInProgress ||
 					!rec.Uncertain || rec.LeaseToken != req.Token || rec.LeaseExpiresAt.After(time.Now().Add(time.Minute)) {
 					t.Fatalf("%q (settle %v): after keep, record %+v %v; want it in progress, Uncertain, its lease ended", c.raw, settle, rec, err)
 				}
 			case !c.ended && settle && c.effects == 1:
-				if rerr == nil || gerr != nil || rec.State != idem.StateCompleted {
+				if rerr == nil || gerr != nil || rec.State != idemstore.StateCompleted {
 					t.Fatalf("%q: release after a completed settle = %v, record %s", c.raw, rerr, rec.State)
 				}
-			case !c.ended && (c.effects == 0 || !settle) && (rerr != nil || gerr != nil || rec.State != idem.StateReleased):
+			case !c.ended && (c.effects == 0 || !settle) && (rerr != nil || gerr != nil || rec.State != idemstore.StateReleased):
 				t.Fatalf("%q (settle %v): release = %v, record %+v %v; want the claim released", c.raw, settle, rerr, rec, gerr)
 			}
 		}
@@ -293,7 +294,7 @@ func TestTxEndedThroughTheEngine(t *testing.T) {
 		if first.Status < 500 {
 			t.Fatalf("status %d: the attempt that committed behind the store answered %d", status, first.Status)
 		}
-		if rec, err := e.Store.Get(ctx, "alice", key); err != nil || rec.State != idem.StateInProgress || !rec.Uncertain {
+		if rec, err := e.Store.Get(ctx, "alice", key); err != nil || rec.State != idemstore.StateInProgress || !rec.Uncertain {
 			t.Fatalf("status %d: record %+v, %v; want it kept in progress, Uncertain", status, rec, err)
 		}
 		if again := run(); again.Status != http.StatusConflict || !strings.Contains(string(again.Body), string(idem.ProblemOutcomeUnknown)) {
@@ -379,7 +380,7 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 			t.Fatalf("settle %v: LargeObjects after the transaction: Create = %v, want ErrTxClosed", settle, err)
 		}
 		// The connection went back to the pool in good order.
-		if _, err := e.Store.Get(ctx, "alice", "nothing"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := e.Store.Get(ctx, "alice", "nothing"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("the pool after large objects: %v", err)
 		}
 		if settle {
@@ -415,7 +416,7 @@ func TestHeadersByteExact(t *testing.T) {
 	req, _, stx, _ := e.begin(t, ctx)
 	hdr := http.Header{"X-Nul": {"a\x00b"}, "X-Bin": {"\xff\xfe", ""}, "Content-Type": {`text/plain; charset="\u00e9"`},
 		"X-\xffName": {"v"}}
-	out := idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Header: hdr.Clone(), Body: []byte("b")}}
+	out := idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Header: hdr.Clone(), Body: []byte("b")}}
 	if err := stx.Settle(ctx, out); err != nil {
 		t.Fatal(err)
 	}
@@ -423,28 +424,28 @@ func TestHeadersByteExact(t *testing.T) {
 	if err != nil || rec.Response == nil {
 		t.Fatalf("get: %+v %v", rec, err)
 	}
-	if !bytes.Equal(idem.EncodeHeader(rec.Response.Header), idem.EncodeHeader(hdr)) {
+	if !bytes.Equal(idemstore.EncodeHeader(rec.Response.Header), idemstore.EncodeHeader(hdr)) {
 		t.Fatalf("headers replayed as %q, stored %q", rec.Response.Header, hdr)
 	}
 }
 
 // TestClaimBounds: the store holds the bounds the table's CHECK constraints
-// used to: a request id over idem.MaxRequestIDLength is stored cut at a
+// used to: a request id over idemstore.MaxRequestIDLength is stored cut at a
 // character boundary, an over-long fingerprint or nonce is refused before
 // anything is written.
 func TestClaimBounds(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 2, nil))
-	atLimit := strings.Repeat("r", idem.MaxRequestIDLength)
+	atLimit := strings.Repeat("r", idemstore.MaxRequestIDLength)
 	for name, tc := range map[string]struct {
-		edit   func(*idem.ClaimRequest)
+		edit   func(*idemstore.ClaimRequest)
 		stored string // the request id stored; "" when the claim is refused
 	}{
-		"request id at the limit": {func(r *idem.ClaimRequest) { r.RequestID = atLimit }, atLimit},
-		"request id over it":      {func(r *idem.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
-		"fingerprint over 255":    {func(r *idem.ClaimRequest) { r.Fingerprint = make([]byte, 256) }, ""},
-		"nonce over 64":           {func(r *idem.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) }, ""},
+		"request id at the limit": {func(r *idemstore.ClaimRequest) { r.RequestID = atLimit }, atLimit},
+		"request id over it":      {func(r *idemstore.ClaimRequest) { r.RequestID = atLimit[:254] + "ü" }, atLimit[:254]},
+		"fingerprint over 255":    {func(r *idemstore.ClaimRequest) { r.Fingerprint = make([]byte, 256) }, ""},
+		"nonce over 64":           {func(r *idemstore.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) }, ""},
 	} {
 		req := claimReq("alice", "bounds-"+randHex(4), "body", time.Minute)
 		tc.edit(&req)
@@ -452,7 +453,7 @@ func TestClaimBounds(t *testing.T) {
 		rec, gerr := e.Store.Get(ctx, req.Principal, req.Key)
 		found := gerr == nil
 		switch {
-		case gerr != nil && !errors.Is(gerr, idem.ErrNotFound):
+		case gerr != nil && !errors.Is(gerr, idemstore.ErrNotFound):
 			t.Fatalf("%s: get: %v", name, gerr)
 		case tc.stored == "" && (err == nil || found):
 			t.Errorf("%s: claim answered %v and the row exists: %v, want a refusal that writes nothing", name, err, found)

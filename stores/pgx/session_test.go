@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -98,7 +99,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 				replay.Record.Response.Header.Get("X-Bin") != "\xfe\x00" {
 				t.Fatalf("replay: %+v %v", replay, err)
 			}
-			if rec, err := s.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted ||
+			if rec, err := s.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted ||
 				string(rec.Response.Body) != string(out.Response.Body) {
 				t.Fatalf("get: %+v %v", rec, err)
 			}
@@ -121,7 +122,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			if res, err := s.Claim(ctx, claimReq("alice", old.Key, "body", time.Minute)); err != nil || !res.Reclaimed {
 				t.Fatalf("takeover: %+v %v", res, err)
 			}
-			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("settle after losing the lease = %v, want ErrLeaseLost", err)
 			}
 			if n := e.mustCount(t, old.Key); n != 0 {
@@ -200,8 +201,8 @@ func TestBoundedWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func(lease time.Duration) func(*idempgx.Store, idem.ClaimRequest) error {
-		return func(s *idempgx.Store, req idem.ClaimRequest) error {
+	claim := func(lease time.Duration) func(*idempgx.Store, idemstore.ClaimRequest) error {
+		return func(s *idempgx.Store, req idemstore.ClaimRequest) error {
 			_, err := s.Claim(ctx, claimReq("alice", req.Key, "body", lease))
 			return err
 		}
@@ -209,14 +210,14 @@ func TestBoundedWaits(t *testing.T) {
 	ops := map[string]struct {
 		settled bool // the held row is completed (a replay) rather than in progress
 		stale   bool // the held row's lease ended at once
-		do      func(s *idempgx.Store, req idem.ClaimRequest) error
+		do      func(s *idempgx.Store, req idemstore.ClaimRequest) error
 	}{
 		"claim of a key in progress": {false, false, claim(time.Hour)},
 		"takeover of a stale key":    {false, true, claim(time.Hour)},
 		"replay of a completed key":  {true, false, claim(time.Hour)},
-		"release":                    {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Release(ctx, leaseOf(req)) }},
-		"keep":                       {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error { return s.Keep(ctx, leaseOf(req)) }},
-		"settle": {false, false, func(s *idempgx.Store, req idem.ClaimRequest) error {
+		"release":                    {false, false, func(s *idempgx.Store, req idemstore.ClaimRequest) error { return s.Release(ctx, leaseOf(req)) }},
+		"keep":                       {false, false, func(s *idempgx.Store, req idemstore.ClaimRequest) error { return s.Keep(ctx, leaseOf(req)) }},
+		"settle": {false, false, func(s *idempgx.Store, req idemstore.ClaimRequest) error {
 			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
 			if err != nil {
 				return err
@@ -252,7 +253,7 @@ func TestBoundedWaits(t *testing.T) {
 				if by == "statement timeout" {
 					wantCode = "57014" // query_canceled
 				}
-				if !errors.Is(err, idem.ErrTransient) || sqlStateOf(err) != wantCode {
+				if !errors.Is(err, idemstore.ErrTransient) || sqlStateOf(err) != wantCode {
 					t.Fatalf("%s behind a held row: %v after %v, want a transient %s", name, err, waited, wantCode)
 				}
 				if waited < bound/2 || waited > bound+2*time.Second {
@@ -431,7 +432,7 @@ func TestCheck(t *testing.T) {
 	}
 	// At run time the same lack is a misconfiguration, never "retry".
 	_, err = s.Claim(ctx, claimReq("alice", "priv-"+randHex(4), "body", time.Minute))
-	if !errors.Is(err, idem.ErrMisconfigured) || errors.Is(err, idem.ErrTransient) || sqlStateOf(err) != "42501" {
+	if !errors.Is(err, idem.ErrMisconfigured) || errors.Is(err, idemstore.ErrTransient) || sqlStateOf(err) != "42501" {
 		t.Fatalf("claim without INSERT = %v, want ErrMisconfigured (42501)", err)
 	}
 }

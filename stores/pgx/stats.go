@@ -4,18 +4,18 @@ import (
 	"context"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5"
 )
 
-// Stats implements idem.Store with one statement that counts every figure
+// Stats implements idemstore.Store with one statement that counts every figure
 // (none is NotCounted). It reads the whole table, so it costs a sequential
 // scan, bounded like every statement of the store by WithStatementTimeout
-// (past it the error wraps idem.ErrTransient): run it from an operator's
+// (past it the error wraps idemstore.ErrTransient): run it from an operator's
 // tool or a gauge every minute or so, not per request.
-func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
+func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idemstore.Stats, error) {
 	var (
-		st                                                  idem.Stats
+		st                                                  idemstore.Stats
 		inProgress, completed, failed, released, stale, exp int64
 		oldest                                              *time.Time
 	)
@@ -25,11 +25,11 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats
 		}, s.sql.Stats, micros(staleAfter))
 	})
 	if err != nil {
-		return idem.Stats{}, wrap("stats", err)
+		return idemstore.Stats{}, wrap("stats", err)
 	}
-	st.InProgress, st.Completed, st.Failed = idem.Count(inProgress), idem.Count(completed), idem.Count(failed)
-	st.Released = idem.Count(released)
-	st.Stale, st.Expired = idem.Count(stale), idem.Count(exp)
+	st.InProgress, st.Completed, st.Failed = idemstore.Count(inProgress), idemstore.Count(completed), idemstore.Count(failed)
+	st.Released = idemstore.Count(released)
+	st.Stale, st.Expired = idemstore.Count(stale), idemstore.Count(exp)
 	if oldest != nil {
 		st.OldestLockedAt = *oldest
 	}

@@ -1,4 +1,4 @@
-// Package idempgx is an idem.Store on PostgreSQL through pgx v5 and
+// Package idempgx is an idemstore.Store on PostgreSQL through pgx v5 and
 // pgxpool. It shares the handler's transaction: BeginTx begins a real
 // READ COMMITTED transaction and puts a Handle on it into the request's
 // context (handlers get it with Tx), the handler's own writes go into it,
@@ -12,7 +12,7 @@
 // reaching around it, does not compile. Transaction-control statements
 // are refused (ErrTxOwned), a failed statement aborts the transaction as
 // PostgreSQL does, and a transaction that ended anyway (by a route the
-// handle does not see) is detected and reported as idem.ErrTxEnded: its
+// handle does not see) is detected and reported as idemstore.ErrTxEnded: its
 // claim is never released, and the engine keeps it (Keep) in progress,
 // marked uncertain, for Config.Reconcile or an operator.
 //
@@ -26,7 +26,7 @@
 // nothing: no transaction id, no WAL. The claim commits without waiting
 // for its WAL flush unless it is Durable (idem.Config.DurableClaims);
 // idem.DownstreamKey waits for the flush on the transaction's own
-// connection (the Tx is an idem.Syncer), and the settle always commits
+// connection (the Tx is an idemstore.Syncer), and the settle always commits
 // durably.
 //
 // The claim and the other store calls run as single autocommit statements
@@ -48,6 +48,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,7 +56,7 @@ import (
 	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
-// Store is an idem.Store backed by one PostgreSQL table. It is safe for
+// Store is an idemstore.Store backed by one PostgreSQL table. It is safe for
 // concurrent use by many goroutines and many processes sharing the
 // database. Create it with New.
 type Store struct {
@@ -129,7 +130,7 @@ func WithTxTimeout(d time.Duration) Option {
 // statements (claim, takeover, release, keep, get, purge, list, settle): a claim
 // or release that meets a row held by another transaction, such as an
 // uncommitted settle, fails after d with an error wrapping
-// idem.ErrTransient (SQLSTATE 55P03) instead of waiting for it. It is set
+// idemstore.ErrTransient (SQLSTATE 55P03) instead of waiting for it. It is set
 // per statement, never on the session, and overrides whatever the handler
 // set. d is rounded up to a millisecond and must be between 1 ms and 24 h.
 // The default is DefaultLockTimeout.
@@ -145,7 +146,7 @@ func WithLockTimeout(d time.Duration) Option {
 
 // WithStatementTimeout sets PostgreSQL's statement_timeout for the store's
 // own statements, like WithLockTimeout: past d a statement is cancelled
-// with an error wrapping idem.ErrTransient (SQLSTATE 57014). It also
+// with an error wrapping idemstore.ErrTransient (SQLSTATE 57014). It also
 // bounds how long the server keeps the handler's transaction open for a
 // client that went silent: TCP keepalives and tcp_user_timeout are set in
 // that transaction so that a dead client is noticed within about 2 × d
@@ -165,7 +166,7 @@ func WithStatementTimeout(d time.Duration) Option {
 // WithMaxClaimAttempts bounds how many times Claim re-runs its statement
 // when a concurrent request changed the row between its statements (each
 // retry follows somebody else's progress, so a few are plenty). Past the
-// bound Claim returns an error wrapping idem.ErrTransient. The default is
+// bound Claim returns an error wrapping idemstore.ErrTransient. The default is
 // 16.
 func WithMaxClaimAttempts(n int) Option {
 	return func(c *config) error {
@@ -353,7 +354,7 @@ const (
 	maxNonce       = 64
 )
 
-// Claim implements idem.Store. The common case is one batch (one round
+// Claim implements idemstore.Store. The common case is one batch (one round
 // trip: the settings it pins, the INSERT and the SELECT of the row); a
 // replay writes nothing. A row past its ExpiresAt is replaced, a released
 // row is claimed (keeping its nonce for the same fingerprint), and an
@@ -364,13 +365,13 @@ const (
 // someone else changed the row and the claim starts over. A row another
 // transaction holds (an uncommitted settle) is waited for at most the lock
 // timeout (WithLockTimeout); past it Claim returns an error wrapping
-// idem.ErrTransient.
+// idemstore.ErrTransient.
 //
 // The claim commits without waiting for its WAL to be flushed, unless
 // req.Durable: then its commit waits, as the settle's does (see
 // Config.DurableClaims). Until the flush a database crash can take the
 // claim back; idem.DownstreamKey waits for it (the Tx BeginTx returns is
-// an idem.Syncer).
+// an idemstore.Syncer).
 //
 // When the connection breaks under a claim statement (up to
 // maxConnRetries times) the claim runs again on another connection. That is
@@ -379,17 +380,17 @@ const (
 // means the lost statement did claim the key.
 //
 // Claim refuses a fingerprint over 255 bytes and a nonce over 64, and cuts
-// the request id with idem.BoundRequestID, as the table's CHECKs once did.
-func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+// the request id with idemstore.BoundRequestID, as the table's CHECKs once did.
+func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	switch {
 	case req.Principal == "" || req.Key == "" || req.Token == "" || req.Nonce == "":
-		return idem.ClaimResult{}, errors.New("idempgx: claim: principal, key, token and nonce must not be empty")
+		return idemstore.ClaimResult{}, errors.New("idempgx: claim: principal, key, token and nonce must not be empty")
 	case len(req.Fingerprint) > maxFingerprint:
-		return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: fingerprint is %d bytes, the store holds %d", len(req.Fingerprint), maxFingerprint)
+		return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: fingerprint is %d bytes, the store holds %d", len(req.Fingerprint), maxFingerprint)
 	case len(req.Nonce) > maxNonce:
-		return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
+		return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
 	}
-	req.RequestID = idem.BoundRequestID(req.RequestID)
+	req.RequestID = idemstore.BoundRequestID(req.RequestID)
 	prelude := s.sql.ClaimPrelude
 	if req.Durable {
 		prelude = s.sql.DurablePrelude
@@ -415,7 +416,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			if retryable(err) {
 				continue
 			}
-			return idem.ClaimResult{}, wrap("claim", err)
+			return idemstore.ClaimResult{}, wrap("claim", err)
 		}
 		switch {
 		case !found:
@@ -423,10 +424,10 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			// it: run the claim again.
 			continue
 		case inserted:
-			return idem.ClaimResult{Claimed: true, Record: rec, Now: now}, nil
-		case rec.LeaseToken == req.Token && rec.State == idem.StateInProgress:
+			return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, nil
+		case rec.LeaseToken == req.Token && rec.State == idemstore.StateInProgress:
 			// Our own statement claimed it, and its answer was lost.
-			return idem.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
+			return idemstore.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
 			res, ok, err := s.takeOver(ctx, prelude, s.sql.Replace, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
@@ -435,7 +436,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			if err != nil || ok {
 				return res, err
 			}
-		case rec.State == idem.StateReleased:
+		case rec.State == idemstore.StateReleased:
 			res, ok, err := s.takeOver(ctx, prelude, s.sql.Reuse, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
 				continue
@@ -443,7 +444,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 			if err != nil || ok {
 				return res, err
 			}
-		case rec.State == idem.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
+		case rec.State == idemstore.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
 			string(rec.Fingerprint) == string(req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
 			res, ok, err := s.takeOver(ctx, prelude, s.sql.Takeover, req, rec.LeaseToken, micros(req.Lease), req.TakeOverUncertain)
 			if err != nil && retryable(err) {
@@ -455,16 +456,16 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 				return res, err
 			}
 		default:
-			return idem.ClaimResult{Record: rec, Now: now}, nil
+			return idemstore.ClaimResult{Record: rec, Now: now}, nil
 		}
 	}
-	return idem.ClaimResult{}, fmt.Errorf("idempgx: claim: %w: gave up after %d attempts under contention", idem.ErrTransient, s.maxAttempts)
+	return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: %w: gave up after %d attempts under contention", idemstore.ErrTransient, s.maxAttempts)
 }
 
 // claimOnce runs the claim's batch: the prelude, the INSERT and the
 // SELECT, one round trip. inserted reports whether the INSERT wrote the
 // row; found whether the SELECT returned one.
-func (s *Store) claimOnce(ctx context.Context, prelude string, req idem.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
+func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue(prelude)
 	b.Queue(s.sql.Claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
@@ -509,7 +510,7 @@ func retryClaim(err error) bool {
 
 // takeOver runs a fenced takeover UPDATE (stale lease, expired or released
 // record) behind prelude. ok is false when it matched no row.
-func (s *Store) takeOver(ctx context.Context, prelude, query string, req idem.ClaimRequest, oldToken string, extra ...any) (idem.ClaimResult, bool, error) {
+func (s *Store) takeOver(ctx context.Context, prelude, query string, req idemstore.ClaimRequest, oldToken string, extra ...any) (idemstore.ClaimResult, bool, error) {
 	args := append([]any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID,
 		micros(req.Retention), oldToken}, extra...)
 	var (
@@ -528,14 +529,14 @@ func (s *Store) takeOver(ctx context.Context, prelude, query string, req idem.Cl
 	}, query, args...)
 	if err != nil {
 		if retryClaim(err) {
-			return idem.ClaimResult{}, false, nil
+			return idemstore.ClaimResult{}, false, nil
 		}
-		return idem.ClaimResult{}, false, wrap("claim: take over", err)
+		return idemstore.ClaimResult{}, false, wrap("claim: take over", err)
 	}
 	if !found {
-		return idem.ClaimResult{}, false, nil
+		return idemstore.ClaimResult{}, false, nil
 	}
-	return idem.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
+	return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 }
 
 // scanRecord scans pgsql.RecordCols, followed by now() when now is not nil.
@@ -557,9 +558,9 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 	if err := row.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	rec.State = idem.State(state)
+	rec.State = idemstore.State(state)
 	if status != nil {
-		hdr, err := idem.DecodeHeader(headers)
+		hdr, err := idemstore.DecodeHeader(headers)
 		if err != nil {
 			return idem.Record{}, fmt.Errorf("decode stored headers: %w", err)
 		}
@@ -572,9 +573,9 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 	return rec, nil
 }
 
-// Release implements idem.Store: an UPDATE to 'released' fenced by the
+// Release implements idemstore.Store: an UPDATE to 'released' fenced by the
 // lease token and the in_progress state, clearing Uncertain; the row keeps
-// its nonce until it expires. It returns idem.ErrLeaseLost when the row is
+// its nonce until it expires. It returns idemstore.ErrLeaseLost when the row is
 // gone, settled, released or held by another token. An UPDATE whose
 // connection broke is sent again on another connection; if the lost one
 // did release the row, the second matches nothing and reports
@@ -584,19 +585,19 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 // back leaves the claim in progress until its lease ends, and the next
 // takeover runs the handler, which is what the release allowed anyway.
 //
-// Release changes nothing, and returns an error wrapping idem.ErrTxEnded,
+// Release changes nothing, and returns an error wrapping idemstore.ErrTxEnded,
 // for a lease whose transaction this store saw end behind its back (a
 // COMMIT by a route the handle does not see, then an error answer):
 // part of that work may have committed, so the claim must be kept (Keep),
 // never released.
-func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 	if s.ended.has(l) {
-		return fmt.Errorf("idempgx: release: %w: the claim must be kept, not released", idem.ErrTxEnded)
+		return fmt.Errorf("idempgx: release: %w: the claim must be kept, not released", idemstore.ErrTxEnded)
 	}
 	return s.fenced(ctx, "release", s.sql.Prelude, s.sql.Release, l)
 }
 
-// Keep implements idem.Store: an UPDATE fenced like Release's that leaves
+// Keep implements idemstore.Store: an UPDATE fenced like Release's that leaves
 // the row in progress under its token, sets uncertain and ends the lease
 // (lease_expires_at = now()), so that the next claim finds it stale at
 // once and takes it over only with ClaimRequest.TakeOverUncertain. It
@@ -606,14 +607,14 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 // without Reconcile takes over and runs again once its lease ends. It is
 // sent again on another connection when its connection broke; a repeat
 // matches the row again and sets the same.
-func (s *Store) Keep(ctx context.Context, l idem.Lease) error {
+func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
 	return s.fenced(ctx, "keep", s.sql.DurablePrelude, s.sql.Keep, l)
 }
 
 // fenced runs stmt, an UPDATE fenced by l's principal, key and token and
 // the in_progress state, behind prelude; a connection that broke under it
-// is replaced. It returns idem.ErrLeaseLost unless it changed one row.
-func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idem.Lease) error {
+// is replaced. It returns idemstore.ErrLeaseLost unless it changed one row.
+func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idemstore.Lease) error {
 	var affected int64
 	err := s.onConn(ctx, func() error {
 		tag, err := s.execBehind(ctx, prelude, stmt, l.Principal, l.Key, l.Token)
@@ -624,12 +625,12 @@ func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idem.Lea
 		return wrap(op, err)
 	}
 	if affected != 1 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Get implements idem.Store. It returns idem.ErrNotFound when no row
+// Get implements idemstore.Store. It returns idemstore.ErrNotFound when no row
 // exists; an expired row is returned as it is.
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
 	var (
@@ -649,7 +650,7 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 		return idem.Record{}, wrap("get", err)
 	}
 	if !found {
-		return idem.Record{}, idem.ErrNotFound
+		return idem.Record{}, idemstore.ErrNotFound
 	}
 	return rec, nil
 }
@@ -666,7 +667,7 @@ func (s *Store) onConn(ctx context.Context, fn func() error) error {
 	}
 }
 
-// PurgeExpired implements idem.Store: it deletes at most limit rows past
+// PurgeExpired implements idemstore.Store: it deletes at most limit rows past
 // their expires_at, oldest first, in one statement. Rows another purger
 // (or a claim) has locked are skipped, so several instances can sweep at
 // once without waiting for each other.
@@ -681,7 +682,7 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// ListStale implements idem.Store: in_progress rows past their
+// ListStale implements idemstore.Store: in_progress rows past their
 // lease_expires_at on the database clock (Uncertain ones included), the
 // longest expired first, at most limit, through the index on
 // lease_expires_at that holds only in_progress rows.
@@ -711,18 +712,18 @@ func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error)
 // rare misbehaving request.
 type endedLeases struct {
 	mu sync.Mutex
-	m  map[idem.Lease]time.Time
+	m  map[idemstore.Lease]time.Time
 }
 
 // endedTTL bounds how long an entry nobody releases is kept.
 const endedTTL = time.Hour
 
-func (e *endedLeases) add(l idem.Lease) {
+func (e *endedLeases) add(l idemstore.Lease) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := time.Now()
 	if e.m == nil {
-		e.m = make(map[idem.Lease]time.Time)
+		e.m = make(map[idemstore.Lease]time.Time)
 	}
 	for k, at := range e.m {
 		if now.Sub(at) > endedTTL {
@@ -733,11 +734,11 @@ func (e *endedLeases) add(l idem.Lease) {
 }
 
 // has reports whether l is remembered.
-func (e *endedLeases) has(l idem.Lease) bool {
+func (e *endedLeases) has(l idemstore.Lease) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	at, ok := e.m[l]
 	return ok && time.Since(at) <= endedTTL
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -187,7 +188,7 @@ func TestExactlyOnceUnderContention(t *testing.T) {
 		for range goroutines {
 			r := <-results
 			switch {
-			case r.err != nil && errors.Is(r.err, idem.ErrTransient) && !r.claimed:
+			case r.err != nil && errors.Is(r.err, idemstore.ErrTransient) && !r.claimed:
 				transient++
 			case r.err != nil:
 				t.Fatalf("round %d: %v", round, r.err)
@@ -255,7 +256,7 @@ func TestFence(t *testing.T) {
 	if err := e.WriteEffect(txCtx, "first"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Settle(ctx, okResponse("first")); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := tx.Settle(ctx, okResponse("first")); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("stale holder's settle = %v, want ErrLeaseLost", err)
 	}
 	if n := e.mustCount(t, "first"); n != 0 {
@@ -278,7 +279,7 @@ func TestFence(t *testing.T) {
 		t.Fatalf("new holder's rows = %d", n)
 	}
 	rec, err := e.Store.Get(ctx, "alice", first.Key)
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Response.Body) != "second" {
+	if err != nil || rec.State != idemstore.StateCompleted || string(rec.Response.Body) != "second" {
 		t.Fatalf("final record %+v %v", rec, err)
 	}
 }
@@ -293,7 +294,7 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 2, nil))
 	ctx := testCtx(t)
-	takeover := func(held idem.ClaimRequest, takeOverUncertain bool) int64 {
+	takeover := func(held idemstore.ClaimRequest, takeOverUncertain bool) int64 {
 		t.Helper()
 		next := claimReq(held.Principal, held.Key, "body", time.Microsecond)
 		tag, err := e.Pool.Exec(ctx, idempgx.TakeoverSQL(e.Store), next.Principal, next.Key, next.Fingerprint, next.Token,
@@ -303,7 +304,7 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 		}
 		return tag.RowsAffected()
 	}
-	claim := func(lease time.Duration) idem.ClaimRequest {
+	claim := func(lease time.Duration) idemstore.ClaimRequest {
 		t.Helper()
 		req := claimReq("alice", "recheck-"+randHex(4), "body", lease)
 		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
@@ -367,7 +368,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 				return err
 			}
 			if !res.Claimed {
-				if res.Record.State != idem.StateCompleted || string(res.Record.Response.Body) != "holder" {
+				if res.Record.State != idemstore.StateCompleted || string(res.Record.Response.Body) != "holder" {
 					t.Errorf("iteration %d: taker not claimed but record is %+v", i, res.Record)
 				}
 				return nil
@@ -396,7 +397,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 		if takeErr != nil {
 			t.Fatalf("iteration %d: taker: %v", i, takeErr)
 		}
-		if settleErr != nil && !errors.Is(settleErr, idem.ErrLeaseLost) {
+		if settleErr != nil && !errors.Is(settleErr, idemstore.ErrLeaseLost) {
 			t.Fatalf("iteration %d: holder settle: %v", i, settleErr)
 		}
 		h, tk := e.mustCount(t, key+"/holder"), e.mustCount(t, key+"/taker")
@@ -414,7 +415,7 @@ func TestTakeoverRacingCompletion(t *testing.T) {
 		} else {
 			holderWins++
 		}
-		if rec.State != idem.StateCompleted || string(rec.Response.Body) != want {
+		if rec.State != idemstore.StateCompleted || string(rec.Response.Body) != want {
 			t.Fatalf("iteration %d: record %s %q, want completed %q", i, rec.State, rec.Response.Body, want)
 		}
 		if (settleErr == nil) != (want == "holder") {
@@ -531,7 +532,7 @@ func TestErrorMapping(t *testing.T) {
 	defer dead.Close()
 	// New qualifies an unqualified name on the server: unreachable, it
 	// says so, transient.
-	if _, err := idempgx.New(dead); !errors.Is(err, idem.ErrTransient) {
+	if _, err := idempgx.New(dead); !errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("New on an unreachable server = %v, want ErrTransient", err)
 	}
 	ds, err := idempgx.New(dead, idempgx.WithTable("public.idempotency_keys"))
@@ -539,7 +540,7 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ds.Claim(ctx, claimReq("a", "k", "b", time.Second))
-	if !errors.Is(err, idem.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
+	if !errors.Is(err, idemstore.ErrTransient) || !strings.HasPrefix(err.Error(), "idempgx: claim: ") {
 		t.Fatalf("claim on an unreachable server = %v, want idempgx: claim: … ErrTransient", err)
 	}
 
@@ -550,7 +551,7 @@ func TestErrorMapping(t *testing.T) {
 	missing, _ := idempgx.New(pool, idempgx.WithTable(e.Schema+".nope"))
 	_, err = missing.Get(ctx, "a", "k")
 	var pgErr *pgconn.PgError
-	if errors.Is(err, idem.ErrTransient) || !errors.Is(err, idem.ErrMisconfigured) || !errors.As(err, &pgErr) ||
+	if errors.Is(err, idemstore.ErrTransient) || !errors.Is(err, idem.ErrMisconfigured) || !errors.As(err, &pgErr) ||
 		pgErr.Code != "42P01" || !strings.HasPrefix(err.Error(), "idempgx: get: ") || strings.Count(err.Error(), "idempgx: ") != 1 {
 		t.Fatalf("missing table = %v, want idempgx: get: … ErrMisconfigured with the 42P01", err)
 	}
@@ -579,14 +580,14 @@ func TestErrorMapping(t *testing.T) {
 	defer lpool.Close()
 	ls, _ := idempgx.New(lpool, idempgx.WithTable(e.Schema+".idempotency_keys"), idempgx.WithLockTimeout(50*time.Millisecond))
 	err = ls.Release(ctx, leaseOf(req))
-	if !errors.Is(err, idem.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if !errors.Is(err, idemstore.ErrTransient) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("release under lock_timeout = %v, want transient 55P03", err)
 	}
 
 	// The caller giving up is not transient.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := e.Store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idem.ErrTransient) {
+	if _, err := e.Store.Get(cctx, "a", "k"); err == nil || errors.Is(err, idemstore.ErrTransient) {
 		t.Fatalf("cancelled Get = %v", err)
 	}
 }
@@ -667,7 +668,7 @@ func TestQueryExecModes(t *testing.T) {
 			if res, err := s.Claim(ctx, taker); err != nil || !res.Reclaimed {
 				t.Fatalf("takeover: %+v %v", res, err)
 			}
-			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("stale settle = %v, want ErrLeaseLost", err)
 			}
 			if me.mustCount(t, old.Key+"/old") != 0 {
@@ -689,7 +690,7 @@ func TestQueryExecModes(t *testing.T) {
 			if err := me.Backend().PoisonTx(pCtx); err != nil {
 				t.Fatal(err)
 			}
-			if err := pTx.Settle(ctx, okResponse("p")); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+			if err := pTx.Settle(ctx, okResponse("p")); err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("settle of a poisoned tx = %v", err)
 			}
 			if me.mustCount(t, p.Key) != 0 {

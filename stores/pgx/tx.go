@@ -13,6 +13,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -42,7 +43,7 @@ func Tx(ctx context.Context) (*Handle, bool) {
 	return h, true
 }
 
-// BeginTx implements idem.Store. It acquires a pool connection and begins
+// BeginTx implements idemstore.Store. It acquires a pool connection and begins
 // a READ COMMITTED transaction on it (one round trip). The wait for the
 // connection ends with ctx (the engine bounds it by StoreTimeout); BEGIN
 // runs on a context detached from ctx's cancellation; both are bounded by
@@ -51,7 +52,7 @@ func Tx(ctx context.Context) (*Handle, bool) {
 // this transaction only, a random marker Settle checks and the TCP
 // keepalive settings of DeadPeerTimeout. It returns a context carrying the
 // transaction for Tx.
-func (s *Store) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
 	defer cancel()
 	marker := newMarker()
@@ -108,12 +109,12 @@ const abortSQL = "SELECT 'idempgx: a statement that would end the transaction wa
 
 // errTxEnded is what the handle answers once the transaction ended by a
 // route it could not refuse (see Handle).
-var errTxEnded = fmt.Errorf("idempgx: %w: the transaction ended outside the handle; nothing more runs through it", idem.ErrTxEnded)
+var errTxEnded = fmt.Errorf("idempgx: %w: the transaction ended outside the handle; nothing more runs through it", idemstore.ErrTxEnded)
 
-// storeTx is the idem.Tx the engine drives.
+// storeTx is the idemstore.Tx the engine drives.
 type storeTx struct {
 	store  *Store
-	lease  idem.Lease
+	lease  idemstore.Lease
 	marker string
 	h      *Handle
 
@@ -121,7 +122,7 @@ type storeTx struct {
 	conn *pgxpool.Conn // nil once finished and returned to the pool
 }
 
-// Used implements idem.Tx: whether the handler ran, or tried to run,
+// Used implements idemstore.Tx: whether the handler ran, or tried to run,
 // anything through the handle or its savepoints, or took a savepoint's
 // large objects.
 func (t *storeTx) Used() bool {
@@ -130,7 +131,7 @@ func (t *storeTx) Used() bool {
 	return t.h.used
 }
 
-// Settle implements idem.Tx. The marker check and pinned settings, the
+// Settle implements idemstore.Tx. The marker check and pinned settings, the
 // fenced UPDATE and COMMIT go to the server as one pipelined batch: one
 // round trip. The COMMIT waits for its WAL flush whatever the handler set
 // synchronous_commit to (see settleCheck), so a stored outcome is durable
@@ -138,24 +139,24 @@ func (t *storeTx) Used() bool {
 // confirmed the COMMIT after the UPDATE changed exactly one row in the
 // transaction BeginTx began. Otherwise nothing is stored and it returns:
 //
-//   - idem.ErrLeaseLost when the fence missed (the UPDATE raises, so the
+//   - idemstore.ErrLeaseLost when the fence missed (the UPDATE raises, so the
 //     server skips the queued COMMIT);
 //   - an error wrapping ErrTxAborted when a statement failed (or was
 //     refused) and left the transaction aborted;
-//   - an error wrapping idem.ErrTxEnded when the transaction ended behind
+//   - an error wrapping idemstore.ErrTxEnded when the transaction ended behind
 //     the handle (TxStatus idle, or another transaction with another
 //     marker): part of the handler's work may have committed, so the
 //     engine keeps the claim (Keep), and a Release of this lease changes
 //     nothing;
 //   - any other failure, wrapped.
-func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
+func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn == nil {
 		return errors.New("idempgx: settle: transaction already finished")
 	}
 	f := t.h.close()
-	if out.State != idem.StateCompleted && out.State != idem.StateFailed {
+	if out.State != idemstore.StateCompleted && out.State != idemstore.StateFailed {
 		if ended, _ := t.abandon(ctx, f); ended {
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
 		}
@@ -189,7 +190,7 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 	b := &pgx.Batch{}
 	b.Queue(t.store.sql.SettleCheck, t.marker)
 	b.Queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
-		string(out.State), int32(out.Response.Status), idem.EncodeHeader(hdr), body)
+		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	_, checkErr := br.Exec()
@@ -221,7 +222,7 @@ func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
 		case ended:
 			return fmt.Errorf("idempgx: settle: %w: %w", errTxEnded, updErr)
 		case hasMarker(updErr, pgsql.LeaseLostMarker):
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		case sqlState(updErr) == "25P02":
 			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, updErr)
 		}
@@ -261,7 +262,7 @@ const (
 	syncMaxWait   = 20 * time.Millisecond
 )
 
-// Sync implements idem.Syncer: it returns once the WAL is flushed up to
+// Sync implements idemstore.Syncer: it returns once the WAL is flushed up to
 // the position BeginTx read when the transaction began, which is past the
 // claim's commit record (the claim committed before BeginTx was called),
 // so the claim, and the nonce every downstream key is made of, survives a
@@ -288,7 +289,7 @@ const (
 // insert position at the call, which is past the claim too.
 //
 // It fails, without waiting, when the transaction is finished or aborted,
-// ended behind the handle (an error wrapping idem.ErrTxEnded), or its
+// ended behind the handle (an error wrapping idemstore.ErrTxEnded), or its
 // connection is busy with rows the handler left open.
 func (t *storeTx) Sync(ctx context.Context) error {
 	var target lsn
@@ -395,12 +396,12 @@ func hasMarker(err error, marker string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, marker)
 }
 
-// Rollback implements idem.Tx. It is a no-op once the transaction is
+// Rollback implements idemstore.Tx. It is a no-op once the transaction is
 // finished (after Settle, or a previous Rollback). It runs on a context
 // detached from ctx's cancellation; if the ROLLBACK fails the connection is
 // closed, which makes the server abort the transaction. When the
 // transaction had ended behind the handle, it returns an error wrapping
-// idem.ErrTxEnded and a later Release of the lease changes nothing.
+// idemstore.ErrTxEnded and a later Release of the lease changes nothing.
 func (t *storeTx) Rollback(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -549,7 +550,7 @@ type handleState struct {
 // know) is detected where it can be: by the connection's status, idle
 // after a COMMIT or ROLLBACK, and at the settle by a marker BeginTx sets,
 // which another transaction does not have. Every later statement then
-// fails with an error wrapping idem.ErrTxEnded, and the engine keeps the
+// fails with an error wrapping idemstore.ErrTxEnded, and the engine keeps the
 // claim in progress, marked uncertain, for Config.Reconcile or an
 // operator, since what was committed stays committed. The README names
 // the ends that cannot be seen.
@@ -1043,9 +1044,9 @@ func (r errRows) Conn() *pgx.Conn                              { return nil }
 func (r errRows) TypeMap() *pgtype.Map                         { return r.tm }
 
 var (
-	_ pgx.Tx      = (*savepoint)(nil)
-	_ pgx.Rows    = rows{}
-	_ pgx.Rows    = errRows{}
-	_ idem.Tx     = (*storeTx)(nil)
-	_ idem.Syncer = (*storeTx)(nil)
+	_ pgx.Tx           = (*savepoint)(nil)
+	_ pgx.Rows         = rows{}
+	_ pgx.Rows         = errRows{}
+	_ idemstore.Tx     = (*storeTx)(nil)
+	_ idemstore.Syncer = (*storeTx)(nil)
 )

@@ -1,4 +1,4 @@
-// Package idemredis is an idem.Store on Redis or Valkey through go-redis v9
+// Package idemredis is an idemstore.Store on Redis or Valkey through go-redis v9
 // (a redis.UniversalClient: a plain client, a Sentinel failover client or a
 // Cluster client).
 //

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"syscall"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNotReplicated is returned (wrapped with idem.ErrTransient) by Claim
+// ErrNotReplicated is returned (wrapped with idemstore.ErrTransient) by Claim
 // when WithWaitReplicas is set and fewer replicas than asked acknowledged
 // the claim in time. The claim has been released again, so the client's
 // retry claims afresh.
@@ -23,10 +23,10 @@ var ErrNotReplicated = errors.New("idemredis: the claim was not acknowledged by 
 var ErrCorruptRecord = errors.New("idemredis: malformed record")
 
 // wrap wraps err once, as every idem store does: "idemredis: op: …", with
-// idem.ErrTransient or idem.ErrMisconfigured when the error says so.
+// idemstore.ErrTransient or idem.ErrMisconfigured when the error says so.
 // errors.As still reaches go-redis's own error.
 func wrap(op string, err error) error {
-	return idem.WrapStoreError("idemredis", op, classify(err), err)
+	return idemstore.WrapStoreError("idemredis", op, classify(err), err)
 }
 
 // transientPrefixes are server errors a retry gets past: the server is
@@ -49,36 +49,36 @@ var misconfiguredPrefixes = []string{
 // classify tells transient errors (lost or refused connections, timeouts,
 // the server errors above) from misconfigurations. A context the caller
 // cancelled is neither: the caller gave up.
-func classify(err error) idem.ErrorClass {
+func classify(err error) idemstore.ErrorClass {
 	switch {
 	case err == nil, errors.Is(err, context.Canceled):
-		return idem.ClassOther
+		return idemstore.ClassOther
 	case errors.Is(err, ErrCorruptRecord):
-		return idem.ClassMisconfigured
+		return idemstore.ClassMisconfigured
 	case errors.Is(err, ErrNotReplicated), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted):
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
 		for _, p := range misconfiguredPrefixes {
 			if strings.HasPrefix(msg, p) || strings.HasPrefix(strings.TrimPrefix(msg, "ERR "), p) {
-				return idem.ClassMisconfigured
+				return idemstore.ClassMisconfigured
 			}
 		}
 		for _, p := range transientPrefixes {
 			if strings.HasPrefix(msg, p) || strings.HasPrefix(strings.TrimPrefix(msg, "ERR "), p) {
-				return idem.ClassTransient
+				return idemstore.ClassTransient
 			}
 		}
-		return idem.ClassOther
+		return idemstore.ClassOther
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
-	return idem.ClassOther
+	return idemstore.ClassOther
 }

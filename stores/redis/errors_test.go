@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -22,12 +23,12 @@ func TestErrorsAreClassified(t *testing.T) {
 	defer down.Close()
 	s, err := idemredis.New(down)
 	mustNil(t, err)
-	if err := s.Check(ctx); !errors.Is(err, idem.ErrTransient) {
-		t.Fatalf("Check on a closed port: %v, want idem.ErrTransient", err)
+	if err := s.Check(ctx); !errors.Is(err, idemstore.ErrTransient) {
+		t.Fatalf("Check on a closed port: %v, want idemstore.ErrTransient", err)
 	}
 	_, err = s.Claim(ctx, claimReq("alice", "k", "body", time.Hour))
-	if !errors.Is(err, idem.ErrTransient) || err.Error()[:len("idemredis: claim: ")] != "idemredis: claim: " {
-		t.Fatalf("claim on a closed port: %v, want idemredis: claim: … idem.ErrTransient", err)
+	if !errors.Is(err, idemstore.ErrTransient) || err.Error()[:len("idemredis: claim: ")] != "idemredis: claim: " {
+		t.Fatalf("claim on a closed port: %v, want idemredis: claim: … idemstore.ErrTransient", err)
 	}
 
 	env := idemredistest.NewEnv(t, idemredistest.NewClient(t))

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idemredis "github.com/idemgo/idem/stores/redis"
@@ -78,9 +79,9 @@ func testFaults(t *testing.T, maxRetries int) {
 // the server got it and after it ran it (the answer lost). go-redis sends
 // it again on a new connection, and the script answers as the first run
 // did: the claim (and a takeover) is the caller's, the settle is stored
-// once; a resent release finds nothing and says so (idem.ErrLeaseLost),
+// once; a resent release finds nothing and says so (idemstore.ErrLeaseLost),
 // which the engine ignores. With the client's retries turned off the cut
-// is an error wrapping idem.ErrTransient.
+// is an error wrapping idemstore.ErrTransient.
 func TestCutConnectionIsResent(t *testing.T) {
 	ctx := testCtx(t)
 	direct := idemredistest.NewClient(t)
@@ -108,7 +109,7 @@ func TestCutConnectionIsResent(t *testing.T) {
 			}
 			req := claimReq("alice", key, "body", time.Microsecond)
 			var (
-				res idem.ClaimResult
+				res idemstore.ClaimResult
 				err error
 			)
 			cut(idemredis.ClaimSHA, when, func() { res, err = s.Claim(ctx, req) })
@@ -121,7 +122,7 @@ func TestCutConnectionIsResent(t *testing.T) {
 			if err != nil {
 				t.Fatalf("settle cut %v: %v", when, err)
 			}
-			if rec, err := env.Store.Get(ctx, "alice", key); err != nil || rec.State != idem.StateCompleted {
+			if rec, err := env.Store.Get(ctx, "alice", key); err != nil || rec.State != idemstore.StateCompleted {
 				t.Fatalf("after the settle cut %v: %+v, %v", when, rec, err)
 			}
 		}
@@ -129,7 +130,7 @@ func TestCutConnectionIsResent(t *testing.T) {
 		_, err := s.Claim(ctx, req)
 		mustNil(t, err)
 		cut(idemredis.ReleaseSHA, when, func() { err = s.Release(ctx, leaseOf(req)) })
-		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idem.ErrLeaseLost) {
+		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("release cut %v: %v", when, err)
 		}
 		if rec, free := storetest.Free(t, env.Store, "alice", req.Key); !free {
@@ -146,8 +147,8 @@ func TestCutConnectionIsResent(t *testing.T) {
 	cut(idemredis.ClaimSHA, faultproxy.After, func() {
 		_, cerr = s2.Claim(ctx, claimReq("alice", "noretry-"+idemredistest.RandHex(4), "body", time.Hour))
 	})
-	if !errors.Is(cerr, idem.ErrTransient) {
-		t.Fatalf("claim cut without client retries: %v, want an error wrapping idem.ErrTransient", cerr)
+	if !errors.Is(cerr, idemstore.ErrTransient) {
+		t.Fatalf("claim cut without client retries: %v, want an error wrapping idemstore.ErrTransient", cerr)
 	}
 	t.Logf("%d cuts; every resent script answered as its first run", proxy.Cuts())
 }

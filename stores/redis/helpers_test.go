@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
@@ -29,19 +30,19 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-func claimReq(principal, key, body string, lease time.Duration) idem.ClaimRequest {
-	return idem.ClaimRequest{
+func claimReq(principal, key, body string, lease time.Duration) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{
 		Principal: principal, Key: key, Fingerprint: []byte("fp:" + body), Token: idemredistest.RandHex(16), Nonce: idemredistest.RandHex(16),
 		RequestID: "req-" + idemredistest.RandHex(4), Lease: lease, Retention: time.Hour,
 	}
 }
 
-func leaseOf(r idem.ClaimRequest) idem.Lease {
-	return idem.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
+func leaseOf(r idemstore.ClaimRequest) idemstore.Lease {
+	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-func okOutcome(body string) idem.Outcome {
-	return idem.Outcome{State: idem.StateCompleted, Response: idem.Response{
+func okOutcome(body string) idemstore.Outcome {
+	return idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body),
 	}}
 }

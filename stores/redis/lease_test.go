@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
 
@@ -28,7 +28,7 @@ func TestListStaleByLeaseDeadline(t *testing.T) {
 			long := claimReq("alice", "long-"+idemredistest.RandHex(4), "body", 600*time.Millisecond)
 			short := claimReq("alice", "short-"+idemredistest.RandHex(4), "body", 100*time.Millisecond)
 			kept := claimReq("alice", "kept-"+idemredistest.RandHex(4), "body", time.Hour)
-			for _, r := range []idem.ClaimRequest{long, short} {
+			for _, r := range []idemstore.ClaimRequest{long, short} {
 				if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 					t.Fatalf("claim %s: %+v, %v", r.Key, res, err)
 				}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
@@ -133,7 +134,7 @@ func TestRecipeAfterALostRecord(t *testing.T) {
 
 	// Redis loses the record.
 	mustNil(t, env.Client.Del(ctx, env.Store.RecordKey("alice", key)).Err())
-	if _, err := env.Store.Get(ctx, "alice", key); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := env.Store.Get(ctx, "alice", key); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record after the loss: %v, want ErrNotFound", err)
 	}
 	for i := range 2 {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
@@ -31,7 +32,7 @@ func TestRoundTrips(t *testing.T) {
 
 	req := claimReq("alice", "rt-"+idemredistest.RandHex(4), "body", 200*time.Millisecond)
 	var txCtx context.Context
-	var tx idem.Tx
+	var tx idemstore.Tx
 	cases := []struct {
 		name string
 		fn   func() error
@@ -130,7 +131,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	held := claimReq("alice", "held", "body", time.Hour)
 	done := claimReq("alice", "done", "body", time.Hour)
 	before := dirty(t, c)
-	for _, r := range []idem.ClaimRequest{held, done} {
+	for _, r := range []idemstore.ClaimRequest{held, done} {
 		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}

@@ -23,7 +23,7 @@ import "github.com/redis/go-redis/v9"
 //	r     1 when the current lease was taken over from a stale holder
 //	u     1 when the record is Uncertain (Keep set it); absent otherwise
 //	code  stored status (settled records only)
-//	h     stored headers, idem.EncodeHeader (settled records only)
+//	h     stored headers, idemstore.EncodeHeader (settled records only)
 //	b     stored body (settled records only)
 //
 // The index of a shard is a sorted set of the shard's in-progress records,

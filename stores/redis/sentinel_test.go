@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -67,7 +67,7 @@ func TestSentinelFailover(t *testing.T) {
 
 	held := claimReq("alice", "held-"+idemredistest.RandHex(4), "body", time.Hour)
 	done := claimReq("alice", "done-"+idemredistest.RandHex(4), "body", time.Hour)
-	for _, r := range []idem.ClaimRequest{held, done} {
+	for _, r := range []idemstore.ClaimRequest{held, done} {
 		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
@@ -96,7 +96,7 @@ func TestSentinelFailover(t *testing.T) {
 	cnt := &counter{}
 	c.AddHook(cnt)
 	cnt.recording.Store(true)
-	var res idem.ClaimResult
+	var res idemstore.ClaimResult
 	var err error
 	waitFor(t, func() bool {
 		res, err = s.Claim(ctx, claimReq("alice", done.Key, "body", time.Hour))
@@ -108,7 +108,7 @@ func TestSentinelFailover(t *testing.T) {
 	_, tx, _ = s.BeginTx(ctx, leaseOf(held))
 	mustNil(t, tx.Settle(ctx, okOutcome(`{"id":"pay_2"}`)))
 	rec, err := s.Get(ctx, "alice", held.Key)
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("the claim held across the failover: %+v, %v", rec, err)
 	}
 	cnt.recording.Store(false)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,7 +34,7 @@ end
 return {int(now), n, stale, int(oldest)}
 `)
 
-// Stats implements idem.Store from the in-progress indexes, without KEYS or
+// Stats implements idemstore.Store from the in-progress indexes, without KEYS or
 // SCAN: one script call per shard in one pipeline (one round trip per
 // Cluster primary), each walking its shard's in-progress records, so it
 // costs time in proportion to the records in progress, not to the store.
@@ -45,7 +45,7 @@ return {int(now), n, stale, int(oldest)}
 // awaits a purge. Now is the clock of the primary that answered last;
 // Stale and OldestLockedAt use each shard's primary's clock, as ListStale
 // does.
-func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats, error) {
+func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idemstore.Stats, error) {
 	var cmds []*redis.Cmd
 	err := s.pipelinedScript(ctx, statsScript, func(p redis.Pipeliner, eval func(redis.Scripter, []string, ...any) *redis.Cmd) {
 		cmds = cmds[:0]
@@ -54,21 +54,21 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idem.Stats
 		}
 	}, func() []*redis.Cmd { return cmds })
 	if err != nil {
-		return idem.Stats{}, wrap("stats", err)
+		return idemstore.Stats{}, wrap("stats", err)
 	}
-	st := idem.Stats{Completed: idem.NotCounted, Failed: idem.NotCounted, Released: idem.NotCounted}
+	st := idemstore.Stats{Completed: idemstore.NotCounted, Failed: idemstore.NotCounted, Released: idemstore.NotCounted}
 	oldest := int64(-1)
 	for _, cmd := range cmds {
 		vals, err := cmd.Int64Slice()
 		if err != nil || len(vals) != 4 {
-			return idem.Stats{}, wrap("stats", fmt.Errorf("%w: stats answer %v: %v", ErrCorruptRecord, cmd.Val(), err))
+			return idemstore.Stats{}, wrap("stats", fmt.Errorf("%w: stats answer %v: %v", ErrCorruptRecord, cmd.Val(), err))
 		}
 		now := time.UnixMicro(vals[0])
 		if now.After(st.Now) {
 			st.Now = now
 		}
-		st.InProgress += idem.Count(vals[1])
-		st.Stale += idem.Count(vals[2])
+		st.InProgress += idemstore.Count(vals[1])
+		st.Stale += idemstore.Count(vals[2])
 		if vals[3] >= 0 && (oldest < 0 || vals[3] < oldest) {
 			oldest = vals[3]
 		}

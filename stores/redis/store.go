@@ -12,10 +12,11 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/redis/go-redis/v9"
 )
 
-// Store is an idem.Store on Redis or Valkey. It is safe for concurrent use
+// Store is an idemstore.Store on Redis or Valkey. It is safe for concurrent use
 // by many goroutines and many processes sharing the server. It hands the
 // handler no database transaction (see Tx and NoTx). Create it with New.
 //
@@ -71,10 +72,10 @@ func WithPrefix(p string) Option {
 // fingerprint mismatch) wrote nothing, does not wait and costs one round
 // trip, whether or not the replicas answer. Settle, Release and Keep do not
 // wait. A claim on such a connection that breaks is not sent again by
-// go-redis: Claim returns the error, wrapping idem.ErrTransient.
+// go-redis: Claim returns the error, wrapping idemstore.ErrTransient.
 //
 // A granted claim fewer than n replicas acknowledged in time makes Claim
-// return an error wrapping ErrNotReplicated and idem.ErrTransient (the
+// return an error wrapping ErrNotReplicated and idemstore.ErrTransient (the
 // client sees a retryable 503). A fresh claim is released again by the
 // store, so the client's retry claims afresh; a takeover is left in
 // progress under the new lease token for the caller to end, since the
@@ -147,7 +148,7 @@ const minVersion = 5
 // loads into each primary's script cache. With WithWaitReplicas it also
 // checks that each primary has at least that many replicas connected. The
 // error wraps idem.ErrMisconfigured when retrying cannot fix it, and
-// idem.ErrTransient when the server is unreachable.
+// idemstore.ErrTransient when the server is unreachable.
 //
 // Redis has no schema: there is nothing to create, so Check is also what
 // Migrate does.
@@ -224,7 +225,7 @@ func infoFields(info string) map[string]string {
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// Claim implements idem.Store with one script run: one round trip, however
+// Claim implements idemstore.Store with one script run: one round trip, however
 // the claim ends (granted, taken over, or the existing record returned), and
 // a replay writes nothing. With WithWaitReplicas, a claim that granted the
 // key is followed by WAIT, and only such a claim (see WithWaitReplicas).
@@ -240,12 +241,12 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // A claim whose answer was lost is sent again by go-redis (its MaxRetries);
 // the script recognises its own token and answers as the first run did, so
 // the caller holds the key instead of being locked out by its own claim.
-func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
 	if req.Principal == "" || req.Key == "" || req.Token == "" {
-		return idem.ClaimResult{}, errors.New("idemredis: claim: principal, key and token must not be empty")
+		return idemstore.ClaimResult{}, errors.New("idemredis: claim: principal, key and token must not be empty")
 	}
 	if req.Retention <= 0 {
-		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
+		return idemstore.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
 	}
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
@@ -264,7 +265,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 		vals, err = claimScript.Run(ctx, s.client, keys, args...).Slice()
 	}
 	if err != nil {
-		return idem.ClaimResult{}, wrap("claim", err)
+		return idemstore.ClaimResult{}, wrap("claim", err)
 	}
 	return decodeClaim(req.Principal, req.Key, vals)
 }
@@ -276,7 +277,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.ClaimRes
 // conflict, a mismatch) wrote nothing and does not wait. A fresh claim that
 // too few replicas acknowledged is released again; a takeover is left held
 // by req.Token for the caller to end (see WithWaitReplicas).
-func (s *Store) claimAndWait(ctx context.Context, req idem.ClaimRequest, k keys, keys []string, args []any) ([]any, error) {
+func (s *Store) claimAndWait(ctx context.Context, req idemstore.ClaimRequest, k keys, keys []string, args []any) ([]any, error) {
 	node, err := s.primaryFor(ctx, k.record)
 	if err != nil {
 		return nil, err
@@ -303,7 +304,7 @@ func (s *Store) claimAndWait(ctx context.Context, req idem.ClaimRequest, k keys,
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.waitTimeout+time.Second)
 		defer cancel()
 		if releaseScript.Run(rctx, conn, keys, k.member, req.Token).Err() != nil {
-			_ = s.Release(rctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+			_ = s.Release(rctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 		}
 	}
 	if werr != nil {
@@ -331,26 +332,26 @@ func isNoScript(err error) bool {
 }
 
 // decodeClaim turns the claim script's answer into a ClaimResult.
-func decodeClaim(principal, key string, vals []any) (idem.ClaimResult, error) {
+func decodeClaim(principal, key string, vals []any) (idemstore.ClaimResult, error) {
 	if len(vals) < 3 {
-		return idem.ClaimResult{}, wrap("claim", fmt.Errorf("%w: claim answered %d values", ErrCorruptRecord, len(vals)))
+		return idemstore.ClaimResult{}, wrap("claim", fmt.Errorf("%w: claim answered %d values", ErrCorruptRecord, len(vals)))
 	}
 	claimed, _ := vals[0].(int64)
 	reclaimed, _ := vals[1].(int64)
 	nowStr, _ := vals[2].(string)
 	now, err := strconv.ParseInt(nowStr, 10, 64)
 	if err != nil {
-		return idem.ClaimResult{}, wrap("claim", fmt.Errorf("%w: server time %q", ErrCorruptRecord, nowStr))
+		return idemstore.ClaimResult{}, wrap("claim", fmt.Errorf("%w: server time %q", ErrCorruptRecord, nowStr))
 	}
 	fields, err := flatFields(vals[3:])
 	if err != nil {
-		return idem.ClaimResult{}, wrap("claim", err)
+		return idemstore.ClaimResult{}, wrap("claim", err)
 	}
 	rec, err := decodeRecord(principal, key, fields)
 	if err != nil {
-		return idem.ClaimResult{}, wrap("claim", err)
+		return idemstore.ClaimResult{}, wrap("claim", err)
 	}
-	return idem.ClaimResult{Claimed: claimed == 1, Reclaimed: claimed == 1 && reclaimed == 1, Record: rec, Now: time.UnixMicro(now)}, nil
+	return idemstore.ClaimResult{Claimed: claimed == 1, Reclaimed: claimed == 1 && reclaimed == 1, Record: rec, Now: time.UnixMicro(now)}, nil
 }
 
 // flatFields turns a script's field, value, … list into a map.
@@ -374,7 +375,7 @@ func flatFields(vals []any) (map[string]string, error) {
 // allocated: the caller owns it.
 func decodeRecord(principal, key string, f map[string]string) (idem.Record, error) {
 	rec := idem.Record{
-		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idem.State(f["s"]),
+		Principal: principal, Key: key, Fingerprint: []byte(f["f"]), State: idemstore.State(f["s"]),
 		LeaseToken: f["t"], RequestID: f["q"], Uncertain: f["u"] == "1",
 	}
 	if !rec.State.Valid() {
@@ -390,14 +391,14 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 		}
 		*tf.dst = time.UnixMicro(us)
 	}
-	if rec.State == idem.StateInProgress || rec.State == idem.StateReleased {
+	if rec.State == idemstore.StateInProgress || rec.State == idemstore.StateReleased {
 		return rec, nil // no response stored
 	}
 	status, err := strconv.Atoi(f["code"])
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("%w: status %q", ErrCorruptRecord, f["code"])
 	}
-	h, err := idem.DecodeHeader([]byte(f["h"]))
+	h, err := idemstore.DecodeHeader([]byte(f["h"]))
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("%w: %w", ErrCorruptRecord, err)
 	}
@@ -405,61 +406,61 @@ func decodeRecord(principal, key string, f map[string]string) (idem.Record, erro
 	return rec, nil
 }
 
-// Release implements idem.Store: one script run, fenced by the lease token
+// Release implements idemstore.Store: one script run, fenced by the lease token
 // and the in-progress state, that also clears the Uncertain mark. It
-// returns idem.ErrLeaseLost when the record is gone, settled, or held by
+// returns idemstore.ErrLeaseLost when the record is gone, settled, or held by
 // another token. A release whose answer was lost and that go-redis sent
 // again finds nothing the second time and reports ErrLeaseLost, which is
 // true: the lease holds nothing any more.
-func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 	return s.endLease(ctx, "release", releaseScript, l)
 }
 
-// Keep implements idem.Store: one script run, fenced like Release, that
+// Keep implements idemstore.Store: one script run, fenced like Release, that
 // marks the record Uncertain and sets its lease deadline to the server's
 // now, leaving it in progress under the same token and with the expiry its
 // claim set. A keep whose answer was lost and that go-redis sent again finds
 // the record still held by the token and marks it again, so it reports
 // success.
-func (s *Store) Keep(ctx context.Context, l idem.Lease) error {
+func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
 	return s.endLease(ctx, "keep", keepScript, l)
 }
 
 // endLease runs a script of the Release kind, fenced by l's token.
-func (s *Store) endLease(ctx context.Context, op string, sc *redis.Script, l idem.Lease) error {
+func (s *Store) endLease(ctx context.Context, op string, sc *redis.Script, l idemstore.Lease) error {
 	k := s.keysFor(l.Principal, l.Key)
 	n, err := sc.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
 	if err != nil {
 		return wrap(op, err)
 	}
 	if n != 1 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Get implements idem.Store: one HGETALL. A record past its ExpiresAt is
-// gone (Redis expired it), so Get returns idem.ErrNotFound for it.
+// Get implements idemstore.Store: one HGETALL. A record past its ExpiresAt is
+// gone (Redis expired it), so Get returns idemstore.ErrNotFound for it.
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
 	f, err := s.client.HGetAll(ctx, s.keysFor(principal, key).record).Result()
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
 	}
 	if len(f) == 0 {
-		return idem.Record{}, idem.ErrNotFound
+		return idem.Record{}, idemstore.ErrNotFound
 	}
 	rec, err := decodeRecord(principal, key, f)
 	return rec, wrap("get", err)
 }
 
-// PurgeExpired implements idem.Store and deletes nothing: Redis deletes
+// PurgeExpired implements idemstore.Store and deletes nothing: Redis deletes
 // every record itself when its ExpiresAt passes (the record's key carries
 // PEXPIREAT), so there is never anything left to purge. It returns 0 and
 // no error, so an idem.Sweeper runs unchanged (and still reports stale
 // claims through ListStale).
 func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) { return 0, nil }
 
-// ListStale implements idem.Store without KEYS or SCAN: it reads the
+// ListStale implements idemstore.Store without KEYS or SCAN: it reads the
 // in-progress index of every shard (IndexShards scripts in one pipeline,
 // one round trip per Cluster primary), which is scored by lease deadline,
 // takes the limit entries whose lease ended longest ago on each primary's
@@ -534,7 +535,7 @@ func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error)
 		if err != nil {
 			return nil, wrap("list stale", fmt.Errorf("%w: index member %q", ErrCorruptRecord, e.member))
 		}
-		if len(f) == 0 || f["s"] != string(idem.StateInProgress) {
+		if len(f) == 0 || f["s"] != string(idemstore.StateInProgress) {
 			prune = append(prune, e)
 			continue
 		}
@@ -593,4 +594,4 @@ func (s *Store) pipelinedScript(ctx context.Context, sc *redis.Script,
 	}
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)

@@ -26,7 +26,7 @@ func TestConformanceCluster(t *testing.T) {
 
 // TestDownstreamKeyOnAFullPool: as many handlers as the client's pool has
 // connections ask for their downstream keys at once, and each gets it. The
-// store's Tx is no idem.Syncer and its handlers hold no connection (BeginTx
+// store's Tx is no idemstore.Syncer and its handlers hold no connection (BeginTx
 // takes none; the key needs no round trip, the store keeping no nonce), so
 // DownstreamKey cannot wait for the pool.
 func TestDownstreamKeyOnAFullPool(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 type txKey struct{}
@@ -36,7 +37,7 @@ type NoTx struct {
 
 // Tx returns the handle BeginTx put into ctx. ok is false when ctx carries
 // none (the request was not claimed, for instance when the idempotency key
-// is optional and absent). Calling it is what idem.Tx.Used reports, and so
+// is optional and absent). Calling it is what idemstore.Tx.Used reports, and so
 // idem.Event.TxUsed: a handler that answers 2xx without asking for the
 // handle wrote, if anything, without knowing the store's terms.
 func Tx(ctx context.Context) (*NoTx, bool) {
@@ -50,7 +51,7 @@ func Tx(ctx context.Context) (*NoTx, bool) {
 }
 
 // Lease returns the lease the handler's attempt holds.
-func (h *NoTx) Lease() idem.Lease { return h.st.lease }
+func (h *NoTx) Lease() idemstore.Lease { return h.st.lease }
 
 // Transactional reports whether the handle is a database transaction the
 // handler's writes commit with. It is always false; it exists so that
@@ -60,7 +61,7 @@ func (h *NoTx) Transactional() bool { return false }
 
 // CheckLease asks Redis, in one round trip, whether the attempt still
 // holds its lease: nil while the record is in progress under the
-// attempt's token, idem.ErrLeaseLost once it was taken over, released,
+// attempt's token, idemstore.ErrLeaseLost once it was taken over, released,
 // settled or lost (a Redis restart). A handler calls it just before
 // committing its business write to narrow, not close, the window in which
 // a slow attempt writes after a takeover: the unique downstream-key column
@@ -71,25 +72,25 @@ func (h *NoTx) CheckLease(ctx context.Context) error {
 	if err != nil {
 		return wrap("check lease", err)
 	}
-	if len(v) != 2 || v[0] != string(idem.StateInProgress) || v[1] != l.Token {
-		return idem.ErrLeaseLost
+	if len(v) != 2 || v[0] != string(idemstore.StateInProgress) || v[1] != l.Token {
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// BeginTx implements idem.Store. It begins nothing, so it costs no round
-// trip: it puts a NoTx for lease into ctx, for Tx, and returns the idem.Tx
+// BeginTx implements idemstore.Store. It begins nothing, so it costs no round
+// trip: it puts a NoTx for lease into ctx, for Tx, and returns the idemstore.Tx
 // whose Settle stores the outcome.
-func (s *Store) BeginTx(ctx context.Context, lease idem.Lease) (context.Context, idem.Tx, error) {
+func (s *Store) BeginTx(ctx context.Context, lease idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	st := &storeTx{store: s, lease: lease}
 	st.handle = &NoTx{st: st}
 	return context.WithValue(ctx, txKey{}, st.handle), st, nil
 }
 
-// storeTx is the idem.Tx the engine drives.
+// storeTx is the idemstore.Tx the engine drives.
 type storeTx struct {
 	store    *Store
-	lease    idem.Lease
+	lease    idemstore.Lease
 	handle   *NoTx
 	used     atomic.Bool
 	finished atomic.Bool
@@ -98,9 +99,9 @@ type storeTx struct {
 // errFinished is returned by a second Settle.
 var errFinished = errors.New("idemredis: settle: the attempt is finished already")
 
-// Settle implements idem.Tx: one script run that stores the outcome,
+// Settle implements idemstore.Tx: one script run that stores the outcome,
 // fenced by the lease token and the in-progress state, and takes the
-// record out of the in-progress index. A miss returns idem.ErrLeaseLost
+// record out of the in-progress index. A miss returns idemstore.ErrLeaseLost
 // and stores nothing. There is nothing to commit: the handler's own
 // writes were committed (or not) by the handler.
 //
@@ -108,28 +109,28 @@ var errFinished = errors.New("idemredis: settle: the attempt is finished already
 // recognises that its own token stored the outcome and reports success.
 // Settle does not keep outcome's header map or body: they are encoded
 // into the command before it returns.
-func (t *storeTx) Settle(ctx context.Context, out idem.Outcome) error {
+func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if !t.finished.CompareAndSwap(false, true) {
 		return errFinished
 	}
-	if out.State != idem.StateCompleted && out.State != idem.StateFailed {
+	if out.State != idemstore.StateCompleted && out.State != idemstore.StateFailed {
 		return fmt.Errorf("idemredis: settle: state %q is not a settled state", out.State)
 	}
 	s := t.store
 	k := s.keysFor(t.lease.Principal, t.lease.Key)
 	n, err := settleScript.Run(ctx, s.client, []string{k.record, k.index}, k.member, t.lease.Token,
-		string(out.State), strconv.Itoa(out.Response.Status), idem.EncodeHeader(out.Response.Header),
+		string(out.State), strconv.Itoa(out.Response.Status), idemstore.EncodeHeader(out.Response.Header),
 		out.Response.Body).Int64()
 	if err != nil {
 		return wrap("settle", err)
 	}
 	if n == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// Rollback implements idem.Tx. There is no transaction to roll back, so it
+// Rollback implements idemstore.Tx. There is no transaction to roll back, so it
 // only ends the attempt's handle: it does not undo anything the handler
 // wrote. It is safe after Settle and more than once.
 func (t *storeTx) Rollback(context.Context) error {
@@ -137,5 +138,5 @@ func (t *storeTx) Rollback(context.Context) error {
 	return nil
 }
 
-// Used implements idem.Tx: whether the handler called Tx for the handle.
+// Used implements idemstore.Tx: whether the handler called Tx for the handle.
 func (t *storeTx) Used() bool { return t.used.Load() }

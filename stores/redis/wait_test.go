@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
@@ -86,8 +87,8 @@ func TestWaitReplicas(t *testing.T) {
 	req := claimReq("alice", "alone-"+idemredistest.RandHex(4), "body", time.Hour)
 	start := time.Now()
 	_, err := env.Store.Claim(ctx, req)
-	if !errors.Is(err, idemredis.ErrNotReplicated) || !errors.Is(err, idem.ErrTransient) {
-		t.Fatalf("claim without a replica: %v; want ErrNotReplicated and idem.ErrTransient", err)
+	if !errors.Is(err, idemredis.ErrNotReplicated) || !errors.Is(err, idemstore.ErrTransient) {
+		t.Fatalf("claim without a replica: %v; want ErrNotReplicated and idemstore.ErrTransient", err)
 	}
 	if rec, free := storetest.Free(t, env.Store, "alice", req.Key); !free {
 		t.Fatalf("the unacknowledged claim was not released: %+v", rec)
@@ -193,7 +194,7 @@ func TestWaitOnlyAfterAGrant(t *testing.T) {
 
 	done := claimReq("alice", "done-"+idemredistest.RandHex(4), "body", time.Hour)
 	held := claimReq("alice", "held-"+idemredistest.RandHex(4), "body", time.Hour)
-	for _, r := range []idem.ClaimRequest{done, held} {
+	for _, r := range []idemstore.ClaimRequest{done, held} {
 		if res, err := plain.Claim(ctx, r); err != nil || !res.Claimed {
 			t.Fatalf("claim %s: %+v, %v", r.Key, res, err)
 		}
@@ -204,15 +205,15 @@ func TestWaitOnlyAfterAGrant(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		req  idem.ClaimRequest
-		ok   func(idem.ClaimResult) bool
+		req  idemstore.ClaimRequest
+		ok   func(idemstore.ClaimResult) bool
 	}{
-		{"replay", claimReq("alice", done.Key, "body", time.Hour), func(r idem.ClaimResult) bool { return r.Record.Response != nil }},
-		{"in-progress conflict", claimReq("alice", held.Key, "body", time.Hour), func(r idem.ClaimResult) bool { return r.Record.Response == nil }},
-		{"mismatch", claimReq("alice", held.Key, "another body", time.Hour), func(r idem.ClaimResult) bool { return true }},
+		{"replay", claimReq("alice", done.Key, "body", time.Hour), func(r idemstore.ClaimResult) bool { return r.Record.Response != nil }},
+		{"in-progress conflict", claimReq("alice", held.Key, "body", time.Hour), func(r idemstore.ClaimResult) bool { return r.Record.Response == nil }},
+		{"mismatch", claimReq("alice", held.Key, "another body", time.Hour), func(r idemstore.ClaimResult) bool { return true }},
 	} {
 		var (
-			res idem.ClaimResult
+			res idemstore.ClaimResult
 			err error
 		)
 		start := time.Now()
@@ -231,8 +232,8 @@ func TestWaitOnlyAfterAGrant(t *testing.T) {
 	start := time.Now()
 	trips, cmds := cnt.measure(func() { _, err = waiting.Claim(ctx, first) })
 	took := time.Since(start)
-	if !errors.Is(err, idemredis.ErrNotReplicated) || !errors.Is(err, idem.ErrTransient) {
-		t.Fatalf("first claim without a replica: %v; want ErrNotReplicated and idem.ErrTransient", err)
+	if !errors.Is(err, idemredis.ErrNotReplicated) || !errors.Is(err, idemstore.ErrTransient) {
+		t.Fatalf("first claim without a replica: %v; want ErrNotReplicated and idemstore.ErrTransient", err)
 	}
 	if took < timeout || len(cmds) != 3 || cmds[0] != "evalsha" || cmds[1] != "wait" {
 		t.Fatalf("first claim failed after %v with %v; want WAIT's whole timeout %v", took, cmds, timeout)
@@ -255,7 +256,7 @@ func TestWaitOnlyAfterAGrant(t *testing.T) {
 		t.Fatalf("takeover without a replica: %v, want ErrNotReplicated", err)
 	}
 	rec, err := plain.Get(ctx, "alice", kept.Key)
-	if err != nil || rec.State != idem.StateInProgress || rec.LeaseToken != taker.Token || !rec.Uncertain {
+	if err != nil || rec.State != idemstore.StateInProgress || rec.LeaseToken != taker.Token || !rec.Uncertain {
 		t.Fatalf("after the unacknowledged takeover: %+v, %v; want in progress under the taker's token, Uncertain", rec, err)
 	}
 	mustNil(t, plain.Keep(ctx, leaseOf(taker)))
@@ -279,20 +280,20 @@ func TestWaitOnlyAfterAGrant(t *testing.T) {
 	// through the plain store and keep it, as an attempt whose outcome is
 	// unknown leaves it, then retry the request through the engine.
 	released, err := plain.Get(ctx, "alice", key)
-	if err != nil || released.State != idem.StateReleased {
+	if err != nil || released.State != idemstore.StateReleased {
 		t.Fatalf("after the engine's failed first claim: %+v, %v; want released", released, err)
 	}
-	res, err := plain.Claim(ctx, idem.ClaimRequest{Principal: "alice", Key: key, Fingerprint: released.Fingerprint,
+	res, err := plain.Claim(ctx, idemstore.ClaimRequest{Principal: "alice", Key: key, Fingerprint: released.Fingerprint,
 		Token: idemredistest.RandHex(16), Lease: time.Hour, Retention: time.Hour})
 	if err != nil || !res.Claimed {
 		t.Fatalf("claim through the plain store: %+v, %v", res, err)
 	}
-	mustNil(t, plain.Keep(ctx, idem.Lease{Principal: "alice", Key: key, Token: res.Record.LeaseToken}))
+	mustNil(t, plain.Keep(ctx, idemstore.Lease{Principal: "alice", Key: key, Token: res.Record.LeaseToken}))
 	att, resp = eng.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice", Key: key})
 	if att != nil || resp.Status != http.StatusServiceUnavailable {
 		t.Fatalf("retry of a kept record without a replica: attempt %v, %+v; want 503", att != nil, resp)
 	}
-	if rec, err := plain.Get(ctx, "alice", key); err != nil || rec.State != idem.StateInProgress || !rec.Uncertain ||
+	if rec, err := plain.Get(ctx, "alice", key); err != nil || rec.State != idemstore.StateInProgress || !rec.Uncertain ||
 		rec.LeaseToken == res.Record.LeaseToken {
 		t.Fatalf("after the engine's failed takeover: %+v, %v; want it taken over and kept, Uncertain, in progress", rec, err)
 	}

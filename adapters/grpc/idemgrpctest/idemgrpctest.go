@@ -22,6 +22,7 @@ import (
 	"github.com/idemgo/idem/adapters/grpc/internal/testpb"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/adaptertest"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -356,7 +357,7 @@ func testNoPrincipal(t *testing.T, s *suite) {
 	if srv.runs.Load() != 0 {
 		t.Fatal("the method ran without a principal")
 	}
-	if _, err := s.b.Store.Get(context.Background(), "", "k-"+id); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.b.Store.Get(context.Background(), "", "k-"+id); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("a record exists after an unauthenticated call: %v", err)
 	}
 	want(t, "authenticated", call(t, c, "alice", "k-"+id, &testpb.ActRequest{EffectId: id}), codes.OK, false)
@@ -415,7 +416,7 @@ func testAmbiguousKeys(t *testing.T, s *suite) {
 				t.Fatalf("key values %q: the method ran", tc.Lines)
 			}
 			for _, key := range tc.Keys {
-				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idem.ErrNotFound) {
+				if _, err := s.b.Store.Get(context.Background(), "alice", key); !errors.Is(err, idemstore.ErrNotFound) {
 					t.Fatalf("key values %q: %q was claimed: %v", tc.Lines, key, err)
 				}
 			}
@@ -551,10 +552,10 @@ func testReplyTooLarge(t *testing.T, s *suite) {
 }
 
 // downStore fails every claim as a store that cannot be reached.
-type downStore struct{ idem.Store }
+type downStore struct{ idemstore.Store }
 
-func (downStore) Claim(context.Context, idem.ClaimRequest) (idem.ClaimResult, error) {
-	return idem.ClaimResult{}, idem.WrapStoreError("down", "claim", idem.ClassTransient, errors.New("connection refused"))
+func (downStore) Claim(context.Context, idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
+	return idemstore.ClaimResult{}, idemstore.WrapStoreError("down", "claim", idemstore.ClassTransient, errors.New("connection refused"))
 }
 
 // testStoreUnavailable: a store that cannot be reached is Unavailable

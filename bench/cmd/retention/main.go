@@ -40,6 +40,7 @@ import (
 
 	"github.com/idemgo/idem/bench"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
@@ -115,7 +116,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.store = s
-	r.header = idem.EncodeHeader(http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_0123456789abcdef"}})
+	r.header = idemstore.EncodeHeader(http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_0123456789abcdef"}})
 	r.body = []byte(`{"id":"pay_0123456789abcdef","amount":1000,"currency":"EUR","description":"coffee","status":"succeeded"}`)
 	return nil
 }
@@ -297,7 +298,7 @@ func (r *run) load(ctx context.Context, d time.Duration, side func(ctx context.C
 // with a stored 201 (COMMIT pipelined). It returns the claim's latency.
 func (r *run) first(ctx context.Context, due time.Time) (time.Duration, error) {
 	n := r.seq.Add(1)
-	req := idem.ClaimRequest{
+	req := idemstore.ClaimRequest{
 		Principal: fmt.Sprintf("acct_%d", n%1000), Key: fmt.Sprintf("live-%d-%d", due.UnixNano(), n),
 		Fingerprint: make([]byte, 32), Token: fmt.Sprintf("%032x", n), Nonce: fmt.Sprintf("n%031x", n), RequestID: fmt.Sprintf("req_live_%d", n),
 		Lease: time.Minute, Retention: 24 * time.Hour,
@@ -311,13 +312,13 @@ func (r *run) first(ctx context.Context, due time.Time) (time.Duration, error) {
 	if !res.Claimed {
 		return 0, errors.New("claim of a new key did not claim")
 	}
-	_, tx, err := r.store.BeginTx(ctx, idem.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
+	_, tx, err := r.store.BeginTx(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token})
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	hdr := http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/pay_0123456789abcdef"}}
-	if err := tx.Settle(ctx, idem.Outcome{State: idem.StateCompleted, Response: idem.Response{Status: 201, Header: hdr, Body: r.body}}); err != nil {
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Header: hdr, Body: r.body}}); err != nil {
 		return 0, err
 	}
 	return claim, nil

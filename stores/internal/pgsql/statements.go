@@ -51,7 +51,7 @@ type Statements struct {
 	Release, Keep string
 	// Get returns RecordCols ($1 principal, $2 key). Purge deletes at
 	// most $1 expired rows. ListStale returns RecordCols of at most $1
-	// in_progress rows past their lease. Stats counts idem.Stats's
+	// in_progress rows past their lease. Stats counts idemstore.Stats's
 	// figures ($1 stale after µs): now(), in_progress, completed, failed,
 	// released, stale, oldest locked_at, expired.
 	Get, Purge, ListStale, Stats string

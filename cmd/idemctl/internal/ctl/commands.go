@@ -12,26 +12,27 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // statsJSON is the JSON output of Stats. A figure the store does not count
 // is null.
 type statsJSON struct {
-	Store          string     `json:"store"`
-	Now            jsonTime   `json:"now"`
-	InProgress     idem.Count `json:"in_progress"`
-	Completed      idem.Count `json:"completed"`
-	Failed         idem.Count `json:"failed"`
-	Released       idem.Count `json:"released"`
-	Stale          int        `json:"stale"`
-	Uncertain      int        `json:"uncertain"`
-	StaleCapped    bool       `json:"stale_capped"`
-	OldestLockedAt jsonTime   `json:"oldest_locked_at"`
-	OldestAge      *float64   `json:"oldest_age_seconds"`
-	Expired        idem.Count `json:"expired"`
+	Store          string          `json:"store"`
+	Now            jsonTime        `json:"now"`
+	InProgress     idemstore.Count `json:"in_progress"`
+	Completed      idemstore.Count `json:"completed"`
+	Failed         idemstore.Count `json:"failed"`
+	Released       idemstore.Count `json:"released"`
+	Stale          int             `json:"stale"`
+	Uncertain      int             `json:"uncertain"`
+	StaleCapped    bool            `json:"stale_capped"`
+	OldestLockedAt jsonTime        `json:"oldest_locked_at"`
+	OldestAge      *float64        `json:"oldest_age_seconds"`
+	Expired        idemstore.Count `json:"expired"`
 }
 
-// Stats writes the store's figures: records by state (idem.Store.Stats),
+// Stats writes the store's figures: records by state (idemstore.Store.Stats),
 // the stale claims (in progress past their own lease, ListStale, counted
 // up to o.Limit) and how many of them have an unknown outcome, the oldest
 // lease and its age, and the expired records awaiting a purge. Times and
@@ -106,7 +107,7 @@ func storeNow(ctx context.Context, o Options) (time.Time, error) {
 const UncertainNote = "outcome unknown: an attempt's work may have committed; resolve with idemctl complete or release --force"
 
 // Stale writes the in-progress records past their own lease
-// (idem.Store.ListStale, Uncertain ones included), the longest expired
+// (idemstore.Store.ListStale, Uncertain ones included), the longest expired
 // first, at most o.Limit, with their ages on the store's clock.
 func Stale(ctx context.Context, w io.Writer, o Options) error {
 	o.defaults()
@@ -156,11 +157,11 @@ func Stale(ctx context.Context, w io.Writer, o Options) error {
 }
 
 // get reads the record for (principal, key); a missing one is an error
-// wrapping idem.ErrNotFound that names them.
+// wrapping idemstore.ErrNotFound that names them.
 func get(ctx context.Context, o Options, principal, key string) (idem.Record, error) {
 	r, err := o.Store.Get(ctx, principal, key)
-	if errors.Is(err, idem.ErrNotFound) {
-		return r, fmt.Errorf("no record for principal %q key %q: %w", principal, key, idem.ErrNotFound)
+	if errors.Is(err, idemstore.ErrNotFound) {
+		return r, fmt.Errorf("no record for principal %q key %q: %w", principal, key, idemstore.ErrNotFound)
 	}
 	return r, err
 }
@@ -169,7 +170,7 @@ func get(ctx context.Context, o Options, principal, key string) (idem.Record, er
 // is live (its LeaseExpiresAt against the store's clock), whether its
 // outcome is unknown, fingerprint, request id, lease token, times, and the
 // stored status and headers; the body only with o.Body. It returns an error
-// wrapping idem.ErrNotFound when there is no record.
+// wrapping idemstore.ErrNotFound when there is no record.
 func Show(ctx context.Context, w io.Writer, o Options, principal, key string) error {
 	o.defaults()
 	r, err := get(ctx, o, principal, key)
@@ -187,9 +188,9 @@ func Show(ctx context.Context, w io.Writer, o Options, principal, key string) er
 	switch {
 	case !now.Before(r.ExpiresAt):
 		state += " (expired: counts as absent, awaiting purge)"
-	case r.State == idem.StateInProgress && !now.Before(r.LeaseExpiresAt):
+	case r.State == idemstore.StateInProgress && !now.Before(r.LeaseExpiresAt):
 		state += " (stale: its lease ended " + age(r.LeaseExpiresAt, now) + ")"
-	case r.State == idem.StateInProgress:
+	case r.State == idemstore.StateInProgress:
 		state += " (lease live: it ends " + age(r.LeaseExpiresAt, now) + ")"
 	}
 	rows := [][2]string{
@@ -207,7 +208,7 @@ func Show(ctx context.Context, w io.Writer, o Options, principal, key string) er
 		{"created at", stamp(r.CreatedAt, now)},
 		{"locked at", stamp(r.LockedAt, now)},
 	}...)
-	if r.State == idem.StateInProgress {
+	if r.State == idemstore.StateInProgress {
 		rows = append(rows, [2]string{"lease ends", stamp(r.LeaseExpiresAt, now)})
 	}
 	rows = append(rows, [2]string{"expires at", stamp(r.ExpiresAt, now)})
@@ -259,7 +260,7 @@ const UncertainRisk = "its outcome is unknown: an attempt's work may have commit
 	"if one did, store its response with idemctl complete"
 
 // Release marks the in-progress record for (principal, key) released
-// (idem.Store.Release): it deletes nothing; the key is free for the next
+// (idemstore.Store.Release): it deletes nothing; the key is free for the next
 // retry, which runs the handler afresh, and the record keeps its nonce
 // until it expires. The release is fenced by the lease token it read: if
 // the holder settles, or a retry takes the key over, after the read, it
@@ -274,10 +275,10 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 	if err != nil {
 		return err
 	}
-	if r.State == idem.StateReleased {
+	if r.State == idemstore.StateReleased {
 		return fmt.Errorf("%w: %s/%s is released already: its key is free", ErrRefused, principal, key)
 	}
-	if r.State != idem.StateInProgress {
+	if r.State != idemstore.StateInProgress {
 		return fmt.Errorf("%w: %s/%s is %s: only an in-progress claim is released (a stored outcome is replayed until it expires)",
 			ErrRefused, principal, key, r.State)
 	}
@@ -324,8 +325,8 @@ func Release(ctx context.Context, w io.Writer, o Options, principal, key string)
 	if err := o.confirm(question); err != nil {
 		return err
 	}
-	err = o.Store.Release(ctx, idem.Lease{Principal: principal, Key: key, Token: r.LeaseToken})
-	if errors.Is(err, idem.ErrLeaseLost) {
+	err = o.Store.Release(ctx, idemstore.Lease{Principal: principal, Key: key, Token: r.LeaseToken})
+	if errors.Is(err, idemstore.ErrLeaseLost) {
 		return fmt.Errorf("%w: %s/%s changed since it was read (its holder settled, or a retry took it over): nothing released",
 			ErrRefused, principal, key)
 	}
@@ -346,7 +347,7 @@ const (
 	purgeMaxBatches = 200
 )
 
-// Purge deletes the expired records (idem.Store.PurgeExpired in batches of
+// Purge deletes the expired records (idemstore.Store.PurgeExpired in batches of
 // 500, until a batch deletes nothing). It counts them first (Stats) and
 // asks for confirmation unless o.Yes; o.DryRun only counts.
 func Purge(ctx context.Context, w io.Writer, o Options) error {

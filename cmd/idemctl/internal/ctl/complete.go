@@ -17,6 +17,8 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // holdMargin is how long, beyond the reconciler's time, a takeover's lease
@@ -46,7 +48,7 @@ func (o *Options) checkPolicy() error {
 		return fmt.Errorf("%w: --stored-body %q: want plain or omit", ErrUsage, o.StoredBody)
 	}
 	for _, h := range o.StoredHeaders {
-		if !idem.ValidHeaderFieldName(h) {
+		if !idemadapter.ValidHeaderFieldName(h) {
 			return fmt.Errorf("%w: --stored-headers: %q is not a header name", ErrUsage, h)
 		}
 		for _, s := range idem.SensitiveHeaders {
@@ -71,15 +73,15 @@ var errResponse = errors.New("response cannot be stored")
 // the engine would not store (1xx, 5xx, 408, 425, 429: it releases the
 // key) is refused: the effect happened, so releasing would run it again.
 // Errors wrap errResponse.
-func (o *Options) storable(resp idem.Response, strict bool) (state idem.State, out idem.Response, dropped []string, err error) {
+func (o *Options) storable(resp idem.Response, strict bool) (state idemstore.State, out idem.Response, dropped []string, err error) {
 	if resp.Status < 200 || resp.Status > 599 {
 		return "", out, nil, fmt.Errorf("%w: status %d is not a final HTTP status", errResponse, resp.Status)
 	}
 	switch idem.DefaultClassifier(resp.Status, nil) {
 	case idem.Complete:
-		state = idem.StateCompleted
+		state = idemstore.StateCompleted
 	case idem.Fail:
-		state = idem.StateFailed
+		state = idemstore.StateFailed
 	default:
 		return "", out, nil, fmt.Errorf("%w: status %d is one the engine releases rather than stores (5xx, 408, 425, 429); "+
 			"if the attempt had no effect, release the key instead", errResponse, resp.Status)
@@ -92,7 +94,7 @@ func (o *Options) storable(resp idem.Response, strict bool) (state idem.State, o
 	for name, values := range resp.Header {
 		// A stored value is replayed, perhaps by a server that writes
 		// values raw: one with CR or LF would split the replay.
-		if !idem.ValidHeaderField(name, values) {
+		if !idemadapter.ValidHeaderField(name, values) {
 			return "", out, nil, fmt.Errorf("%w: header %q has an invalid name or a value with a control character", errResponse, name)
 		}
 		cn := http.CanonicalHeaderKey(name)
@@ -132,10 +134,10 @@ func newTokenAndNonce() (token, nonce string) {
 // changed since it was read (settled, released, taken over, expired): then
 // nothing is held. The takeover keeps the record's nonce and its Uncertain
 // mark.
-func takeOver(ctx context.Context, o Options, r idem.Record, hold time.Duration) (lease idem.Lease, ok bool, err error) {
+func takeOver(ctx context.Context, o Options, r idem.Record, hold time.Duration) (lease idemstore.Lease, ok bool, err error) {
 	token, nonce := newTokenAndNonce()
-	lease = idem.Lease{Principal: r.Principal, Key: r.Key, Token: token}
-	res, err := o.Store.Claim(ctx, idem.ClaimRequest{Principal: r.Principal, Key: r.Key, Fingerprint: r.Fingerprint,
+	lease = idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: token}
+	res, err := o.Store.Claim(ctx, idemstore.ClaimRequest{Principal: r.Principal, Key: r.Key, Fingerprint: r.Fingerprint,
 		Token: token, Nonce: nonce, RequestID: r.RequestID, Lease: hold, Retention: o.Retention,
 		TakeOverUncertain: true, Durable: true})
 	if err != nil {
@@ -146,7 +148,7 @@ func takeOver(ctx context.Context, o Options, r idem.Record, hold time.Duration)
 	if res.Claimed && !res.Reclaimed {
 		// It had expired or been released, and counted as absent: this
 		// claim is a new one that stored nothing; give it back.
-		if err := o.Store.Release(ctx, lease); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		if err := o.Store.Release(ctx, lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 			return lease, false, fmt.Errorf("give back a claim of a record that changed: %w", err)
 		}
 	}
@@ -158,10 +160,10 @@ func takeOver(ctx context.Context, o Options, r idem.Record, hold time.Duration)
 // reconcile, a retry's Config.Reconcile or an operator. It has its own
 // time, so a command cancelled or past its --timeout still keeps the
 // claim. A lost lease is no error: the record is someone else's.
-func keep(ctx context.Context, o Options, lease idem.Lease) error {
+func keep(ctx context.Context, o Options, lease idemstore.Lease) error {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := o.Store.Keep(kctx, lease); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+	if err := o.Store.Keep(kctx, lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		return fmt.Errorf("keep: %w", err)
 	}
 	return nil
@@ -175,17 +177,17 @@ var errChanged = errors.New("the record changed meanwhile")
 // Reconcile's answer (BeginTx, Settle). A lost fence returns errChanged;
 // any other failure keeps the claim (the effect happened: a release would
 // run it again) and is returned.
-func settle(ctx context.Context, o Options, lease idem.Lease, state idem.State, resp idem.Response) error {
+func settle(ctx context.Context, o Options, lease idemstore.Lease, state idemstore.State, resp idem.Response) error {
 	_, tx, err := o.Store.BeginTx(ctx, lease)
 	if err != nil {
 		return errors.Join(fmt.Errorf("begin: %w", err), keep(ctx, o, lease))
 	}
-	err = tx.Settle(ctx, idem.Outcome{State: state, Response: resp})
+	err = tx.Settle(ctx, idemstore.Outcome{State: state, Response: resp})
 	rerr := tx.Rollback(context.WithoutCancel(ctx)) // a no-op after a Settle that committed
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, idem.ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrLeaseLost):
 		return errChanged
 	}
 	if rerr != nil && !errors.Is(err, rerr) {
@@ -225,9 +227,9 @@ func Complete(ctx context.Context, w io.Writer, o Options, principal, key string
 		return err
 	}
 	switch {
-	case r.State == idem.StateReleased:
+	case r.State == idemstore.StateReleased:
 		return fmt.Errorf("%w: %s/%s is released: its key is free and the next retry runs afresh; nothing to complete", ErrRefused, principal, key)
-	case r.State != idem.StateInProgress:
+	case r.State != idemstore.StateInProgress:
 		return fmt.Errorf("%w: %s/%s is %s already: its stored outcome is replayed", ErrRefused, principal, key, r.State)
 	case !now.Before(r.ExpiresAt):
 		return fmt.Errorf("%w: %s/%s has expired and counts as absent: the next retry runs afresh", ErrRefused, principal, key)

@@ -1,7 +1,7 @@
 // Package ctl is idemctl: the commands an operator runs against an idem
 // store, each a function that writes to an io.Writer, and Main, which
 // parses the command line, opens the store and maps the outcome to an exit
-// code. The commands use only the idem.Store methods, so they work the same
+// code. The commands use only the idemstore.Store methods, so they work the same
 // on every store; this package opens none itself (Main is given an Opener),
 // so it is tested on core/memstore.
 package ctl
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Exit codes of Main.
@@ -42,7 +43,7 @@ var (
 
 // ExitCode returns the exit code for a command's error: ExitOK for nil,
 // ExitUsage for ErrUsage, ExitRefused for ErrRefused, ExitKept for
-// ErrReconciler, ExitNotFound for idem.ErrNotFound, and ExitStore for
+// ErrReconciler, ExitNotFound for idemstore.ErrNotFound, and ExitStore for
 // everything else.
 func ExitCode(err error) int {
 	switch {
@@ -54,7 +55,7 @@ func ExitCode(err error) int {
 		return ExitRefused
 	case errors.Is(err, ErrReconciler):
 		return ExitKept
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		return ExitNotFound
 	}
 	return ExitStore
@@ -81,7 +82,7 @@ const MaxBody = idem.DefaultMaxResponseBytes
 // value of every other field is its default.
 type Options struct {
 	// Store is the store the command works on.
-	Store idem.Store
+	Store idemstore.Store
 	// Name describes the store in the output (Opened.Name).
 	Name string
 	// Limit bounds the records stale and reconcile handle, and the stale

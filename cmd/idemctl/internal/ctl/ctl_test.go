@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -38,7 +39,7 @@ type fixture struct {
 	// idemctl used to assume.
 	engine *idem.Engine
 	// ended is the application whose handlers end their transaction
-	// themselves: the settle reports idem.ErrTxEnded, and the engine keeps
+	// themselves: the settle reports idemstore.ErrTxEnded, and the engine keeps
 	// the claim with its outcome unknown.
 	ended *idem.Engine
 }
@@ -62,7 +63,7 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) newEngine(s idem.Store) *idem.Engine {
+func (f *fixture) newEngine(s idemstore.Store) *idem.Engine {
 	e, err := idem.New(idem.Config{FingerprintKey: []byte("test only: a fingerprint key of 32+ bytes"), Store: s,
 		Lease: applicationLease, Retention: time.Hour, Logger: quiet})
 	if err != nil {
@@ -82,18 +83,18 @@ func (f *fixture) opts() ctl.Options {
 }
 
 // endedStore's transactions end behind the store: Settle reports
-// idem.ErrTxEnded, as when a handler committed the transaction itself.
-type endedStore struct{ idem.Store }
+// idemstore.ErrTxEnded, as when a handler committed the transaction itself.
+type endedStore struct{ idemstore.Store }
 
-func (s endedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s endedStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	c, tx, err := s.Store.BeginTx(ctx, l)
 	return c, endedTx{tx}, err
 }
 
-type endedTx struct{ idem.Tx }
+type endedTx struct{ idemstore.Tx }
 
-func (endedTx) Settle(context.Context, idem.Outcome) error {
-	return fmt.Errorf("the handler committed the transaction itself: %w", idem.ErrTxEnded)
+func (endedTx) Settle(context.Context, idemstore.Outcome) error {
+	return fmt.Errorf("the handler committed the transaction itself: %w", idemstore.ErrTxEnded)
 }
 
 func request(principal, key string) idem.Request {
@@ -121,7 +122,7 @@ func (f *fixture) uncertain(key string) {
 		f.t.Fatalf("Begin(%s) answered %d instead of claiming", key, resp.Status)
 	}
 	a.Finish(idem.Result{Status: 201, Header: http.Header{}, Body: []byte(`{"id":"p1"}`)})
-	if r := f.record(key); !r.Uncertain || r.State != idem.StateInProgress {
+	if r := f.record(key); !r.Uncertain || r.State != idemstore.StateInProgress {
 		f.t.Fatalf("%s is %+v, want in progress with its outcome unknown", key, r)
 	}
 }
@@ -190,7 +191,7 @@ func TestStalenessIsTheRecordsOwnLease(t *testing.T) {
 	if !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "the lease is live (it ends in 1m0s)") {
 		t.Fatalf("release within the lease: %v, want refused as live", err)
 	}
-	if r := f.record("pay-1"); r.State != idem.StateInProgress {
+	if r := f.record("pay-1"); r.State != idemstore.StateInProgress {
 		t.Fatalf("after the refused release pay-1 is %s", r.State)
 	}
 	if out, err := run(ctl.Stats, o); err != nil || !strings.Contains(out, "  stale        0 (past their own lease)\n") {
@@ -209,7 +210,7 @@ func TestStalenessIsTheRecordsOwnLease(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "released alice/pay-1 (in progress, locked 3m0s ago, lease ended 1m0s ago, request id req-pay-1,") {
 		t.Fatalf("release past the lease: %v\n%s", err, out)
 	}
-	if r := f.record("pay-1"); r.State != idem.StateReleased {
+	if r := f.record("pay-1"); r.State != idemstore.StateReleased {
 		t.Fatalf("after the release pay-1 is %s", r.State)
 	}
 }
@@ -228,7 +229,7 @@ func TestReleaseForcedLiveLease(t *testing.T) {
 	if !strings.HasPrefix(asked, "FORCE: the lease is live (it ends in 2m0s); its holder may still be running") {
 		t.Errorf("the forced release asked %q", asked)
 	}
-	if r := f.record("pay-1"); r.State != idem.StateReleased {
+	if r := f.record("pay-1"); r.State != idemstore.StateReleased {
 		t.Fatalf("pay-1 is %s", r.State)
 	}
 }
@@ -281,7 +282,7 @@ func TestUncertain(t *testing.T) {
 	if !strings.HasPrefix(asked, "FORCE: "+ctl.UncertainRisk+". Release alice/pay-1 (in progress, locked 3m0s ago, lease ended 3m0s ago, outcome unknown,") {
 		t.Errorf("release --force asked %q", asked)
 	}
-	if r := f.record("pay-1"); r.State != idem.StateInProgress || !r.Uncertain {
+	if r := f.record("pay-1"); r.State != idemstore.StateInProgress || !r.Uncertain {
 		t.Fatalf("after the refusals pay-1 is %+v", r)
 	}
 
@@ -294,7 +295,7 @@ func TestUncertain(t *testing.T) {
 		"1 header fields, 11 body bytes): retries replay it\n" {
 		t.Fatalf("complete: %v\n%s", err, out)
 	}
-	if r := f.record("pay-1"); r.State != idem.StateCompleted || r.Uncertain {
+	if r := f.record("pay-1"); r.State != idemstore.StateCompleted || r.Uncertain {
 		t.Fatalf("after complete pay-1 is %+v", r)
 	}
 	got := f.retry("pay-1")
@@ -327,7 +328,7 @@ func TestNoAnswerIsARefusal(t *testing.T) {
 	if ctl.ExitCode(err) != ctl.ExitRefused || !strings.HasSuffix(prompt.String(), "? The key is then free: the next retry runs the handler afresh. [y/N] ") {
 		t.Fatalf("release answered with EOF: %v (exit %d), prompt %q", err, ctl.ExitCode(err), prompt.String())
 	}
-	if r := f.record("pay-1"); r.State != idem.StateInProgress {
+	if r := f.record("pay-1"); r.State != idemstore.StateInProgress {
 		t.Fatalf("pay-1 is %s", r.State)
 	}
 }
@@ -376,7 +377,7 @@ func TestCompleteRefuses(t *testing.T) {
 			t.Errorf("%s: %v (exit %d), want exit %d with %q", tc.name, err, ctl.ExitCode(err), tc.want, tc.msg)
 		}
 	}
-	if r := f.record("pay-1"); r.State != idem.StateInProgress || !r.Uncertain {
+	if r := f.record("pay-1"); r.State != idemstore.StateInProgress || !r.Uncertain {
 		t.Fatalf("after the refusals pay-1 is %+v", r)
 	}
 }
@@ -394,7 +395,7 @@ func TestCompleteOmitsTheBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := f.record("pay-1")
-	if r.State != idem.StateCompleted || len(r.Response.Body) != 0 || r.Response.Header.Get("Location") != "/payments/p1" ||
+	if r.State != idemstore.StateCompleted || len(r.Response.Body) != 0 || r.Response.Header.Get("Location") != "/payments/p1" ||
 		r.Response.Header.Get("X-Payment-Id") != "p1" {
 		t.Fatalf("stored %+v", r.Response)
 	}
@@ -482,14 +483,14 @@ alice      none  req-none    -        would be released  reconciler: no effect
 ` {
 		t.Fatalf("reconcile --dry-run: %v\n%s", err, out)
 	}
-	if f.record("none").State != idem.StateInProgress || f.record("done").State != idem.StateInProgress {
+	if f.record("none").State != idemstore.StateInProgress || f.record("done").State != idemstore.StateInProgress {
 		t.Fatal("the dry run changed a record")
 	}
 	o.DryRun = false
 	if out, err = run(ctl.Reconcile, o); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out)
 	}
-	if r := f.record("none"); r.State != idem.StateReleased {
+	if r := f.record("none"); r.State != idemstore.StateReleased {
 		t.Errorf("none is %s, want released", r.State)
 	}
 	if got := f.retry("done"); got.Status != 201 || string(got.Body) != `{"id":"p4"}` || got.Header.Get("X-Internal") != "" {
@@ -572,7 +573,7 @@ func TestReconcileKeepsWithoutAValidAnswer(t *testing.T) {
 			// The claim is kept, its outcome unknown now, and its lease
 			// ended: the application's retry is refused, not run.
 			r := f.record("k1")
-			if r.State != idem.StateInProgress || !r.Uncertain || f.clock.Load().Before(r.LeaseExpiresAt) {
+			if r.State != idemstore.StateInProgress || !r.Uncertain || f.clock.Load().Before(r.LeaseExpiresAt) {
 				t.Errorf("k1 is %+v, want kept", r)
 			}
 			if got := f.retry("k1"); got.Status != http.StatusConflict {
@@ -581,7 +582,7 @@ func TestReconcileKeepsWithoutAValidAnswer(t *testing.T) {
 			if n := rc.asked.Load(); n != 1 {
 				t.Errorf("the reconciler was asked %d times, want once: the pass stops at the first claim kept", n)
 			}
-			if r := f.record("k2"); r.State != idem.StateInProgress || r.Uncertain {
+			if r := f.record("k2"); r.State != idemstore.StateInProgress || r.Uncertain {
 				t.Errorf("k2, never asked, is %+v", r)
 			}
 			if n := elsewhere.Load(); n != 0 {
@@ -613,7 +614,7 @@ func TestReconcileOmitsTheBody(t *testing.T) {
 		t.Fatalf("reconcile: %v\n%s", err, out)
 	}
 	r := f.record("k1")
-	if r.State != idem.StateCompleted || len(r.Response.Body) != 0 || r.Response.Header.Get("Location") != "/payments/p1" {
+	if r.State != idemstore.StateCompleted || len(r.Response.Body) != 0 || r.Response.Header.Get("Location") != "/payments/p1" {
 		t.Fatalf("stored %+v", r.Response)
 	}
 }
@@ -659,7 +660,7 @@ func TestNotATerminal(t *testing.T) {
 			if code != ctl.ExitUsage || stderr.String() != "idemctl: usage: stdin is not a terminal: pass --yes to confirm, or --dry-run to see what would be done\n" {
 				t.Errorf("%s < %s: exit %d\n%s%s", argv, stdin.Name(), code, stdout.String(), stderr.String())
 			}
-			if r := f.record("pay-1"); r.State != idem.StateInProgress || !r.Uncertain {
+			if r := f.record("pay-1"); r.State != idemstore.StateInProgress || !r.Uncertain {
 				t.Errorf("%s < %s: pay-1 is %+v", argv, stdin.Name(), r)
 			}
 		}
@@ -711,7 +712,7 @@ func TestDSNs(t *testing.T) {
 		}
 	}
 	failing := func(_ context.Context, d dsn.DSN, _, _ string) (*ctl.Opened, error) {
-		return nil, fmt.Errorf("connect %s (driver DSN %q): %w", "the DSN", d.Driver, idem.ErrTransient)
+		return nil, fmt.Errorf("connect %s (driver DSN %q): %w", "the DSN", d.Driver, idemstore.ErrTransient)
 	}
 	for _, argv := range [][]string{
 		{"stats", "--dsn", "postgres://app:s3cret@db/payments"},
@@ -735,7 +736,7 @@ func TestDSNs(t *testing.T) {
 func TestExitCodes(t *testing.T) {
 	f := newFixture(t)
 	unreachable := func(context.Context, dsn.DSN, string, string) (*ctl.Opened, error) {
-		return nil, fmt.Errorf("connect: %w", idem.ErrTransient)
+		return nil, fmt.Errorf("connect: %w", idemstore.ErrTransient)
 	}
 	for _, tc := range []struct {
 		argv []string

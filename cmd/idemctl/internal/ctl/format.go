@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // timeLayout is how the text output writes times: UTC, milliseconds.
@@ -83,7 +84,7 @@ func fields(w io.Writer, rows [][2]string) error {
 type recordJSON struct {
 	Principal   string              `json:"principal"`
 	Key         string              `json:"key"`
-	State       idem.State          `json:"state"`
+	State       idemstore.State     `json:"state"`
 	Fingerprint string              `json:"fingerprint"`
 	RequestID   string              `json:"request_id"`
 	LeaseToken  string              `json:"lease_token"`
@@ -110,7 +111,7 @@ func toJSON(r idem.Record, now time.Time, withBody bool) recordJSON {
 		RequestID: r.RequestID, LeaseToken: r.LeaseToken,
 		CreatedAt: jsonTime(r.CreatedAt), LockedAt: jsonTime(r.LockedAt), LeaseEnds: jsonTime(r.LeaseExpiresAt),
 		ExpiresAt: jsonTime(r.ExpiresAt), LockAge: seconds(now.Sub(r.LockedAt)),
-		Stale:     r.State == idem.StateInProgress && !now.Before(r.LeaseExpiresAt),
+		Stale:     r.State == idemstore.StateInProgress && !now.Before(r.LeaseExpiresAt),
 		Uncertain: r.Uncertain, Expired: !now.Before(r.ExpiresAt),
 	}
 	if resp := r.Response; resp != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // Usage is the command line's help text.
@@ -84,7 +85,7 @@ a lease lost, not confirmed), 5 reconcile: the reconciler gave no valid answer, 
 // Opened is a store an Opener opened: the store, a description of it for
 // the output, and the function that closes its connections.
 type Opened struct {
-	Store idem.Store
+	Store idemstore.Store
 	// Name describes the store without credentials: "postgres
 	// "public"."idempotency_keys"", "redis 127.0.0.1:6379 prefix idem:".
 	Name  string

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // ReconcileRequest is what Reconcile POSTs to the reconciler URL for each
@@ -193,7 +194,7 @@ func redactURL(raw string) string {
 // error, or one wrapping ErrReconciler after the claim was kept.
 func reconcileOne(ctx context.Context, o Options, r idem.Record) (reconciled, error) {
 	rep := reconciled{Principal: r.Principal, Key: r.Key, RequestID: r.RequestID, Uncertain: r.Uncertain, DryRun: o.DryRun}
-	var lease idem.Lease
+	var lease idemstore.Lease
 	if !o.DryRun {
 		var ok bool
 		var err error
@@ -224,7 +225,7 @@ func reconcileOne(ctx context.Context, o Options, r idem.Record) (reconciled, er
 			return rep, nil
 		}
 		err := o.Store.Release(ctx, lease)
-		if errors.Is(err, idem.ErrLeaseLost) {
+		if errors.Is(err, idemstore.ErrLeaseLost) {
 			rep.Action, rep.Detail = ActionChanged, "the lease was lost meanwhile; left alone"
 			return rep, nil
 		}

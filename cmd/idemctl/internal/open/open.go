@@ -17,7 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/idemgo/idem/cmd/idemctl/internal/ctl"
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	idemredis "github.com/idemgo/idem/stores/redis"
@@ -136,7 +136,7 @@ func openPgx(ctx context.Context, d dsn.DSN, table string) (*ctl.Opened, error) 
 	s, err := idempgx.New(pool, opts...)
 	if err != nil {
 		pool.Close()
-		if table != "" && !errors.Is(err, idem.ErrTransient) {
+		if table != "" && !errors.Is(err, idemstore.ErrTransient) {
 			return nil, fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 		}
 		return nil, err

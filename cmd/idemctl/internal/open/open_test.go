@@ -26,6 +26,7 @@ import (
 	"github.com/idemgo/idem/cmd/idemctl/internal/dsn"
 	"github.com/idemgo/idem/cmd/idemctl/internal/open"
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
@@ -99,18 +100,18 @@ func openDSN(t *testing.T, raw, table, prefix string) *ctl.Opened {
 // crashStore is a store whose Release never arrives, as when the process
 // dies between a handler's failure and the release: an engine on it leaves
 // the claim in progress, which is how the tests make stale claims.
-type crashStore struct{ idem.Store }
+type crashStore struct{ idemstore.Store }
 
-func (crashStore) Release(context.Context, idem.Lease) error {
+func (crashStore) Release(context.Context, idemstore.Lease) error {
 	return errors.New("the process died before the release")
 }
 
 // endedStore's transactions end behind the store: Settle reports
-// idem.ErrTxEnded, as when a handler committed the transaction itself, and
+// idemstore.ErrTxEnded, as when a handler committed the transaction itself, and
 // the engine keeps the claim with its outcome unknown.
-type endedStore struct{ idem.Store }
+type endedStore struct{ idemstore.Store }
 
-func (s endedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context, idem.Tx, error) {
+func (s endedStore) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	c, tx, err := s.Store.BeginTx(ctx, l)
 	if err != nil {
 		return c, nil, err
@@ -118,15 +119,15 @@ func (s endedStore) BeginTx(ctx context.Context, l idem.Lease) (context.Context,
 	return c, endedTx{tx}, nil
 }
 
-type endedTx struct{ idem.Tx }
+type endedTx struct{ idemstore.Tx }
 
-func (endedTx) Settle(context.Context, idem.Outcome) error {
-	return fmt.Errorf("the handler committed the transaction itself: %w", idem.ErrTxEnded)
+func (endedTx) Settle(context.Context, idemstore.Outcome) error {
+	return fmt.Errorf("the handler committed the transaction itself: %w", idemstore.ErrTxEnded)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func newEngine(t *testing.T, s idem.Store, retention time.Duration) *idem.Engine {
+func newEngine(t *testing.T, s idemstore.Store, retention time.Duration) *idem.Engine {
 	t.Helper()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s, RequestTimeout: 500 * time.Millisecond, StoreTimeout: 500 * time.Millisecond,
 		Lease: lease, Retention: retention, Logger: quiet})
@@ -217,7 +218,7 @@ func (e *env) want(name, got, want string) {
 func (e *env) record(principal, key string) idem.Record {
 	e.t.Helper()
 	r, err := e.opened.Store.Get(context.Background(), principal, key)
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idemstore.ErrNotFound) {
 		return idem.Record{State: "absent"}
 	}
 	if err != nil {
@@ -226,7 +227,7 @@ func (e *env) record(principal, key string) idem.Record {
 	return r
 }
 
-func (e *env) state(principal, key string) idem.State { return e.record(principal, key).State }
+func (e *env) state(principal, key string) idemstore.State { return e.record(principal, key).State }
 
 func setup(t *testing.T, tg target) *env {
 	raw, table, prefix := tg.open(t)
@@ -428,7 +429,7 @@ body  11 bytes (--body prints it)
 			t.Errorf("show unknown-1: %v\n%s", err, out)
 		}
 		_, err = show(e.opts(), "alice", "no-such-key")
-		if !errors.Is(err, idem.ErrNotFound) || ctl.ExitCode(err) != ctl.ExitNotFound {
+		if !errors.Is(err, idemstore.ErrNotFound) || ctl.ExitCode(err) != ctl.ExitNotFound {
 			t.Errorf("show of a missing key: %v (exit %d), want not found (exit 1)", err, ctl.ExitCode(err))
 		}
 	})
@@ -444,14 +445,14 @@ body  11 bytes (--body prints it)
 		if !errors.Is(err, ctl.ErrRefused) || ctl.ExitCode(err) != ctl.ExitRefused || !strings.Contains(err.Error(), "may happen twice") {
 			t.Fatalf("release of a live lease: %v, want refused with what --force risks", err)
 		}
-		if s := e.state("dave", "live-1"); s != idem.StateInProgress {
+		if s := e.state("dave", "live-1"); s != idemstore.StateInProgress {
 			t.Fatalf("after the refused release live-1 is %s", s)
 		}
 		_, err = release(o, "erin", "unknown-1")
 		if !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), ctl.UncertainRisk) {
 			t.Fatalf("release of an unknown outcome: %v, want refused with what --force risks", err)
 		}
-		if r := e.record("erin", "unknown-1"); r.State != idem.StateInProgress || !r.Uncertain {
+		if r := e.record("erin", "unknown-1"); r.State != idemstore.StateInProgress || !r.Uncertain {
 			t.Fatalf("after the refused release unknown-1 is %+v", r)
 		}
 	})
@@ -473,7 +474,7 @@ body  11 bytes (--body prints it)
 		if !strings.HasPrefix(asked, "FORCE: the lease is live") {
 			t.Errorf("the forced release asked %q", asked)
 		}
-		if s := e.state("dave", "live-1"); s != idem.StateCompleted {
+		if s := e.state("dave", "live-1"); s != idemstore.StateCompleted {
 			t.Fatalf("live-1 is %s, want the holder's completed outcome", s)
 		}
 	})
@@ -503,7 +504,7 @@ body  11 bytes (--body prints it)
 		if !errors.Is(err, ctl.ErrRefused) {
 			t.Fatalf("release after a takeover: %v, want refused", err)
 		}
-		if s := e.state("bob", "stuck-1"); s != idem.StateCompleted {
+		if s := e.state("bob", "stuck-1"); s != idemstore.StateCompleted {
 			t.Fatalf("the retry's record is %s, want its completed outcome", s)
 		}
 	})
@@ -523,7 +524,7 @@ body  11 bytes (--body prints it)
 		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrRefused) {
 			t.Fatalf("release not confirmed: %v", err)
 		}
-		if s := e.state("bob", "stuck-2"); s != idem.StateInProgress {
+		if s := e.state("bob", "stuck-2"); s != idemstore.StateInProgress {
 			t.Fatalf("stuck-2 is %s after a dry run and a refusal", s)
 		}
 		o.Confirm, o.Yes = nil, true
@@ -531,10 +532,10 @@ body  11 bytes (--body prints it)
 		if err != nil || out != "released bob/stuck-2 (in progress, locked <AGE>, lease ended <AGE>, request id req-stuck-2, lease token <TOKEN>): the key is free for the next retry\n" {
 			t.Fatalf("release --yes: %v\n%s", err, out)
 		}
-		if s := e.state("bob", "stuck-2"); s != idem.StateReleased {
+		if s := e.state("bob", "stuck-2"); s != idemstore.StateReleased {
 			t.Fatalf("stuck-2 is %s after its release", s)
 		}
-		if _, err := release(o, "alice", "pay-1"); !errors.Is(err, ctl.ErrRefused) || e.state("alice", "pay-1") != idem.StateCompleted {
+		if _, err := release(o, "alice", "pay-1"); !errors.Is(err, ctl.ErrRefused) || e.state("alice", "pay-1") != idemstore.StateCompleted {
 			t.Fatalf("release of a completed record: %v", err)
 		}
 		if _, err := release(o, "bob", "stuck-2"); !errors.Is(err, ctl.ErrRefused) || !strings.Contains(err.Error(), "released already") {
@@ -553,7 +554,7 @@ body  11 bytes (--body prints it)
 		if err := ctl.Complete(ctx, &b, o, "erin", "unknown-1", resp); err != nil {
 			t.Fatalf("complete: %v\n%s", err, b.String())
 		}
-		if r := e.record("erin", "unknown-1"); r.State != idem.StateCompleted || r.Uncertain {
+		if r := e.record("erin", "unknown-1"); r.State != idemstore.StateCompleted || r.Uncertain {
 			t.Fatalf("after complete unknown-1 is %+v", r)
 		}
 		// The client's retry replays what the operator stored.
@@ -578,7 +579,7 @@ body  11 bytes (--body prints it)
 			if _, err := e.run(ctl.Purge, o); ctl.ExitCode(err) != ctl.ExitUsage {
 				t.Fatalf("purge without a terminal or --yes: %v", err)
 			}
-			if s := e.state("carol", "old-1"); s != idem.StateCompleted {
+			if s := e.state("carol", "old-1"); s != idemstore.StateCompleted {
 				t.Fatalf("old-1 is %s before the purge", s)
 			}
 		}
@@ -629,7 +630,7 @@ bob  stuck-4  req-stuck-4  -  would be stored  reconciler: 201, stored as comple
 bob  stuck-5  req-stuck-5  -  would be kept  reconciler: answered 502 Bad Gateway, not 200 with an effect (a 404 is no answer either); the pass stops
 `)
 		for _, k := range []string{"stuck-3", "stuck-4", "stuck-5"} {
-			if s := e.state("bob", k); s != idem.StateInProgress {
+			if s := e.state("bob", k); s != idemstore.StateInProgress {
 				t.Fatalf("%s is %s after a dry run", k, s)
 			}
 		}
@@ -653,10 +654,10 @@ bob  stuck-5  req-stuck-5  -  would be kept  reconciler: answered 502 Bad Gatewa
 				t.Fatalf("%s: the reconciler was sent downstream key %q and nonce %q, the attempt used %q", q.Key, got, q.Nonce, charged[q.Key])
 			}
 		}
-		if s := e.state("bob", "stuck-3"); s != idem.StateReleased {
+		if s := e.state("bob", "stuck-3"); s != idemstore.StateReleased {
 			t.Errorf("stuck-3 (no effect) is %s, want released", s)
 		}
-		if r := e.record("bob", "stuck-5"); r.State != idem.StateInProgress || !r.Uncertain {
+		if r := e.record("bob", "stuck-5"); r.State != idemstore.StateInProgress || !r.Uncertain {
 			t.Errorf("stuck-5 (no answer) is %+v, want kept with its outcome unknown", r)
 		}
 		// The client's retry of stuck-4 replays what the reconciler said;

@@ -1,9 +1,11 @@
-package idem
+package idemadapter
 
 import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	idem "github.com/idemgo/idem/core"
 )
 
 // Adapter is what a framework adapter builds its middleware on: the Engine,
@@ -16,8 +18,10 @@ import (
 // (idemhttp.New, idemgin.New, idemecho.New, idemfiber.New, idemgrpc.New),
 // which makes an Adapter with NewAdapter.
 type Adapter[C any] struct {
-	*Engine
-	principal func(C) (string, error)
+	*idem.Engine
+	maxResponse             int    // Config.MaxResponseBytes
+	header, requestIDHeader string // Config.Header and Config.RequestIDHeader
+	principal               func(C) (string, error)
 	// Route, when set, returns the route template that matched c
 	// ("/payments/:id"), for Request.Route and so Event.Route: gin's
 	// c.FullPath(), echo's c.Path(). An empty answer falls back to the
@@ -29,9 +33,9 @@ type Adapter[C any] struct {
 // NewAdapter returns the Adapter of eng and principal, which are both
 // required: the application builds eng once with New and shares it with
 // every adapter, the Sweeper and Engine.Do. name is the adapter's package
-// name: it starts every error, and every error wraps ErrInvalidConfig and
+// name: it starts every error, and every error wraps idem.ErrInvalidConfig and
 // names the missing field.
-func NewAdapter[C any](name string, eng *Engine, principal func(C) (string, error)) (*Adapter[C], error) {
+func NewAdapter[C any](name string, eng *idem.Engine, principal func(C) (string, error)) (*Adapter[C], error) {
 	var missing []string
 	if eng == nil {
 		missing = append(missing, "Engine is required (build it once with idem.New and share it)")
@@ -40,9 +44,11 @@ func NewAdapter[C any](name string, eng *Engine, principal func(C) (string, erro
 		missing = append(missing, "Principal is required")
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("%s: %w: %s", name, ErrInvalidConfig, strings.Join(missing, "; "))
+		return nil, fmt.Errorf("%s: %w: %s", name, idem.ErrInvalidConfig, strings.Join(missing, "; "))
 	}
-	return &Adapter[C]{Engine: eng, principal: principal}, nil
+	cfg := eng.Config()
+	return &Adapter[C]{Engine: eng, principal: principal, maxResponse: cfg.MaxResponseBytes,
+		header: cfg.Header, requestIDHeader: cfg.RequestIDHeader}, nil
 }
 
 // Principal reads c's principal with the application's function, for
@@ -57,20 +63,21 @@ func (a *Adapter[C]) Principal(c C) (string, error) {
 	return p, nil
 }
 
-// HandleHTTP is Engine.HandleHTTP with the principal read from c: adapters
+// HandleHTTP is the package's HandleHTTP with the principal read from c: adapters
 // for frameworks built on net/http call it from their middleware, with the
 // framework's writer and request.
 func (a *Adapter[C]) HandleHTTP(c C, w http.ResponseWriter, r *http.Request,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
 	principal, err := a.Principal(c)
-	req := a.HTTPRequest(r, principal)
+	cfg := idem.Config{Header: a.header, RequestIDHeader: a.requestIDHeader}
+	req := httpRequest(&cfg, r, principal)
 	if a.Route != nil {
 		if route := a.Route(c); route != "" {
 			req.Route = route
 		}
 	}
 	if err == nil {
-		a.Engine.handleHTTP(w, r, req, next)
+		handleHTTP(a.Engine, a.maxResponse, w, r, req, next)
 		return
 	}
 	// Without a principal Begin claims nothing and reads no body: it

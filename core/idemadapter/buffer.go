@@ -1,11 +1,11 @@
-package idem
+package idemadapter
 
 import (
 	"bytes"
-	"errors"
 	"net/http"
-	"strconv"
 	"sync"
+
+	idem "github.com/idemgo/idem/core"
 )
 
 // ResponseBuffer is an http.ResponseWriter that holds the whole response in
@@ -25,8 +25,14 @@ type ResponseBuffer struct {
 	size        int
 	limit       int
 	wroteHeader bool
-	flushed     bool // the handler asked to flush: it meant to stream
+	flushed     bool         // the handler asked to flush: it meant to stream
+	reqBody     restoredBody // the request body handed back to the handler (HandleHTTP)
 }
+
+// restoredBody hands the handler the body Begin read, without allocating.
+type restoredBody struct{ bytes.Reader }
+
+func (restoredBody) Close() error { return nil }
 
 // NewResponseBuffer returns a buffer whose header map is a clone of header
 // and that keeps at most limit body bytes.
@@ -81,6 +87,7 @@ func putBuffer(b *ResponseBuffer) {
 		return
 	}
 	b.Reset()
+	b.reqBody.Reset(nil) // the pool keeps no request body alive
 	if len(b.header) > maxPooledHeader {
 		b.header = nil
 	} else {
@@ -135,11 +142,6 @@ func (b *ResponseBuffer) WriteString(s string) (int, error) {
 // handler.
 func (b *ResponseBuffer) Flush() { b.flushed = true }
 
-// ErrStreaming is what http.ResponseController's Flush returns on an
-// idempotent route: a streamed response cannot be stored and replayed, and
-// nothing may reach the client before the commit.
-var ErrStreaming = errors.New("idem: streaming is not supported on an idempotent route: the response is sent whole after the commit")
-
 // FlushError refuses to stream with ErrStreaming; http.ResponseController
 // calls it.
 func (b *ResponseBuffer) FlushError() error {
@@ -167,40 +169,17 @@ func (b *ResponseBuffer) Reset() {
 
 // Result returns what was buffered as a Result, with err as the handler's
 // error.
-func (b *ResponseBuffer) Result(err error) Result {
+func (b *ResponseBuffer) Result(err error) idem.Result {
 	status := b.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	return Result{
+	return idem.Result{
 		Status:   status,
 		Header:   b.header,
 		Body:     b.body.Bytes(),
 		Err:      err,
 		Overflow: b.size > b.limit,
 		Streamed: b.flushed,
-	}
-}
-
-// WriteResponse writes resp to w: its headers (replacing those of the same
-// name already set), a Content-Length, the status and the body. A header
-// whose name or value is not valid HTTP (see ValidHeaderFieldValue) is left
-// out: Finish refuses to store one, and this guards the replay of records
-// stored before it did.
-func WriteResponse(w http.ResponseWriter, resp *Response) {
-	h := w.Header()
-	for k, v := range resp.Header {
-		// A record stored before values were checked may hold one that
-		// would split the response: it is left out.
-		if !validField(k, v) {
-			continue
-		}
-		h[k] = v
-	}
-	h.Del("Transfer-Encoding")
-	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	w.WriteHeader(resp.Status)
-	if len(resp.Body) > 0 {
-		_, _ = w.Write(resp.Body)
 	}
 }

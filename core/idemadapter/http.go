@@ -1,16 +1,12 @@
-package idem
+package idemadapter
 
 import (
-	"bytes"
 	"net/http"
+
+	idem "github.com/idemgo/idem/core"
 )
 
-// restoredBody hands the handler the body Begin read, in one allocation.
-type restoredBody struct{ bytes.Reader }
-
-func (restoredBody) Close() error { return nil }
-
-// HTTPRequest returns the engine's view of r for principal. Adapters for
+// HTTPRequest returns eng's view of r for principal. Adapters for
 // frameworks built on net/http (net/http itself, Gin, Echo) use it so that
 // every one of them reads the same headers the same way: the key from every
 // field line of Config.Header (see KeyField), so that several are refused as
@@ -18,22 +14,27 @@ func (restoredBody) Close() error { return nil }
 // r.Pattern, the ServeMux pattern that matched ("POST /payments/{id}"),
 // empty when no ServeMux has routed r yet; an adapter for a framework with
 // its own router sets Route after (see Adapter.Route).
-func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
-	return Request{
+func HTTPRequest(eng *idem.Engine, r *http.Request, principal string) idem.Request {
+	cfg := eng.Config()
+	return httpRequest(&cfg, r, principal)
+}
+
+func httpRequest(cfg *idem.Config, r *http.Request, principal string) idem.Request {
+	return idem.Request{
 		Method:        r.Method,
 		Path:          r.URL.RequestURI(),
 		Route:         r.Pattern,
 		Principal:     principal,
-		Key:           KeyField(r.Header.Values(e.cfg.Header)),
+		Key:           KeyField(r.Header.Values(cfg.Header)),
 		ContentType:   r.Header.Get("Content-Type"),
-		RequestID:     r.Header.Get(e.cfg.RequestIDHeader),
+		RequestID:     r.Header.Get(cfg.RequestIDHeader),
 		Body:          r.Body,
 		ContentLength: r.ContentLength,
 	}
 }
 
-// HandleHTTP runs one request through the engine for adapters built on
-// net/http, and writes the final response to w.
+// HandleHTTP runs one request through eng for adapters built on net/http,
+// and writes the final response to w.
 //
 // next must run the framework's handler chain with r2 as the request and
 // buf installed as the response writer, and return the handler's error if
@@ -43,15 +44,16 @@ func (e *Engine) HTTPRequest(r *http.Request, principal string) Request {
 // When the key is optional and absent, next is called with the original r
 // and a nil buf: run the handler unbuffered. A panic in next releases the
 // key and goes on unchanged to the framework's recovery.
-func (e *Engine) HandleHTTP(w http.ResponseWriter, r *http.Request, principal string,
+func HandleHTTP(eng *idem.Engine, w http.ResponseWriter, r *http.Request, principal string,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
-	e.handleHTTP(w, r, e.HTTPRequest(r, principal), next)
+	cfg := eng.Config()
+	handleHTTP(eng, cfg.MaxResponseBytes, w, r, httpRequest(&cfg, r, principal), next)
 }
 
 // handleHTTP is HandleHTTP with the engine's view of r already built.
-func (e *Engine) handleHTTP(w http.ResponseWriter, r *http.Request, req Request,
+func handleHTTP(eng *idem.Engine, maxResponse int, w http.ResponseWriter, r *http.Request, req idem.Request,
 	next func(r2 *http.Request, buf *ResponseBuffer) error) {
-	att, resp := e.Begin(r.Context(), req)
+	att, resp := eng.Begin(r.Context(), req)
 	if att == nil {
 		if resp == nil {
 			_ = next(r, nil)
@@ -61,14 +63,13 @@ func (e *Engine) handleHTTP(w http.ResponseWriter, r *http.Request, req Request,
 		return
 	}
 	defer att.Abort()
+	buf := getBuffer(w.Header(), maxResponse)
+	defer putBuffer(buf)
 	r2 := r.WithContext(att.Context())
 	// The body is what the client sent, so Content-Length stays right.
-	body := &att.reqBody
-	body.Reset(att.Body())
-	r2.Body = body
+	buf.reqBody.Reset(att.Body())
+	r2.Body = &buf.reqBody
 	r2.ContentLength = int64(len(att.Body()))
-	buf := getBuffer(w.Header(), e.cfg.MaxResponseBytes)
-	defer putBuffer(buf)
 	err := next(r2, buf)
 	// Finish hands the stores the body, and they copy or serialise it;
 	// once it is written the buffer can serve another request.

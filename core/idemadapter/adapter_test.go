@@ -1,4 +1,4 @@
-package idem_test
+package idemadapter_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -35,7 +36,7 @@ func TestNewAdapterValidates(t *testing.T) {
 		{"neither", nil, nil, "idemtest: idem: invalid config: Engine is required (build it once with idem.New and share it); Principal is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := idem.NewAdapter("idemtest", tc.eng, tc.principal)
+			a, err := idemadapter.NewAdapter("idemtest", tc.eng, tc.principal)
 			if tc.want == "" {
 				if err != nil || a == nil || a.Engine != eng {
 					t.Fatalf("NewAdapter = %v, %v, want an Adapter on the given Engine", a, err)
@@ -120,7 +121,7 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a, err := idem.NewAdapter("idemtest", eng, func(*http.Request) (string, error) { return tc.principal, tc.err })
+			a, err := idemadapter.NewAdapter("idemtest", eng, func(*http.Request) (string, error) { return tc.principal, tc.err })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +131,7 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			}
 			w := httptest.NewRecorder()
 			ran := false
-			a.HandleHTTP(r, w, r, func(r2 *http.Request, buf *idem.ResponseBuffer) error {
+			a.HandleHTTP(r, w, r, func(r2 *http.Request, buf *idemadapter.ResponseBuffer) error {
 				ran = buf == nil && r2 == r
 				return nil
 			})
