@@ -15,6 +15,7 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/idemgo/idem/stores/internal v0.1.0 // indirect
 	github.com/lib/pq v1.12.3 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
@@ -109,3 +110,5 @@ replace github.com/idemgo/idem/adapters/grpc => ../adapters/grpc
 replace github.com/idemgo/idem/stores/redis => ../stores/redis
 
 replace github.com/idemgo/idem/stores/sql => ../stores/sql
+
+replace github.com/idemgo/idem/stores/internal => ../stores/internal
