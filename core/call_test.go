@@ -26,7 +26,7 @@ func call(key, input string) idem.Call {
 // and answers status with body.
 func effectFn(count *atomic.Int64, status int, body string) func(ctx context.Context) (idem.Response, error) {
 	return func(ctx context.Context) (idem.Response, error) {
-		tx, ok := memstore.TxFrom(ctx)
+		tx, ok := memstore.Tx(ctx)
 		if !ok {
 			return idem.Response{}, errors.New("no transaction in ctx")
 		}
@@ -264,7 +264,7 @@ func TestDoOptionalKey(t *testing.T) {
 	ran := 0
 	res, err := e.Do(context.Background(), idem.Call{Operation: "op"}, func(ctx context.Context) (idem.Response, error) {
 		ran++
-		if _, ok := memstore.TxFrom(ctx); ok {
+		if _, ok := memstore.Tx(ctx); ok {
 			t.Error("a call without a key got a transaction")
 		}
 		return idem.Response{Status: 200}, nil
@@ -288,7 +288,7 @@ func TestDoDeadlineAndCommitFailure(t *testing.T) {
 		t.Fatalf("deadline: %v", err)
 	}
 	_, err = e.Do(context.Background(), call("poisoned", "{}"), func(ctx context.Context) (idem.Response, error) {
-		tx, _ := memstore.TxFrom(ctx)
+		tx, _ := memstore.Tx(ctx)
 		tx.FailCommit(errors.New("disk full"))
 		return effectFn(&effects, 200, "")(ctx)
 	})

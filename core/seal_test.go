@@ -205,7 +205,7 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	att, _ := ok.Begin(context.Background(), request("alice", "fine"))
-	tx, _ := memstore.TxFrom(att.Context())
+	tx, _ := memstore.Tx(att.Context())
 	tx.OnCommit(func() {})
 	att.Finish(idem.Result{Status: 201})
 	if logged.Len() != 0 {
@@ -235,7 +235,7 @@ func TestWarnTxUnused(t *testing.T) {
 			logged.Reset()
 			att, _ := e.Begin(context.Background(), request("alice", fmt.Sprint("k", used)))
 			if used {
-				tx, _ := memstore.TxFrom(att.Context())
+				tx, _ := memstore.Tx(att.Context())
 				tx.OnCommit(func() {})
 			}
 			att.Finish(idem.Result{Status: 201})
@@ -411,7 +411,7 @@ func TestTxUsedInEvent(t *testing.T) {
 		t.Fatal("TxUsed for a handler that never touched the transaction")
 	}
 	att, _ = e.Begin(context.Background(), request("alice", "used"))
-	tx, _ := memstore.TxFrom(att.Context())
+	tx, _ := memstore.Tx(att.Context())
 	tx.OnCommit(func() {})
 	att.Finish(idem.Result{Status: http.StatusCreated})
 	if !ev.TxUsed {

@@ -38,7 +38,7 @@ func requireAccount(next echo.HandlerFunc) echo.HandlerFunc {
 // GORM, db := idemgorm.DB(ctx, db). What it writes there commits together
 // with the stored response, or not at all.
 func createPayment(c echo.Context) error {
-	tx, _ := memstore.TxFrom(c.Request().Context())
+	tx, _ := memstore.Tx(c.Request().Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	return c.JSON(http.StatusCreated, echo.Map{"id": "pay_1"})
 }

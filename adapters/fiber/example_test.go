@@ -36,7 +36,7 @@ func requireAccount(c *fiber.Ctx) error {
 // db := idemgorm.DB(ctx, db). What it writes there commits together with
 // the stored response, or not at all.
 func createPayment(c *fiber.Ctx) error {
-	tx, _ := memstore.TxFrom(c.UserContext())
+	tx, _ := memstore.Tx(c.UserContext())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	return c.Status(http.StatusCreated).JSON(fiber.Map{"id": "pay_1"})
 }

@@ -36,7 +36,7 @@ func requireAccount(c *gin.Context) {
 // GORM, db := idemgorm.DB(ctx, db). What it writes there commits together
 // with the stored response, or not at all.
 func createPayment(c *gin.Context) {
-	tx, _ := memstore.TxFrom(c.Request.Context())
+	tx, _ := memstore.Tx(c.Request.Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	c.JSON(http.StatusCreated, gin.H{"id": "pay_1"})
 }

@@ -38,7 +38,7 @@ func requireAccount(next http.Handler) http.Handler {
 // db := idemgorm.DB(ctx, db). What it writes there commits together with
 // the stored response, or not at all.
 func createPayment(w http.ResponseWriter, r *http.Request) {
-	tx, _ := memstore.TxFrom(r.Context())
+	tx, _ := memstore.Tx(r.Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)

@@ -264,7 +264,7 @@ func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 // BeginTx implements idemstore.Store. The transaction buffers nothing itself:
 // work registered with OnCommit runs atomically with the settle.
 func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
-	c := &txContext{Context: ctx, tx: Tx{store: s, lease: l}}
+	c := &txContext{Context: ctx, tx: Handle{store: s, lease: l}}
 	c.st.tx = &c.tx
 	return c, &c.st, nil
 }
@@ -273,7 +273,7 @@ func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context
 // transaction, which is allocated with it.
 type txContext struct {
 	context.Context
-	tx Tx
+	tx Handle
 	st storeTx
 }
 
@@ -287,11 +287,11 @@ func (c *txContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// Tx is the handle a handler gets to a memstore transaction, through
-// TxFrom. It can add work to the transaction and make it fail, but not end
+// Handle is the handle a handler gets to a memstore transaction, through
+// Tx. It can add work to the transaction and make it fail, but not end
 // it: the store commits it with the stored outcome after the handler
 // returns, or rolls it back.
-type Tx struct {
+type Handle struct {
 	store    *Store
 	lease    idemstore.Lease
 	mu       sync.Mutex
@@ -301,19 +301,19 @@ type Tx struct {
 	used     bool
 }
 
-// TxFrom returns the memstore transaction carried by ctx, if any; ctx may
+// Tx returns the memstore transaction carried by ctx, if any; ctx may
 // be a framework's own context an adapter stored the attempt in (see
 // idem.AttemptContext).
-func TxFrom(ctx context.Context) (*Tx, bool) {
+func Tx(ctx context.Context) (*Handle, bool) {
 	ctx, _ = idem.AttemptContext(ctx)
-	tx, ok := ctx.Value(txKey{}).(*Tx)
+	tx, ok := ctx.Value(txKey{}).(*Handle)
 	return tx, ok
 }
 
 // OnCommit registers fn to run when the transaction commits, atomically
 // with the settle: the in-memory stand-in for a business write. Once the
 // store has finished the transaction, fn is dropped.
-func (tx *Tx) OnCommit(fn func()) {
+func (tx *Handle) OnCommit(fn func()) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.used = true
@@ -324,7 +324,7 @@ func (tx *Tx) OnCommit(fn func()) {
 
 // FailCommit makes the commit fail with err, as a database does after a
 // statement in the transaction failed.
-func (tx *Tx) FailCommit(err error) {
+func (tx *Handle) FailCommit(err error) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.used = true
@@ -332,7 +332,7 @@ func (tx *Tx) FailCommit(err error) {
 }
 
 // storeTx is the idemstore.Tx the engine drives; the handler never sees it.
-type storeTx struct{ tx *Tx }
+type storeTx struct{ tx *Handle }
 
 // Settle implements idemstore.Tx. The store keeps a copy of the outcome's
 // response.

@@ -307,19 +307,19 @@ func TestTxContext(t *testing.T) {
 	child, cancelChild := context.WithCancel(txCtx)
 	defer cancelChild()
 	for _, ctx := range []context.Context{txCtx, child} {
-		got, ok := memstore.TxFrom(ctx)
+		got, ok := memstore.Tx(ctx)
 		if !ok {
-			t.Fatal("TxFrom found no transaction")
+			t.Fatal("Tx found no transaction")
 		}
 		if got.OnCommit(func() {}); !tx.Used() {
-			t.Fatal("work added through TxFrom's handle is not the transaction BeginTx returned")
+			t.Fatal("work added through Tx's handle is not the transaction BeginTx returned")
 		}
 		if ctx.Value(ctxKey{}) != "v" {
 			t.Fatal("the transaction's context lost its parent's value")
 		}
 	}
-	if _, ok := memstore.TxFrom(parent); ok {
-		t.Fatal("TxFrom found a transaction in the parent")
+	if _, ok := memstore.Tx(parent); ok {
+		t.Fatal("Tx found a transaction in the parent")
 	}
 	cancel()
 	<-child.Done()

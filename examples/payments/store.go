@@ -276,7 +276,7 @@ type memRepo struct {
 func newMemRepo() *memRepo { return &memRepo{payments: make(map[string][]Payment)} }
 
 func (r *memRepo) Insert(ctx context.Context, p Payment) error {
-	tx, ok := memstore.TxFrom(ctx)
+	tx, ok := memstore.Tx(ctx)
 	if !ok {
 		return errNoTx
 	}

@@ -83,7 +83,7 @@ func TestEngineFailureDrills(t *testing.T) {
 				return 0, err
 			}
 			tx, _ := idempgx.Tx(ctx)
-			if _, err := tx.Exec(ctx, "COMMIT"); !errors.Is(err, idem.ErrTxOwned) {
+			if _, err := tx.Exec(ctx, "COMMIT"); !errors.Is(err, idemstore.ErrTxOwned) {
 				t.Errorf("the handler's COMMIT = %v, want ErrTxOwned", err)
 			}
 			return http.StatusCreated, nil

@@ -106,7 +106,7 @@ func TestRefusedStatements(t *testing.T) {
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
-			if err := do(txCtx, htx, stmt); !errors.Is(err, idem.ErrTxOwned) {
+			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) {
 				t.Fatalf("%s(%q) = %v, want ErrTxOwned", way, stmt, err)
 			}
 			_, err := htx.Exec(txCtx, "SELECT 1")
@@ -138,7 +138,7 @@ func TestRefusalInASavepointIsRecoverable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sp.Exec(ctx, "COMMIT"); !errors.Is(err, idem.ErrTxOwned) {
+	if _, err := sp.Exec(ctx, "COMMIT"); !errors.Is(err, idemstore.ErrTxOwned) {
 		t.Fatalf("COMMIT in a savepoint = %v", err)
 	}
 	if err := sp.Rollback(ctx); err != nil {
@@ -484,7 +484,7 @@ func TestBatchReadAsJoined(t *testing.T) {
 			t.Fatalf("%q alone reads as transaction control; the test needs it not to", q.SQL)
 		}
 	}
-	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idem.ErrTxOwned) {
+	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idemstore.ErrTxOwned) {
 		t.Fatalf("a batch whose joined text holds COMMIT = %v, want ErrTxOwned", err)
 	}
 	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) {
