@@ -32,7 +32,7 @@ func (c frameworkContext) Value(key any) any {
 // without it.
 func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func effectFn(count *atomic.Int64, status int, body string) func(ctx context.Con
 func newCallEngine(t *testing.T, cfg idem.Config) *idem.Engine {
 	t.Helper()
 	if cfg.Store == nil {
-		cfg.Store = memstore.New()
+		cfg.Store = memstore.MustNew()
 	}
 	if cfg.FingerprintKey == nil {
 		cfg.FingerprintKey = storetest.FingerprintKey
@@ -306,7 +306,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 	clk := newClock()
 	var reconciled atomic.Int64
 	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey,
-		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
+		Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			reconciled.Add(1)
 			// The provider says the first attempt's charge went through.
@@ -350,7 +350,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 // BenchmarkDo measures the call API's overhead on a memstore against
 // calling the function directly.
 func BenchmarkDo(b *testing.B) {
-	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	input := []byte(`{"amount":1000,"currency":"EUR","description":"coffee"}`)
 	fn := func(ctx context.Context) (idem.Response, error) {
 		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil

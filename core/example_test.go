@@ -17,7 +17,7 @@ import (
 // the handler runs with the attempt's context, Finish commits the outcome,
 // and a retry is replayed without running the handler.
 func Example() {
-	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		panic(err)
 	}
@@ -51,7 +51,7 @@ func Example() {
 // ExampleDownstreamKey derives the idempotency key to send a payment
 // provider, the same for every attempt at one request.
 func ExampleDownstreamKey() {
-	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.MustNew()})
 	att, _ := engine.Begin(context.Background(), idem.Request{
 		Method: "POST", Path: "/payments", Principal: "acct_1", Key: "7f3a",
 	})
@@ -81,7 +81,7 @@ func serve(engine *idem.Engine, key string, handler func(ctx context.Context) id
 func ExampleConfig_classify() {
 	errDuplicateOrder := errors.New("duplicate order number")
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store: memstore.New(),
+		Store: memstore.MustNew(),
 		Classify: func(status int, err error) idem.Disposition {
 			if status == http.StatusConflict && errors.Is(err, errDuplicateOrder) {
 				return idem.Fail
@@ -140,7 +140,7 @@ func ExampleConfig_reconcile() {
 	now := time.Unix(1_750_000_000, 0)
 	clock := func() time.Time { return now }
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store:          memstore.New(memstore.WithClock(clock)),
+		Store:          memstore.MustNew(memstore.WithClock(clock)),
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			id, err := charge(ctx) // same downstream key as the dead attempt
@@ -165,7 +165,7 @@ func ExampleConfig_reconcile() {
 // Run it in the background with Sweeper.Run; one sweep is shown here.
 func ExampleSweeper() {
 	now := time.Unix(1_750_000_000, 0)
-	store := memstore.New(memstore.WithClock(func() time.Time { return now }))
+	store := memstore.MustNew(memstore.WithClock(func() time.Time { return now }))
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: time.Hour})
 	for _, key := range []string{"a", "b", "c"} {
 		serve(engine, key, func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} })
@@ -181,7 +181,7 @@ func ExampleSweeper() {
 func ExampleObserverFunc() {
 	counts := map[idem.OutcomeLabel]int{}
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store:    memstore.New(),
+		Store:    memstore.MustNew(),
 		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { counts[ev.Outcome]++ }),
 	})
 	ok := func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} }

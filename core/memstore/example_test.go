@@ -12,7 +12,7 @@ import (
 // Example runs two attempts at one key on a memstore: the handler's work,
 // registered with OnCommit, happens once, with the stored response.
 func Example() {
-	store := memstore.New()
+	store := memstore.MustNew()
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	orders := 0
 	for range 2 {
@@ -36,7 +36,7 @@ func Example() {
 // ExampleHandle_FailCommit makes the commit fail, as a database does after a
 // failed statement: nothing is stored and the key is released.
 func ExampleHandle_FailCommit() {
-	store := memstore.New()
+	store := memstore.MustNew()
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	att, _ := engine.Begin(context.Background(), idem.Request{Method: "POST", Path: "/orders", Principal: "acct_1", Key: "o-2"})
 	tx, _ := memstore.Tx(att.Context())

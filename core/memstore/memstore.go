@@ -78,36 +78,82 @@ type usage struct {
 
 type recordKey struct{ principal, key string }
 
-// Option configures a Store.
-type Option func(*Store)
+// Option configures a Store. New returns the error of an option given a
+// value it refuses.
+type Option func(*Store) error
 
 // WithMaxRecords bounds the number of records kept.
-func WithMaxRecords(n int) Option { return func(s *Store) { s.max = n } }
+// It must be positive.
+func WithMaxRecords(n int) Option {
+	return func(s *Store) error {
+		if n <= 0 {
+			return fmt.Errorf("memstore: WithMaxRecords(%d): must be positive", n)
+		}
+		s.max = n
+		return nil
+	}
+}
 
 // WithMaxBytes bounds the bytes the records take: principals, keys, request
 // ids, fingerprints and stored responses.
-func WithMaxBytes(n int64) Option { return func(s *Store) { s.maxBytes = n } }
+// It must be positive.
+func WithMaxBytes(n int64) Option {
+	return func(s *Store) error {
+		if n <= 0 {
+			return fmt.Errorf("memstore: WithMaxBytes(%d): must be positive", n)
+		}
+		s.maxBytes = n
+		return nil
+	}
+}
 
 // WithPrincipalShare sets the fraction, in (0, 1], of MaxRecords and of
 // MaxBytes that one principal's records may take. At 1 one principal may
 // fill the store and make every other principal's claims fail until its
 // records expire; the default, DefaultPrincipalShare, leaves room for at
 // least nine others.
-func WithPrincipalShare(f float64) Option { return func(s *Store) { s.share = f } }
+func WithPrincipalShare(f float64) Option {
+	return func(s *Store) error {
+		if !(f > 0 && f <= 1) {
+			return fmt.Errorf("memstore: WithPrincipalShare(%v): must be in (0, 1]", f)
+		}
+		s.share = f
+		return nil
+	}
+}
 
 // WithClock replaces the store's clock, which plays the part of a database
 // clock: leases and expiry are measured on it.
-func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+// It must not be nil.
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) error {
+		if now == nil {
+			return errors.New("memstore: WithClock(nil)")
+		}
+		s.now = now
+		return nil
+	}
+}
 
-// New returns an empty Store.
-func New(opts ...Option) *Store {
+// New returns an empty Store, or the error of the first option that refuses
+// its value.
+func New(opts ...Option) (*Store, error) {
 	s := &Store{records: make(map[recordKey]entry), max: DefaultMaxRecords, maxBytes: DefaultMaxBytes,
 		share: DefaultPrincipalShare, now: time.Now, usage: make(map[string]usage)}
 	for _, o := range opts {
-		o(s)
+		if err := o(s); err != nil {
+			return nil, err
+		}
 	}
-	if s.share <= 0 || s.share > 1 {
-		s.share = DefaultPrincipalShare
+	return s, nil
+}
+
+// MustNew is New for tests and examples, where an option is a constant: it
+// panics if an option refuses its value.
+func MustNew(opts ...Option) *Store {
+	s, err := New(opts...)
+	if err != nil {
+		panic(err)
 	}
 	return s
 }

@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 func TestBounded(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
-	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
+	s := memstore.MustNew(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	claim := func(key string, retention time.Duration) error {
 		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
@@ -64,7 +64,7 @@ func (c *clock) Now() time.Time { return c.now }
 
 func newClocked() (*memstore.Store, *clock) {
 	clk := &clock{now: time.Unix(1_700_000_000, 123)}
-	return memstore.New(memstore.WithClock(clk.Now)), clk
+	return memstore.MustNew(memstore.WithClock(clk.Now)), clk
 }
 
 func claim(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest) idemstore.ClaimResult {
@@ -138,7 +138,7 @@ func TestResponseEncoding(t *testing.T) {
 		{"odd status", nil, idem.Response{Status: 0x7fff_ffff}},
 		{"negative status", []byte("fp"), idem.Response{Status: -1}},
 	}
-	s := memstore.New()
+	s := memstore.MustNew()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req := idemstore.ClaimRequest{Principal: "p", Key: tc.name, Fingerprint: tc.fingerprint, Token: "tok-" + tc.name,
@@ -298,7 +298,7 @@ type ctxKey struct{}
 // cancellation.
 func TestTxContext(t *testing.T) {
 	t.Parallel()
-	s := memstore.New()
+	s := memstore.MustNew()
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 	txCtx, tx, err := s.BeginTx(parent, idemstore.Lease{Principal: "p", Key: "k", Token: "t"})
 	if err != nil {
@@ -341,7 +341,7 @@ var benchResponse = idem.Response{
 
 // BenchmarkFirstRequest claims a new key, begins a transaction and settles.
 func BenchmarkFirstRequest(b *testing.B) {
-	s := memstore.New(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
+	s := memstore.MustNew(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
 	ctx := context.Background()
 	reqs := make([]idemstore.ClaimRequest, b.N)
 	for i := range reqs {
@@ -362,7 +362,7 @@ func BenchmarkFirstRequest(b *testing.B) {
 
 // BenchmarkReplay claims a settled key.
 func BenchmarkReplay(b *testing.B) {
-	s := memstore.New()
+	s := memstore.MustNew()
 	req := benchClaim("k")
 	claim(b, s, req)
 	settle(b, s, req, benchResponse)
@@ -372,5 +372,24 @@ func BenchmarkReplay(b *testing.B) {
 		if err != nil || res.Claimed || res.Record.Response == nil {
 			b.Fatalf("replay claim = %+v, %v", res, err)
 		}
+	}
+}
+
+// TestNewRefusesInvalidOptions: New returns an error naming an option given
+// a value it cannot use, rather than a store that misbehaves later.
+func TestNewRefusesInvalidOptions(t *testing.T) {
+	t.Parallel()
+	for name, opt := range map[string]memstore.Option{
+		"WithMaxRecords":     memstore.WithMaxRecords(0),
+		"WithMaxBytes":       memstore.WithMaxBytes(-1),
+		"WithPrincipalShare": memstore.WithPrincipalShare(1.5),
+		"WithClock":          memstore.WithClock(nil),
+	} {
+		if s, err := memstore.New(opt); err == nil || s != nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("New(%s) = %v, %v; want no store and an error naming %s", name, s, err, name)
+		}
+	}
+	if _, err := memstore.New(memstore.WithMaxRecords(1), memstore.WithPrincipalShare(1)); err != nil {
+		t.Fatalf("New with valid options: %v", err)
 	}
 }

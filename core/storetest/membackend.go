@@ -18,7 +18,7 @@ func MemBackend(t testing.TB, opts ...memstore.Option) Backend {
 		effects = map[string]int{}
 	)
 	return Backend{
-		Store: memstore.New(opts...),
+		Store: memstore.MustNew(opts...),
 		WriteEffect: func(ctx context.Context, id string) error {
 			tx, ok := memstore.Tx(ctx)
 			if !ok {
