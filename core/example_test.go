@@ -9,7 +9,6 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -192,53 +191,11 @@ func ExampleObserverFunc() {
 	// Output: 1 1 1
 }
 
-// ExampleParseKey shows the two forms of a key and what is refused.
-func ExampleParseKey() {
-	for _, raw := range []string{`7f3a`, `"7f3a"`, `"unterminated`, "tab\tinside", ""} {
-		key, err := idem.ParseKey(raw, 0)
-		fmt.Printf("%q %q %v\n", raw, key, err != nil)
-	}
-	// Output:
-	// "7f3a" "7f3a" false
-	// "\"7f3a\"" "7f3a" false
-	// "\"unterminated" "" true
-	// "tab\tinside" "" true
-	// "" "" true
-}
-
-// ExampleCanonicalJSON shows why a retry whose JSON differs only in key
-// order, white space or an ignored field has the same fingerprint.
-func ExampleCanonicalJSON() {
-	a, _ := idem.CanonicalJSON([]byte(`{"currency":"EUR", "amount":1000, "sent_at":"10:00"}`), []string{"sent_at"})
-	b, _ := idem.CanonicalJSON([]byte(`{"amount":1000,"currency":"EUR","sent_at":"10:05"}`), []string{"sent_at"})
-	fmt.Println(string(a), string(a) == string(b))
-	// Output: {"amount":1000,"currency":"EUR"} true
-}
-
 // ExampleNewProblem renders one of the library's problem responses.
 func ExampleNewProblem() {
 	resp := idem.NewProblem(idem.ProblemKeyInUse).Response(3)
 	fmt.Println(resp.Status, resp.Header.Get("Content-Type"), resp.Header.Get("Retry-After"))
 	// Output: 409 application/problem+json 3
-}
-
-// ExampleWrapStoreError is how a store wraps its driver's errors, so that
-// the engine tells a transient error (503, retry) from a misconfigured
-// store (500, fix it).
-func ExampleWrapStoreError() {
-	missingTable := errors.New(`relation "idempotency_keys" does not exist`)
-	err := idemstore.WrapStoreError("idemexample", "claim", idemstore.ClassMisconfigured, missingTable)
-	fmt.Println(errors.Is(err, idem.ErrMisconfigured), errors.Is(err, missingTable))
-	// Output: true true
-}
-
-// ExampleEncodeHeader keeps header values byte for byte, whatever they
-// contain.
-func ExampleEncodeHeader() {
-	h := http.Header{"Content-Type": {"application/json"}, "X-Odd": {"nul\x00and\xffbyte"}}
-	back, err := idemstore.DecodeHeader(idemstore.EncodeHeader(h))
-	fmt.Printf("%q %v\n", back.Get("X-Odd"), err)
-	// Output: "nul\x00and\xffbyte" <nil>
 }
 
 // fingerprintKey stands for the service's Config.FingerprintKey: in
