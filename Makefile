@@ -1,28 +1,31 @@
 # One Go module per folder; `go test ./...` does not work at a workspace
 # root, so every target walks the modules.
-MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/pgx stores/gorm stores/redis cmd/idemctl observers/prometheus observers/otel conformance examples
+MODULES := core client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/internal stores/pgx stores/gorm stores/redis cmd/idemctl observers/prometheus observers/otel conformance examples
 GO      ?= go
 BIN     := $(CURDIR)/bin
 STATICCHECK_VERSION := v0.8.2
 
-# make fuzz runs each fuzz target for FUZZTIME (default 30s: 4 targets, about 2.5 minutes).
+# make fuzz runs each fuzz target for FUZZTIME (default 30s: 5 targets, about 3 minutes).
 FUZZTIME ?= 30s
 # make soak runs the long crash and contention soaks for SOAKTIME (default 10m).
 SOAKTIME ?= 10m
 
-.PHONY: test services lint fuzz bench soak tidy
+.PHONY: test services lint fuzz bench soak tidy nemesis nemesis-deps
 
 ## test: start the services the tests need, then test every module with -race,
 ## the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
 ## 5 s; its own tables and keys) and its pgbench scripts against the stores'
-## schema (it replaces the idem_bench tables: not beside the load generator).
-test: services
+## schema (it replaces the idem_bench tables: not beside the load generator),
+## then a 60 s round of make nemesis (its own PostgreSQL cluster and namespace).
+test: services nemesis-deps
 	@set -e; for m in $(MODULES); do \
 		echo "== $$m"; \
 		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
 	done
 	@echo "== bench (TestRoundTripsOtherStores, TestPgbenchScripts)"
 	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^(TestRoundTripsOtherStores|TestPgbenchScripts)$$' .
+	@echo "== nemesis (a 60 s round of make nemesis)"
+	@cd examples && $(GO) run ./nemesis $(NEMESIS_SHORT)
 
 ## services: make sure PostgreSQL, MariaDB, Redis and a three-node Redis Cluster are up (installs them if missing).
 services:
@@ -43,7 +46,7 @@ lint: $(BIN)/staticcheck
 
 ## fuzz: run every fuzz target for FUZZTIME each.
 fuzz:
-	@set -e; for t in core:FuzzParseKey core:FuzzCanonicalJSON core:FuzzFingerprint client:FuzzNoSecondKey; do \
+	@set -e; for t in core:FuzzParseKey core:FuzzCanonicalJSON core:FuzzFingerprint client:FuzzNoSecondKey stores/internal:FuzzGuard; do \
 		echo "== $$t ($(FUZZTIME))"; \
 		(cd $${t%%:*} && $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s .); \
 	done
@@ -54,6 +57,20 @@ bench: services
 		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...); \
 	done
 	cd bench && $(GO) test -count=1 -v -run 'TestRoundTrips|TestWALPerRequest' . && $(GO) test -run '^$$' -bench Fiber -benchmem -benchtime 2000x . && (cd fiberv3 && GOWORK=off $(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x .) && $(GO) run ./cmd/loadgen -duration 3s -warmup 500ms
+
+## nemesis: the example service through faults outside its process (its own
+## PostgreSQL crashed and restarted, a partition, packet loss, latency, a link
+## down, an instance SIGKILLed), then the history checked key by key; about 5
+## minutes, NEMESISFLAGS for more (-duration 1m -stores pgx). Needs root and
+## iptables (installed when missing). make test runs a 60 s round of it.
+NEMESISFLAGS ?=
+# The round in make test: 30 s per store, every fault once, shorter.
+NEMESIS_SHORT := -duration 60s -gap 1s -partition 7s -hold 4s
+nemesis: nemesis-deps
+	cd examples && $(GO) run ./nemesis $(NEMESISFLAGS)
+
+nemesis-deps:
+	@command -v iptables >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables)
 
 ## soak: long crash and contention soaks, bounded by SOAKTIME.
 soak: services

@@ -15,6 +15,7 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/idemgo/idem/stores/internal v0.1.0 // indirect
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
@@ -104,3 +105,5 @@ replace (
 replace github.com/idemgo/idem/adapters/grpc => ../adapters/grpc
 
 replace github.com/idemgo/idem/stores/redis => ../stores/redis
+
+replace github.com/idemgo/idem/stores/internal => ../stores/internal

@@ -29,6 +29,7 @@ require (
 
 require (
 	github.com/andybalholm/brotli v1.1.0 // indirect
+	github.com/idemgo/idem/stores/internal v0.1.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
@@ -117,3 +118,5 @@ replace github.com/idemgo/idem/adapters/grpc => ../adapters/grpc
 replace github.com/idemgo/idem/stores/redis => ../stores/redis
 
 replace github.com/idemgo/idem/observers/prometheus => ../observers/prometheus
+
+replace github.com/idemgo/idem/stores/internal => ../stores/internal

@@ -104,7 +104,7 @@ func TestMaxBytes(t *testing.T) {
 	// Each record under its own principal: only the store's own bound
 	// applies.
 	claim := func(key string, retention time.Duration) error {
-		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p" + key, Key: key, Token: key, RequestID: id,
+		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p" + key, Key: key, Token: key, Fingerprint: []byte(id),
 			Lease: time.Minute, Retention: retention})
 		return err
 	}

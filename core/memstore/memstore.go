@@ -168,6 +168,7 @@ func (s *Store) Len() int {
 // Claim implements idemstore.Store. The whole decision runs under one lock, which
 // is the in-memory form of a single atomic statement.
 func (s *Store) Claim(_ context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
+	req.RequestID = idemstore.BoundRequestID(req.RequestID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,137 +86,6 @@ func settle(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest, resp id
 	}
 }
 
-// sameResponse reports whether got holds want, in a header map the caller
-// can add to.
-func sameResponse(got, want *idem.Response) bool {
-	if got == nil || got.Status != want.Status || !bytes.Equal(got.Body, want.Body) ||
-		got.Header == nil || len(got.Header) != len(want.Header) {
-		return false
-	}
-	for name, vs := range want.Header {
-		if g, ok := got.Header[name]; !ok || !slices.Equal(g, vs) {
-			return false
-		}
-	}
-	return true
-}
-
-// TestResponseEncoding settles responses of every shape and reads them back
-// through Get and through a Claim that finds the record, changing each read
-// the way a caller may before reading again.
-func TestResponseEncoding(t *testing.T) {
-	t.Parallel()
-	binary := make([]byte, 1024)
-	for i := range binary {
-		binary[i] = byte(i * 7)
-	}
-	long := strings.Repeat("väl", 100) // longer than one uvarint byte counts
-	many := http.Header{}
-	for i := range 40 {
-		many[fmt.Sprintf("X-H%d", i)] = []string{strconv.Itoa(i)}
-	}
-	tests := []struct {
-		name        string
-		fingerprint []byte
-		resp        idem.Response
-	}{
-		{"several values", []byte("fp"), idem.Response{Status: 201, Header: http.Header{
-			"Content-Type":  {"application/json"},
-			"Cache-Control": {"no-store", "private"},
-			"Set-Cookie":    {"a=1", "b=2", "c=3"},
-		}, Body: []byte(`{"id":"1"}`)}},
-		{"empty header value", []byte("fp"), idem.Response{Status: 200, Header: http.Header{"X-Empty": {""}, "X-Also": {"", "x", ""}}, Body: []byte("ok")}},
-		{"header without values", []byte("fp"), idem.Response{Status: 200, Header: http.Header{"X-None": {}, "X-One": {"1"}}}},
-		{"nil header", []byte("fp"), idem.Response{Status: 204}},
-		{"empty header", []byte("fp"), idem.Response{Status: 204, Header: http.Header{}, Body: []byte{}}},
-		{"empty body", []byte("fp"), idem.Response{Status: 202, Header: http.Header{"Location": {"/x"}}, Body: []byte{}}},
-		{"binary body", []byte{0, 0x80, 0xff}, idem.Response{Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: binary}},
-		{"long fields", bytes.Repeat([]byte{0x80}, 200), idem.Response{Status: 299, Header: http.Header{long: {long, long}}, Body: bytes.Repeat(binary, 300)}},
-		{"many headers", []byte("fp"), idem.Response{Status: 400, Header: many, Body: []byte(`{"title":"bad"}`)}},
-		{"odd status", nil, idem.Response{Status: 0x7fff_ffff}},
-		{"negative status", []byte("fp"), idem.Response{Status: -1}},
-	}
-	s := memstore.MustNew()
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			req := idemstore.ClaimRequest{Principal: "p", Key: tc.name, Fingerprint: tc.fingerprint, Token: "tok-" + tc.name,
-				RequestID: "req-" + tc.name, Lease: time.Minute, Retention: time.Hour}
-			claim(t, s, req)
-			// The store must keep its own copy of what Settle is given.
-			sent := idem.Response{Status: tc.resp.Status, Header: tc.resp.Header.Clone(), Body: bytes.Clone(tc.resp.Body)}
-			settle(t, s, req, sent)
-			for _, vs := range sent.Header {
-				if len(vs) > 0 {
-					vs[0] = "scribbled"
-				}
-			}
-			clear(sent.Body)
-
-			reads := map[string]func() idem.Record{
-				"Get": func() idem.Record {
-					rec, err := s.Get(context.Background(), "p", tc.name)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return rec
-				},
-				"Claim": func() idem.Record {
-					again := req
-					again.Token = "other"
-					res := claim(t, s, again)
-					if res.Claimed {
-						t.Fatal("a settled record was claimed again")
-					}
-					return res.Record
-				},
-			}
-			for range 2 {
-				for how, read := range reads {
-					rec := read()
-					if !sameResponse(rec.Response, &tc.resp) {
-						t.Fatalf("%s: response = %+v, want %+v", how, rec.Response, tc.resp)
-					}
-					if !bytes.Equal(rec.Fingerprint, tc.fingerprint) || rec.LeaseToken != req.Token ||
-						rec.RequestID != req.RequestID || rec.State != idemstore.StateCompleted {
-						t.Fatalf("%s: record = %+v, want the claim's fingerprint, token and request id", how, rec)
-					}
-					scribble(t, &rec)
-				}
-			}
-		})
-	}
-}
-
-// scribble changes rec in every way a caller may, checking that appending to
-// one header's values leaves the others alone and appending to the
-// fingerprint leaves the body alone.
-func scribble(t *testing.T, rec *idem.Record) {
-	t.Helper()
-	h := rec.Response.Header
-	for name := range h {
-		before := h.Clone()
-		h[name] = append(h[name], "appended")
-		for other, vs := range before {
-			if other != name && !slices.Equal(h[other], vs) {
-				t.Fatalf("appending to %s changed %s to %q", name, other, h[other])
-			}
-		}
-		h[name][0] = "changed"
-	}
-	h["X-Caller"] = []string{"x"}
-	body := bytes.Clone(rec.Response.Body)
-	rec.Fingerprint = append(rec.Fingerprint, 1, 2, 3)
-	if !bytes.Equal(rec.Response.Body, body) {
-		t.Fatal("appending to the fingerprint changed the body")
-	}
-	for i := range rec.Fingerprint {
-		rec.Fingerprint[i] ^= 0xff
-	}
-	for i := range rec.Response.Body {
-		rec.Response.Body[i] ^= 0xff
-	}
-}
-
 // TestClock checks that leases, expiry and the record's times follow the
 // store's clock.
 func TestClock(t *testing.T) {
@@ -263,68 +130,6 @@ func TestClock(t *testing.T) {
 	}
 	if res := claim(t, s, forever); res.Claimed {
 		t.Fatal("a record kept forever counted as expired")
-	}
-}
-
-// TestListStaleOrder checks that ListStale returns the oldest leases first
-// and at most limit of them.
-func TestListStaleOrder(t *testing.T) {
-	t.Parallel()
-	s, clk := newClocked()
-	start := clk.now
-	for i, key := range []string{"c", "a", "d", "b"} {
-		clk.now = start.Add(time.Duration(i) * time.Second)
-		claim(t, s, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: time.Hour})
-	}
-	settle(t, s, idemstore.ClaimRequest{Principal: "p", Key: "d", Token: "d"}, idem.Response{Status: 200})
-	clk.now = start.Add(time.Hour - time.Second)
-	stale, err := s.ListStale(context.Background(), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for _, r := range stale {
-		keys = append(keys, r.Key)
-	}
-	if !slices.Equal(keys, []string{"c", "a"}) {
-		t.Fatalf("ListStale(limit 2) = %v, want [c a]", keys)
-	}
-}
-
-type ctxKey struct{}
-
-// TestTxContext checks the context BeginTx returns: it carries the
-// transaction to contexts derived from it, and its parent's values and
-// cancellation.
-func TestTxContext(t *testing.T) {
-	t.Parallel()
-	s := memstore.MustNew()
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
-	txCtx, tx, err := s.BeginTx(parent, idemstore.Lease{Principal: "p", Key: "k", Token: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, cancelChild := context.WithCancel(txCtx)
-	defer cancelChild()
-	for _, ctx := range []context.Context{txCtx, child} {
-		got, ok := memstore.Tx(ctx)
-		if !ok {
-			t.Fatal("Tx found no transaction")
-		}
-		if got.OnCommit(func() {}); !tx.Used() {
-			t.Fatal("work added through Tx's handle is not the transaction BeginTx returned")
-		}
-		if ctx.Value(ctxKey{}) != "v" {
-			t.Fatal("the transaction's context lost its parent's value")
-		}
-	}
-	if _, ok := memstore.Tx(parent); ok {
-		t.Fatal("Tx found a transaction in the parent")
-	}
-	cancel()
-	<-child.Done()
-	if !errors.Is(txCtx.Err(), context.Canceled) {
-		t.Fatalf("after the parent was cancelled the transaction's context has %v", txCtx.Err())
 	}
 }
 

@@ -76,6 +76,67 @@ type Backend struct {
 	// server resolves by rolling the transaction back), so the store can
 	// only notice afterwards. Nil when the store has no such route.
 	EndTxAround func(ctx context.Context) error
+
+	// The capabilities below tell the suite what a store can be measured
+	// or starved by. Each zero value means "the store cannot": the cases
+	// that need it are reported as skipped with the reason, every other
+	// case runs as before.
+
+	// Rounds is how many rounds the race cases run (concurrent claims of
+	// one key, a takeover racing the holder's settle); 0 means
+	// IDEM_STORETEST_ROUNDS, or 200 when that is not set. The takeover
+	// race runs a quarter of them.
+	Rounds int
+	// CountTrips returns a fresh Backend whose store reaches its server
+	// over one connection, and a counter of the round trips it has made
+	// so far. The RoundTrips case runs each Store call twice (the first
+	// warms per-connection caches such as prepared statements) and
+	// checks that the second costs what Trips says. Nil for a store with
+	// no server (memstore).
+	CountTrips func(t testing.TB) (Backend, func() int64)
+	// Trips is what each Store call costs in round trips once warm; see
+	// CountTrips. A request through the engine costs Claim+Begin+Settle
+	// when its handler runs nothing, a replay Replay, and a Rollback after
+	// Settle costs nothing.
+	Trips Trips
+	// CountWrites returns a fresh Backend and a count its server raises
+	// with every write it makes, seen by that store alone (Redis:
+	// rdb_changes_since_last_save on a server of the test's own). The
+	// ReplayWritesNothing case then checks that replays, claims of a held
+	// key or with another fingerprint, Get and ListStale write nothing,
+	// while claims and a settle do. Nil when the store's writes cannot be
+	// told apart from other clients' (the store's own tests then prove it
+	// their way).
+	CountWrites func(t testing.TB) (Backend, func() int64)
+	// Pool returns a store on the same server whose connection pool holds
+	// exactly size connections. The pool cases then check that
+	// DownstreamKey needs no connection beyond the handler's, and, with
+	// HandlerHoldsConn, that one principal cannot pin the pool. Nil for a
+	// store with no pool (memstore).
+	Pool func(t testing.TB, size int) idemstore.Store
+	// HandlerHoldsConn is set for stores whose transaction holds one pool
+	// connection for the handler's whole run (the SQL stores), so that a
+	// principal's slow handlers can empty the pool.
+	HandlerHoldsConn bool
+	// Syncer is set for stores whose Tx is an idemstore.Syncer (the claim
+	// commits asynchronously and Sync makes it durable); the suite then
+	// checks Sync and durable claims.
+	Syncer bool
+	// DropConn makes the server drop the connection of the transaction
+	// ctx carries while the handler runs (PostgreSQL's
+	// pg_terminate_backend). Nil when the store's transaction holds no
+	// connection of its own.
+	DropConn func(ctx context.Context) error
+}
+
+// Trips is what each Store call costs in round trips to the server, once
+// the connection is warm: Claim of a new key, Begin (BeginTx), Settle
+// (with its commit), Replay (a claim of a settled key), Conflict (a claim
+// of a key another request holds), Takeover (of a stale claim), Release,
+// Keep and Get; with Backend.Syncer, DurableClaim (a claim of a new key
+// with ClaimRequest.Durable).
+type Trips struct {
+	Claim, Begin, Settle, Replay, Conflict, Takeover, Release, Keep, Get, DurableClaim int
 }
 
 // NewBackend makes a fresh Backend for one test; it registers its own

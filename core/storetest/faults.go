@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -30,6 +31,14 @@ type FaultTarget struct {
 	// statement, the COMMIT of a settle and the business write, as they
 	// appear on the wire.
 	Claim, Commit, Effect []byte
+	// Takeover and Release are byte patterns unique to the takeover of a
+	// stale claim and to a release. With Release set, RunFaults also cuts
+	// the connection under a claim, a takeover and a release, before the
+	// server received it and after it ran it (its answer lost), and checks
+	// that the store sends it again and recognises its own work: the
+	// claim and the takeover are the caller's, a release that had run
+	// answers idemstore.ErrLeaseLost and the key is free either way.
+	Takeover, Release []byte
 }
 
 // FaultLease is the lease RunFaults runs the engine with: a key whose
@@ -62,6 +71,9 @@ func RunFaults(t *testing.T, target FaultTarget) {
 		{"AfterClaimBeforeCommit", func(f FaultTarget) []byte { return f.Effect }, faultproxy.After},
 		{"CommitNotReceived", func(f FaultTarget) []byte { return f.Commit }, faultproxy.Before},
 		{"CommitReceivedAnswerLost", func(f FaultTarget) []byte { return f.Commit }, faultproxy.After},
+	}
+	if target.Release != nil {
+		t.Run("Resent", func(t *testing.T) { testResent(t, target) })
 	}
 	for _, m := range moments {
 		t.Run(m.name, func(t *testing.T) {
@@ -170,4 +182,52 @@ func checkFaultOutcome(t *testing.T, b Backend, key string, first, final *idem.R
 	if first.Status == http.StatusCreated && !bytes.Equal(first.Body, final.Body) {
 		t.Fatalf("%s: the first attempt answered 201 %s but the record holds %s", key, first.Body, final.Body)
 	}
+}
+
+// testResent: see FaultTarget.Takeover and Release.
+func testResent(t *testing.T, target FaultTarget) {
+	proxy, err := faultproxy.New(target.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	b := target.Connect(t, proxy.Addr())
+	ctx := ctxT(t)
+	cut := func(pattern []byte, when faultproxy.When, fn func()) {
+		t.Helper()
+		if !proxy.CutWhile(pattern, when, time.Second, fn) {
+			t.Fatalf("the cut on %q never fired", pattern)
+		}
+	}
+	for _, when := range []faultproxy.When{faultproxy.Before, faultproxy.After} {
+		for _, stale := range []bool{false, true} {
+			key, pattern := uniq("cut"), target.Claim
+			if stale {
+				old := claimReq("alice", key, "body")
+				old.Lease = time.Millisecond
+				mustClaim(t, b.Store, old)
+				time.Sleep(5 * time.Millisecond)
+				pattern = target.Takeover
+			}
+			req := claimReq("alice", key, "body")
+			var res idemstore.ClaimResult
+			cut(pattern, when, func() { res, err = b.Store.Claim(ctx, req) })
+			if err != nil || !res.Claimed || res.Reclaimed != stale || res.Record.LeaseToken != req.Token {
+				t.Fatalf("claim cut %v (stale %v): %+v, %v; want the caller's, Reclaimed %v", when, stale, res, err, stale)
+			}
+			if rec := get(t, b, "alice", key); rec.State != idemstore.StateInProgress || rec.LeaseToken != req.Token {
+				t.Fatalf("after the claim cut %v (stale %v) the record is %+v", when, stale, rec)
+			}
+		}
+		req := claimReq("alice", uniq("rel"), "body")
+		mustClaim(t, b.Store, req)
+		cut(target.Release, when, func() { err = b.Store.Release(ctx, leaseOf(req)) })
+		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idemstore.ErrLeaseLost) {
+			t.Fatalf("release cut %v: %v", when, err)
+		}
+		if rec, free := Free(t, b.Store, "alice", req.Key); !free {
+			t.Fatalf("after the release cut %v the record is %+v", when, rec)
+		}
+	}
+	t.Logf("%d cuts; every claim, takeover and release was sent again and recognised as the caller's", proxy.Cuts())
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,10 +30,46 @@ const Lease = 400 * time.Millisecond
 // The number of rounds of the contention test can be raised with
 // IDEM_STORETEST_ROUNDS (default 200).
 func Run(t *testing.T, newBackend NewBackend) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, Backend)
-	}{
+	runCases(t, newBackend, suite())
+	RunHostile(t, newBackend)
+}
+
+// RunCases runs the cases of Run named in names (as in the subtest names
+// Run reports, without the hostile section), for a store that proves a
+// few of them again under another configuration: another driver mode, a
+// pooler in between. It fails t on a name the suite does not have.
+func RunCases(t *testing.T, newBackend NewBackend, names ...string) {
+	all := suite()
+	var picked []suiteCase
+	for _, name := range names {
+		i := slices.IndexFunc(all, func(c suiteCase) bool { return c.name == name })
+		if i < 0 {
+			t.Fatalf("storetest: no case %q", name)
+		}
+		picked = append(picked, all[i])
+	}
+	runCases(t, newBackend, picked)
+}
+
+type suiteCase struct {
+	name string
+	fn   func(*testing.T, Backend)
+}
+
+func runCases(t *testing.T, newBackend NewBackend, cases []suiteCase) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t)
+			if b.Store == nil || b.WriteEffect == nil || b.CountEffects == nil || (b.PoisonTx == nil && !b.NoSharedTx) {
+				t.Fatal("storetest: Backend must set Store, WriteEffect, CountEffects and PoisonTx (PoisonTx may be nil with NoSharedTx)")
+			}
+			tc.fn(t, b)
+		})
+	}
+}
+
+func suite() []suiteCase {
+	return []suiteCase{
 		{"ClaimNewKey", testClaimNewKey},
 		{"ClaimExistingWritesNothing", testClaimExisting},
 		{"ConcurrentClaimsExactlyOnce", testConcurrentClaims},
@@ -56,17 +94,18 @@ func Run(t *testing.T, newBackend NewBackend) {
 		{"SweeperAndRetryRaceForAStaleClaim", testSweeperRacesRetry},
 		{"Stats", testStats},
 		{"ResponseRoundTrip", testResponseRoundTrip},
+		{"RequestIDBound", testRequestIDBound},
+		{"TakeoverRacingSettle", testTakeoverRacingSettle},
+		{"PurgeRacingReplacement", testPurgeRacingReplacement},
+		{"ListStaleByLeaseDeadline", testListStaleByLeaseDeadline},
+		{"FailedAttemptsLeaveNothing", testFailedAttempts},
+		{"TxContext", testTxContext},
+		{"ConnectionLost", testConnectionLost},
+		{"Syncer", testSyncer},
+		{"RoundTrips", testRoundTrips},
+		{"ReplayWritesNothing", testReplayWritesNothing},
+		{"Pool", testPool},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			b := newBackend(t)
-			if b.Store == nil || b.WriteEffect == nil || b.CountEffects == nil || (b.PoisonTx == nil && !b.NoSharedTx) {
-				t.Fatal("storetest: Backend must set Store, WriteEffect, CountEffects and PoisonTx (PoisonTx may be nil with NoSharedTx)")
-			}
-			tc.fn(t, b)
-		})
-	}
-	RunHostile(t, newBackend)
 }
 
 // needsSharedTx skips the running test or subtest, saying why, when the
@@ -230,7 +269,12 @@ func testClaimExisting(t *testing.T, b Backend) {
 	}
 }
 
-func rounds() int {
+// rounds is how many rounds b's race cases run: Backend.Rounds, else
+// IDEM_STORETEST_ROUNDS, else 200.
+func rounds(b Backend) int {
+	if b.Rounds > 0 {
+		return b.Rounds
+	}
 	if n, err := strconv.Atoi(os.Getenv("IDEM_STORETEST_ROUNDS")); err == nil && n > 0 {
 		return n
 	}
@@ -240,7 +284,7 @@ func rounds() int {
 func testConcurrentClaims(t *testing.T, b Backend) {
 	const goroutines = 16
 	ctx := ctxT(t)
-	n := rounds()
+	n := rounds(b)
 	var lost atomic.Int64
 	for round := range n {
 		key := uniq(fmt.Sprintf("race%d", round))
@@ -840,80 +884,119 @@ func testListStale(t *testing.T, b Backend) {
 	}
 }
 
+// testResponseRoundTrip settles responses of every shape and reads each
+// back through Get, a Claim that finds the record and Get again, byte for
+// byte: header values with NUL bytes, invalid UTF-8 or nothing in them,
+// several values under one name, a header without values, long names and
+// values, many headers, a binary body of half a megabyte, an empty one.
+// The store keeps its own copy of what Settle is given, and every read
+// belongs to its caller: changing one, as a caller may, changes nothing
+// the next read sees.
 func testResponseRoundTrip(t *testing.T, b Backend) {
 	ctx := ctxT(t)
-	body := make([]byte, 512<<10)
-	_, _ = rand.Read(body)
-	body[0], body[1], body[len(body)-1] = 0, 0xff, 0
-	resp := idem.Response{
-		Status: http.StatusAccepted,
-		Header: http.Header{
+	big := make([]byte, 512<<10)
+	_, _ = rand.Read(big)
+	big[0], big[1], big[len(big)-1] = 0, 0xff, 0
+	long := strings.Repeat("väl", 200)
+	many := http.Header{}
+	for i := range 40 {
+		many[fmt.Sprintf("X-H%d", i)] = []string{strconv.Itoa(i)}
+	}
+	shapes := map[string]idem.Response{
+		"binary": {Status: http.StatusAccepted, Header: http.Header{
 			"Content-Type":     {"application/octet-stream"},
 			"Location":         {"/payments/ä/\"quoted\""},
 			"Cache-Control":    {"no-store", "private"},
 			"Content-Language": {"de-CH"},
 			"X-Empty":          {""},
-		},
-		Body: body,
+		}, Body: big},
+		"byte-exact headers": {Status: 201, Header: http.Header{"X-Nul": {"a\x00b"}, "X-Bin": {"\xff\xfe", ""},
+			"Content-Type": {`text/plain; charset="\u00e9"`}, "X-\xffName": {"v"}}, Body: []byte("b")},
+		"several values": {Status: 201, Header: http.Header{"Set-Cookie": {"a=1", "b=2", "c=3"}, "X-Also": {"", "x", ""}},
+			Body: []byte(`{"id":"1"}`)},
+		"header without values": {Status: 200, Header: http.Header{"X-None": {}, "X-One": {"1"}}, Body: []byte("ok")},
+		"long fields":           {Status: 299, Header: http.Header{"X-" + long: {long, long}}, Body: []byte(long)},
+		"many headers":          {Status: 400, Header: many, Body: []byte(`{"title":"bad"}`)},
+		"empty":                 {Status: 204},
 	}
-	req := claimReq("alice", uniq("k"), "body")
-	mustClaim(t, b.Store, req)
-	_, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
-	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: sent}); err != nil {
-		t.Fatal(err)
-	}
-	// Adapters reuse their header map and body buffer once Settle returns:
-	// the store must keep its own copy.
-	for _, v := range sent.Header {
-		v[0] = "scribbled"
-	}
-	sent.Header["X-Late"] = []string{"late"}
-	clear(sent.Body)
-	// Each read is checked, then changed: records belong to the caller (see
-	// Claim), so the next read must not see the change.
-	reads := []func() idem.Record{
-		func() idem.Record { return get(t, b, "alice", req.Key) },
-		func() idem.Record { return mustClaim(t, b.Store, claimReq("alice", req.Key, "body")).Record },
-		func() idem.Record { return get(t, b, "alice", req.Key) },
-	}
-	for _, read := range reads {
-		rec := read()
-		got := rec.Response
-		if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
-			t.Fatalf("stored response differs: status %v, body equal %v", got != nil && got.Status == resp.Status, got != nil && bytes.Equal(got.Body, body))
+	for name, resp := range shapes {
+		req := claimReq("alice", uniq("k"), "body")
+		mustClaim(t, b.Store, req)
+		_, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if len(got.Header) != len(resp.Header) {
-			t.Fatalf("stored header = %v, want %v", got.Header, resp.Header)
+		sent := idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: sent}); err != nil {
+			t.Fatalf("%s: settle: %v", name, err)
 		}
-		for k, v := range resp.Header {
-			if fmt.Sprint(got.Header[k]) != fmt.Sprint(v) || len(got.Header[k]) != len(v) {
-				t.Fatalf("header %s = %q, want %q", k, got.Header[k], v)
+		// Adapters reuse their header map and body buffer once Settle
+		// returns: the store must keep its own copy.
+		for _, v := range sent.Header {
+			if len(v) > 0 {
+				v[0] = "scribbled"
 			}
 		}
-		if rec.RequestID != req.RequestID || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
-			t.Fatalf("request id or fingerprint not kept: %+v", rec)
+		if sent.Header != nil {
+			sent.Header["X-Late"] = []string{"late"}
 		}
-		got.Header["Content-Type"][0] = "changed/by-caller"
-		got.Header["X-Caller"] = []string{"x"}
-		got.Body[3] ^= 0xff
-		rec.Fingerprint[0] ^= 0xff
+		clear(sent.Body)
+		reads := []func() idem.Record{
+			func() idem.Record { return get(t, b, "alice", req.Key) },
+			func() idem.Record { return mustClaim(t, b.Store, claimReq("alice", req.Key, "body")).Record },
+			func() idem.Record { return get(t, b, "alice", req.Key) },
+		}
+		for _, read := range reads {
+			rec := read()
+			got := rec.Response
+			if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
+				t.Fatalf("%s: stored response differs: status %v, body equal %v", name, got != nil && got.Status == resp.Status, got != nil && bytes.Equal(got.Body, resp.Body))
+			}
+			if len(got.Header) != len(resp.Header) {
+				t.Fatalf("%s: stored header = %q, want %q", name, got.Header, resp.Header)
+			}
+			for k, v := range resp.Header {
+				if g, ok := got.Header[k]; !ok || !slices.Equal(g, v) {
+					t.Fatalf("%s: header %q = %q, want %q", name, k, got.Header[k], v)
+				}
+			}
+			if rec.RequestID != req.RequestID || !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+				t.Fatalf("%s: request id or fingerprint not kept: %+v", name, rec)
+			}
+			scribble(t, rec)
+		}
 	}
-	// An empty body and no headers round-trip too.
-	empty := claimReq("alice", uniq("k"), "body")
-	mustClaim(t, b.Store, empty)
-	_, tx, err = b.Store.BeginTx(ctx, leaseOf(empty))
-	if err != nil {
-		t.Fatal(err)
+}
+
+// scribble changes rec in every way a caller may: values appended to one
+// header must leave the others alone, bytes appended to the fingerprint
+// must leave the body alone.
+func scribble(t *testing.T, rec idem.Record) {
+	t.Helper()
+	h := rec.Response.Header
+	for name := range h {
+		before := h.Clone()
+		h[name] = append(h[name], "appended")
+		for other, vs := range before {
+			if other != name && !slices.Equal(h[other], vs) {
+				t.Fatalf("appending to header %q changed %q to %q", name, other, h[other])
+			}
+		}
+		h[name][0] = "changed"
 	}
-	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 204}}); err != nil {
-		t.Fatal(err)
+	if h != nil {
+		h["X-Caller"] = []string{"x"}
 	}
-	if rec := get(t, b, "alice", empty.Key); rec.Response == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
-		t.Fatalf("empty response = %+v", rec.Response)
+	body := bytes.Clone(rec.Response.Body)
+	rec.Fingerprint = append(rec.Fingerprint, 1, 2, 3)
+	if !bytes.Equal(rec.Response.Body, body) {
+		t.Fatal("appending to the fingerprint changed the body")
+	}
+	for i := range rec.Fingerprint {
+		rec.Fingerprint[i] ^= 0xff
+	}
+	for i := range rec.Response.Body {
+		rec.Response.Body[i] ^= 0xff
 	}
 }
 

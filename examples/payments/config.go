@@ -35,8 +35,11 @@ type config struct {
 	storeTimeout     time.Duration
 	handlerDelay     time.Duration
 	simulateFailures bool
-	providerURL      string
-	providerOnly     bool
+	// durableClaims is idem.Config.DurableClaims: every claim waits for
+	// its WAL flush before the handler runs.
+	durableClaims bool
+	providerURL   string
+	providerOnly  bool
 	// fingerprintKey is idem.Config.FingerprintKey: the flag's bytes as
 	// given (a 64-digit hex string is 64 bytes of key, 256 bits of secret).
 	fingerprintKey string
@@ -94,6 +97,16 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 		}
 		fs.DurationVar(p, name, *p, usage+" (env "+env+")")
 	}
+	boolean := func(p *bool, name, env, usage string) {
+		if v := getenv(env); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil && envErr == nil {
+				envErr = fmt.Errorf("invalid value %q for %s: want true or false", v, env)
+			}
+			*p = b
+		}
+		fs.BoolVar(p, name, *p, usage+" (env "+env+")")
+	}
 	str(&c.addr, "addr", "IDEM_ADDR", "listen address; port 0 picks a free port, logged at start-up")
 	str(&c.grpcAddr, "grpc-addr", "IDEM_GRPC_ADDR", "also serve the gRPC API (payments.v1.Payments) on this address; off when empty")
 	str(&c.framework, "framework", "IDEM_FRAMEWORK", "web framework: "+strings.Join(frameworkNames, "|"))
@@ -112,15 +125,10 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	dur(&c.lease, "lease", "IDEM_LEASE", "claim lease; must exceed request-timeout + store-timeout (0: derived)")
 	dur(&c.storeTimeout, "store-timeout", "IDEM_STORE_TIMEOUT", "bound on each store call after the handler (0: the library default, 5s)")
 	dur(&c.handlerDelay, "handler-delay", "IDEM_HANDLER_DELAY", "sleep inside POST /payments after the payment row is written")
-	if v := getenv("IDEM_SIMULATE_FAILURES"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil && envErr == nil {
-			envErr = fmt.Errorf("invalid value %q for IDEM_SIMULATE_FAILURES: want true or false", v)
-		}
-		c.simulateFailures = b
-	}
-	fs.BoolVar(&c.simulateFailures, "simulate-failures", c.simulateFailures,
-		"honour the X-Simulate-Failure: transient|panic header on POST /payments (env IDEM_SIMULATE_FAILURES)")
+	boolean(&c.simulateFailures, "simulate-failures", "IDEM_SIMULATE_FAILURES",
+		"honour the X-Simulate-Failure: transient|panic header on POST /payments")
+	boolean(&c.durableClaims, "durable-claims", "IDEM_DURABLE_CLAIMS",
+		"make every claim durable before the handler runs (idem.Config.DurableClaims)")
 
 	str(&c.providerURL, "provider-url", "IDEM_PROVIDER_URL", "charge every payment through the payment provider at this http:// URL "+
 		"(a payments -provider-only process); off when empty")
@@ -203,6 +211,7 @@ func (c *config) idemConfig(store idemstore.Store) idem.Config {
 		RequestTimeout: c.requestTimeout,
 		Lease:          c.lease,
 		StoreTimeout:   c.storeTimeout,
+		DurableClaims:  c.durableClaims,
 	}
 }
 

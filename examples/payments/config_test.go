@@ -68,14 +68,15 @@ func TestEnvAndFlags(t *testing.T) {
 	cfg, err := parseConfig([]string{"-framework", "nethttp", "-handler-delay", "1s"}, func(k string) string {
 		return map[string]string{
 			"IDEM_FRAMEWORK": "echo", "IDEM_STORE": "memory", "IDEM_LEASE": "50s",
-			"IDEM_SIMULATE_FAILURES": "true", "IDEM_HANDLER_DELAY": "5s", "IDEM_FINGERPRINT_KEY": testFingerprintKey,
+			"IDEM_SIMULATE_FAILURES": "true", "IDEM_HANDLER_DELAY": "5s", "IDEM_DURABLE_CLAIMS": "true", "IDEM_FINGERPRINT_KEY": testFingerprintKey,
 		}[k]
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.framework != "nethttp" || cfg.store != "memory" || cfg.lease != 50*time.Second ||
-		!cfg.simulateFailures || cfg.handlerDelay != time.Second || cfg.addr != "127.0.0.1:8080" {
+		!cfg.simulateFailures || cfg.handlerDelay != time.Second || cfg.addr != "127.0.0.1:8080" ||
+		!cfg.idemConfig(nil).DurableClaims {
 		t.Fatalf("%+v", cfg)
 	}
 }

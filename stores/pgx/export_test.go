@@ -9,25 +9,25 @@ import (
 
 // ClaimSQL exposes the claim statement to the tests, which run it inside a
 // transaction to ask PostgreSQL whether it assigned a transaction id.
-func ClaimSQL(s *Store) string { return s.sql.claim }
+func ClaimSQL(s *Store) string { return s.sql.Claim }
 
 // ClaimReruns reports how often Claim ran its statement again.
 func ClaimReruns(s *Store) int64 { return s.reruns.Load() }
 
-// TxControlStatement exposes the lexer's verdict to the external tests.
-func TxControlStatement(sql string) (string, bool) { return txControlStatement(sql) }
+// TxControlStatement exposes the SQL guard's verdict to the external tests.
+func TxControlStatement(sql string) (string, bool) { return txControl(sql) }
 
 // ClaimPrelude exposes the statement that goes before the claim, in the
 // same implicit transaction, for a claim that is durable or not.
 func ClaimPrelude(s *Store, durable bool) string {
 	if durable {
-		return s.sql.durablePrelude
+		return s.sql.DurablePrelude
 	}
-	return s.sql.claimPrelude
+	return s.sql.ClaimPrelude
 }
 
 // TakeoverSQL exposes the stale takeover's UPDATE.
-func TakeoverSQL(s *Store) string { return s.sql.takeover }
+func TakeoverSQL(s *Store) string { return s.sql.Takeover }
 
 // SyncTarget runs the first statement of tx's Sync and returns the WAL
 // position Sync would wait for.

@@ -21,7 +21,9 @@ import (
 // during the claim, after the business write, before the settle's COMMIT
 // reaches the server and after it did (the ambiguous case). The settle's
 // UPDATE and COMMIT travel in one write, so "COMMIT not received" means the
-// fenced UPDATE was not received either.
+// fenced UPDATE was not received either. A claim, a takeover or a release
+// whose connection broke runs again on another connection and recognises
+// its own token.
 func TestFaults(t *testing.T) {
 	t.Parallel()
 	direct := newPool(t, 4, nil)
@@ -59,9 +61,11 @@ func TestFaults(t *testing.T) {
 			b.CountEffects = e.CountEffects // counted directly, not through the proxy
 			return b
 		},
-		Claim:  []byte("ON CONFLICT (principal, key) DO NOTHING"),
-		Commit: []byte("COMMIT"),
-		Effect: []byte("INSERT INTO " + e.EffectsTable()),
+		Claim:    []byte("ON CONFLICT (principal, key) DO NOTHING"),
+		Commit:   []byte("COMMIT"),
+		Effect:   []byte("INSERT INTO " + e.EffectsTable()),
+		Takeover: []byte("SET lease_token = $4, request_id = $5, locked_at = now()"),
+		Release:  []byte("UPDATE " + e.Store.Table() + " SET state = 'released'"),
 	})
 }
 
@@ -76,14 +80,11 @@ func itoa(n int) string {
 	return string(b)
 }
 
-// TestBrokenConnectionIsRetried: the connection breaks under the claim
-// statement, before the server got it or after (the server claimed the key
-// and the answer was lost), and under a stale takeover. Claim runs again on
-// another connection and recognises its own token: the caller holds the key
-// instead of being locked out of it by its own orphaned claim until the
-// lease expires. A release is sent again the same way, and so is BEGIN. A
-// connection that breaks under a handler's statement fails the request
-// instead, leaving no effect and, after the release, no row.
+// TestBrokenConnectionIsRetried: a connection found broken when BEGIN goes
+// out is replaced, and the transaction begins on another one. A connection
+// that breaks under a handler's statement fails the request instead,
+// leaving no effect and, after the release, no row. (Claims, takeovers and
+// releases sent again after a cut are RunFaults' Resent case.)
 func TestBrokenConnectionIsRetried(t *testing.T) {
 	t.Parallel()
 	direct := newPool(t, 4, nil)
@@ -114,70 +115,10 @@ func TestBrokenConnectionIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cases := []struct {
-		name    string
-		pattern string
-		when    faultproxy.When
-		stale   bool
-	}{
-		{"claim not received", "ON CONFLICT (principal, key) DO NOTHING", faultproxy.Before, false},
-		{"claim executed, answer lost", "ON CONFLICT (principal, key) DO NOTHING", faultproxy.After, false},
-		{"takeover not received", "SET lease_token = $4, request_id = $5, locked_at = now()", faultproxy.Before, true},
-		{"takeover executed, answer lost", "SET lease_token = $4, request_id = $5, locked_at = now()", faultproxy.After, true},
-	}
-	for _, c := range cases {
-		for range 5 {
-			key := "cut-" + randHex(4)
-			if c.stale {
-				// An earlier holder whose lease ends at once.
-				if _, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Microsecond)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			req := claimReq("alice", key, "body", time.Minute)
-			fired := proxy.CutOn([]byte(c.pattern), c.when)
-			res, err := s.Claim(ctx, req)
-			select {
-			case <-fired:
-			case <-time.After(time.Second):
-				proxy.Disarm()
-				t.Fatalf("%s: the cut never fired", c.name)
-			}
-			if err != nil || !res.Claimed || res.Record.LeaseToken != req.Token || res.Reclaimed != c.stale {
-				t.Fatalf("%s: claim = %+v, %v; want Claimed with our token, Reclaimed=%v", c.name, res, err, c.stale)
-			}
-			rec, err := e.Store.Get(ctx, "alice", key)
-			if err != nil || rec.LeaseToken != req.Token || rec.State != idemstore.StateInProgress {
-				t.Fatalf("%s: stored %+v, %v", c.name, rec, err)
-			}
-		}
-	}
-	if proxy.Cuts() < int64(len(cases)*5) {
-		t.Fatalf("only %d cuts", proxy.Cuts())
-	}
-
 	cut := func(pattern string, when faultproxy.When, fn func()) {
 		t.Helper()
 		if !proxy.CutWhile([]byte(pattern), when, time.Second, fn) {
 			t.Fatalf("the cut on %q never fired", pattern)
-		}
-	}
-	// Release: not received → released on the second connection; executed
-	// with the answer lost → the second finds it released already:
-	// ErrLeaseLost, and the row is released either way.
-	releaseSQL := "UPDATE " + s.Table() + " SET state = 'released'"
-	for _, when := range []faultproxy.When{faultproxy.Before, faultproxy.After} {
-		req := claimReq("alice", "rel-"+randHex(4), "body", time.Minute)
-		if _, err := s.Claim(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		cut(releaseSQL, when, func() { err = s.Release(ctx, leaseOf(req)) })
-		if when == faultproxy.Before && err != nil || when == faultproxy.After && !errors.Is(err, idemstore.ErrLeaseLost) {
-			t.Fatalf("release with the cut %v: %v", when, err)
-		}
-		if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateReleased {
-			t.Fatalf("row after release with the cut %v: %s, %v", when, rec.State, err)
 		}
 	}
 	// BEGIN: a connection found broken when BEGIN goes out is replaced,

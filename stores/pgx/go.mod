@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/internal v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -17,3 +18,5 @@ require (
 )
 
 replace github.com/idemgo/idem/core => ../../core
+
+replace github.com/idemgo/idem/stores/internal => ../internal

@@ -25,118 +25,31 @@ import (
 // from the year 2000 and a count(*) that always answers 1, which would
 // defeat the settle's fence), another TimeZone, DateStyle, IntervalStyle
 // and bytea_output, and short lock and statement timeouts. Under both the
-// extended and the simple protocol (where results are text), the store's
-// claim, settle, replay, fence, release, stale listing and purge behave as
-// on a clean session.
+// extended and the simple protocol (where results are text), core/storetest's
+// claim, replay, fence, stale listing and purge cases pass as on a clean
+// session, and the session's lock and statement timeouts do not apply.
 func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 	t.Parallel()
 	base := newPool(t, 4, nil)
-	e := newEnv(t, base)
-	ctx := testCtx(t)
-	shadow := pgx.Identifier{e.Schema + "_shadow"}.Sanitize()
-	if _, err := base.Exec(ctx, `CREATE SCHEMA `+shadow+`;
-		CREATE FUNCTION `+shadow+`.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01 00:00:00+00'::timestamptz$$;
-		CREATE FUNCTION `+shadow+`.one(bigint) RETURNS bigint LANGUAGE sql AS $$SELECT 1::bigint$$;
-		CREATE AGGREGATE `+shadow+`.count(*) (sfunc = `+shadow+`.one, stype = bigint, initcond = '1')`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = base.Exec(context.Background(), "DROP SCHEMA "+shadow+" CASCADE") })
-	// The look-alikes work where the session's search_path reaches them.
-	var year int
-	var one int64
-	if err := base.QueryRow(ctx, "SELECT extract(year FROM "+shadow+".now())::int, (SELECT "+shadow+".count(*) FROM generate_series(1, 0))").Scan(&year, &one); err != nil || year != 2000 || one != 1 {
-		t.Fatalf("look-alikes: year %d, count %d, %v", year, one, err)
-	}
-	session := "SET search_path TO " + shadow + ", pg_catalog; SET TIME ZONE 'Pacific/Kiritimati'; SET DateStyle = 'SQL, DMY'; " +
-		"SET IntervalStyle = 'iso_8601'; SET bytea_output = 'escape'; SET lock_timeout = '10ms'; SET statement_timeout = '150ms'"
-
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg := idempgxtest.PoolConfig(t, 3)
-			cfg.ConnConfig.DefaultQueryExecMode = mode
-			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, session); return err }
-			pool := idempgxtest.OpenPool(t, cfg)
-			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sp string
-			if err := pool.QueryRow(ctx, "SHOW search_path").Scan(&sp); err != nil || !strings.Contains(sp, e.Schema+"_shadow") {
-				t.Fatalf("the polluted session's search_path is %q (%v)", sp, err)
-			}
-			polluted := &env{&idempgxtest.Env{Pool: pool, Schema: e.Schema, Store: s}}
-
-			// Claim: the database's real clock.
-			req := claimReq("alice", "sess-"+randHex(4), "body", time.Minute)
-			res, err := s.Claim(ctx, req)
-			if err != nil || !res.Claimed {
-				t.Fatalf("claim: %+v %v", res, err)
-			}
-			if d := time.Since(res.Now); d < -time.Minute || d > time.Minute {
-				t.Fatalf("claim's now() = %v: a look-alike now() answered", res.Now)
-			}
-			if d := res.Record.ExpiresAt.Sub(res.Now); d != req.Retention {
-				t.Fatalf("expires_at - now = %v, want %v", d, req.Retention)
-			}
-
-			// Settle and replay: status, headers and body as sent.
-			out := okResponse("\x00\xff body")
-			out.Response.Header["X-Bin"] = []string{"\xfe\x00"}
-			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			if err := polluted.WriteEffect(txCtx, req.Key); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Settle(ctx, out); err != nil {
-				t.Fatalf("settle: %v", err)
-			}
-			replay, err := s.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
-			if err != nil || replay.Claimed || replay.Record.Response == nil ||
-				string(replay.Record.Response.Body) != string(out.Response.Body) ||
-				replay.Record.Response.Header.Get("X-Bin") != "\xfe\x00" {
-				t.Fatalf("replay: %+v %v", replay, err)
-			}
-			if rec, err := s.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted ||
-				string(rec.Response.Body) != string(out.Response.Body) {
-				t.Fatalf("get: %+v %v", rec, err)
-			}
-
-			// The fence holds although count(*) has a look-alike that
-			// always answers 1: a holder that lost its lease commits
-			// nothing.
-			old := claimReq("alice", "fence-"+randHex(4), "body", time.Microsecond) // stale at once
-			if _, err := s.Claim(ctx, old); err != nil {
-				t.Fatal(err)
-			}
-			oldCtx, oldTx, err := s.BeginTx(ctx, leaseOf(old))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = oldTx.Rollback(ctx) }()
-			if err := polluted.WriteEffect(oldCtx, old.Key); err != nil {
-				t.Fatal(err)
-			}
-			if res, err := s.Claim(ctx, claimReq("alice", old.Key, "body", time.Minute)); err != nil || !res.Reclaimed {
-				t.Fatalf("takeover: %+v %v", res, err)
-			}
-			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idemstore.ErrLeaseLost) {
-				t.Fatalf("settle after losing the lease = %v, want ErrLeaseLost", err)
-			}
-			if n := e.mustCount(t, old.Key); n != 0 {
-				t.Fatalf("the holder that lost its lease committed %d effects", n)
-			}
+			storetest.RunCases(t, func(t testing.TB) storetest.Backend {
+				clean, polluted := pollutedEnv(t, base, mode)
+				b := polluted.Backend()
+				b.CountEffects = clean.CountEffects // on a clean session: count(*) has a look-alike
+				return b
+			}, "ClaimNewKey", "ResponseRoundTrip", "StaleHolderSettleIsFenced", "ListStale", "PurgeExpired")
 
 			// The session's 10 ms lock timeout and 150 ms statement
 			// timeout do not apply: a release waits for a row held 400
 			// ms, as the store's own timeouts allow.
+			ctx := testCtx(t)
+			clean, polluted := pollutedEnv(t, base, mode)
 			held := claimReq("alice", "held-"+randHex(4), "body", time.Minute)
-			if _, err := s.Claim(ctx, held); err != nil {
+			if _, err := polluted.Store.Claim(ctx, held); err != nil {
 				t.Fatal(err)
 			}
-			locker := holdRow(t, ctx, base, e.Store.Table(), held.Principal, held.Key)
+			locker := holdRow(t, ctx, base, clean.Store.Table(), held.Principal, held.Key)
 			unlocked := make(chan struct{})
 			go func() {
 				defer close(unlocked)
@@ -144,7 +57,7 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 				_ = locker.Rollback(context.Background())
 			}()
 			start := time.Now()
-			err = s.Release(ctx, leaseOf(held))
+			err := polluted.Store.Release(ctx, leaseOf(held))
 			<-unlocked
 			if err != nil {
 				t.Fatalf("release behind a row lock held 400 ms: %v", err)
@@ -152,22 +65,48 @@ func TestSessionChangesDoNotReachTheStore(t *testing.T) {
 			if waited := time.Since(start); waited < 300*time.Millisecond {
 				t.Fatalf("release returned after %v: the row lock was not held?", waited)
 			}
-
-			// The sweeper's calls.
-			if _, err := s.ListStale(ctx, 10); err != nil {
-				t.Fatalf("list stale: %v", err)
-			}
-			if _, err := s.PurgeExpired(ctx, 10); err != nil {
-				t.Fatalf("purge: %v", err)
-			}
 		})
 	}
+}
+
+// pollutedEnv makes a fresh schema through base (clean) and a store on it
+// whose own pool of 3 connections, in mode, starts every session with the
+// settings TestSessionChangesDoNotReachTheStore describes (polluted).
+func pollutedEnv(t testing.TB, base *pgxpool.Pool, mode pgx.QueryExecMode) (clean, polluted *env) {
+	t.Helper()
+	ctx := testCtx(t)
+	clean = newEnv(t, base)
+	shadow := pgx.Identifier{clean.Schema + "_shadow"}.Sanitize()
+	if _, err := base.Exec(ctx, `CREATE SCHEMA `+shadow+`;
+		CREATE FUNCTION `+shadow+`.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01 00:00:00+00'::timestamptz$$;
+		CREATE FUNCTION `+shadow+`.one(bigint) RETURNS bigint LANGUAGE sql AS $$SELECT 1::bigint$$;
+		CREATE AGGREGATE `+shadow+`.count(*) (sfunc = `+shadow+`.one, stype = bigint, initcond = '1')`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = base.Exec(context.Background(), "DROP SCHEMA "+shadow+" CASCADE") })
+	session := "SET search_path TO " + shadow + ", pg_catalog; SET TIME ZONE 'Pacific/Kiritimati'; SET DateStyle = 'SQL, DMY'; " +
+		"SET IntervalStyle = 'iso_8601'; SET bytea_output = 'escape'; SET lock_timeout = '10ms'; SET statement_timeout = '150ms'"
+	cfg := idempgxtest.PoolConfig(t, 3)
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, session); return err }
+	pool := idempgxtest.OpenPool(t, cfg)
+	// The look-alikes answer where the session's search_path reaches them.
+	var year int
+	var one int64
+	if err := pool.QueryRow(ctx, "SELECT extract(year FROM now())::int, (SELECT count(*) FROM generate_series(1, 0))").Scan(&year, &one); err != nil || year != 2000 || one != 1 {
+		t.Fatalf("look-alikes on the polluted session: year %d, count %d, %v", year, one, err)
+	}
+	s, err := idempgx.New(pool, idempgx.WithTable(clean.Schema+".idempotency_keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clean, &env{&idempgxtest.Env{Pool: pool, Schema: clean.Schema, Store: s}}
 }
 
 // holdRow begins a transaction on pool that updates the row, and so holds
 // it as an uncommitted settle would. The caller ends it; cleanup rolls it
 // back otherwise.
-func holdRow(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table, principal, key string) pgx.Tx {
+func holdRow(t testing.TB, ctx context.Context, pool *pgxpool.Pool, table, principal, key string) pgx.Tx {
 	t.Helper()
 	tx, err := pool.Begin(ctx)
 	if err != nil {

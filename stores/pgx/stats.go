@@ -2,25 +2,11 @@ package idempgx
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5"
 )
-
-// statsSQL counts every figure of idemstore.Stats in one statement, on the
-// database clock. It reads the whole table: it is for operators, not for
-// the request path.
-const statsSQL = `SELECT now(),
-	count(*) FILTER (WHERE state = 'in_progress'),
-	count(*) FILTER (WHERE state = 'completed'),
-	count(*) FILTER (WHERE state = 'failed'),
-	count(*) FILTER (WHERE state = 'released'),
-	count(*) FILTER (WHERE state = 'in_progress' AND locked_at <= now() - $1::bigint * interval '1 microsecond'),
-	min(locked_at) FILTER (WHERE state = 'in_progress'),
-	count(*) FILTER (WHERE expires_at <= now())
-FROM %s`
 
 // Stats implements idemstore.Store with one statement that counts every figure
 // (none is NotCounted). It reads the whole table, so it costs a sequential
@@ -36,7 +22,7 @@ func (s *Store) Stats(ctx context.Context, staleAfter time.Duration) (idemstore.
 	err := s.onConn(ctx, func() error {
 		return s.query(ctx, func(rows pgx.Rows) error {
 			return rows.Scan(&st.Now, &inProgress, &completed, &failed, &released, &stale, &oldest, &exp)
-		}, fmt.Sprintf(statsSQL, s.table.ident()), micros(staleAfter))
+		}, s.sql.Stats, micros(staleAfter))
 	})
 	if err != nil {
 		return idemstore.Stats{}, wrap("stats", err)

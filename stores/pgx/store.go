@@ -52,6 +52,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
 // Store is an idemstore.Store backed by one PostgreSQL table. It is safe for
@@ -59,11 +61,11 @@ import (
 // database. Create it with New.
 type Store struct {
 	pool        *pgxpool.Pool
-	table       table
+	table       pgsql.Table
 	txTimeout   time.Duration
 	maxAttempts int
 	timeouts    timeouts
-	sql         statements
+	sql         pgsql.Statements
 
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
@@ -197,14 +199,15 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.schema == "" {
-		if t.schema, err = currentSchema(pool, c.txTimeout); err != nil {
+	if t.Schema == "" {
+		if t.Schema, err = currentSchema(pool, c.txTimeout); err != nil {
 			return nil, err
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
 		timeouts: c.timeouts,
-		sql:      newStatements(t.ident(), c.timeouts, textFormats(pool.Config().ConnConfig.DefaultQueryExecMode))}, nil
+		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
+			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
 }
 
 // currentSchema returns the schema the pool's search_path selects.
@@ -212,7 +215,7 @@ func currentSchema(pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var schema *string
-	if err := pool.QueryRow(ctx, "SELECT pg_catalog.current_schema()").Scan(&schema); err != nil {
+	if err := pool.QueryRow(ctx, pgsql.CurrentSchemaSQL).Scan(&schema); err != nil {
 		return "", wrap("new: current schema", err)
 	}
 	if schema == nil || *schema == "" {
@@ -229,11 +232,13 @@ func currentSchema(pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 // it the operating system's defaults (often 2 h 11 min) would hold the
 // transaction, and any row lock a half-sent settle took, that long.
 // Connections over a Unix socket ignore these settings.
-func (s *Store) DeadPeerTimeout() time.Duration { return s.timeouts.deadPeer().total() }
+func (s *Store) DeadPeerTimeout() time.Duration {
+	return pgsql.DeadPeerFor(s.timeouts.statement).Total()
+}
 
 // Table returns the quoted, possibly schema-qualified, table name the store
 // uses, ready to put into SQL.
-func (s *Store) Table() string { return s.table.ident() }
+func (s *Store) Table() string { return s.table.Ident() }
 
 // Migrate creates the table and its indexes if they do not exist, then
 // runs Check, so that a table of the same name created otherwise (an older
@@ -243,10 +248,7 @@ func (s *Store) Table() string { return s.table.ident() }
 // lock. It does not create the schema: a schema other than "public" must
 // exist.
 func (s *Store) Migrate(ctx context.Context) error {
-	ddl, err := s.table.schemaSQL()
-	if err != nil {
-		return err
-	}
+	ddl := s.table.SchemaSQL()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return wrap("migrate", err)
@@ -255,8 +257,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	// The DDL's defaults, checks and index predicate bind their functions
 	// and operators when created: from pg_catalog, whatever the session's
 	// search_path says.
-	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), "+
-		"pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 0))", "idempgx:"+s.table.ident()); err != nil {
+	if _, err := tx.Exec(ctx, pgsql.MigrateLockSQL, s.table.MigrateLockKey()); err != nil {
 		return wrap("migrate", err)
 	}
 	if _, err := tx.Exec(ctx, ddl); err != nil {
@@ -278,302 +279,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return s.Check(ctx)
 }
 
-// statements holds the SQL with the table name and timeouts filled in.
-type statements struct {
-	claim, claimRead, takeover, replace, reuse, release, keep, get, purge, listStale string
-	// prelude goes before every store statement on the pool, in the same
-	// pipelined batch and so in the same implicit transaction;
-	// claimPrelude before the claim's statements (takeovers included), and
-	// durablePrelude before a Durable claim's and Keep.
-	prelude, claimPrelude, durablePrelude string
-	// settleCheck, settle and COMMIT are the settle's batch.
-	settleCheck, settle string
-	// beginPrefix starts the handler's transaction; the lease marker
-	// follows it.
-	beginPrefix string
-}
-
-// pinnedSettings are the session settings the store's statements depend
-// on, pinned with set_config(…, true) for the statement's transaction only:
-// name resolution (the table is schema-qualified, and pg_catalog comes
-// first so no schema of the handler's can shadow an operator or function)
-// and the timeouts; with text, also the text formats of timestamps,
-// intervals and bytea. A handler may change any of them, for its
-// transaction or for the pooled session.
-//
-// The formats matter only where values travel as text: the query exec
-// modes Exec and SimpleProtocol (see textFormats). The other modes send and
-// receive every value the store uses (text, bytea, integers, booleans,
-// timestamptz) in binary, which no session setting changes, so pinning them
-// there would only cost the server four set_config calls per statement.
-func pinnedSettings(t timeouts, text bool) string {
-	pins := fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-	pg_catalog.set_config('lock_timeout', '%dms', true),
-	pg_catalog.set_config('statement_timeout', '%dms', true)`, millis(t.lock), millis(t.statement))
-	if text {
-		pins += `,
-	pg_catalog.set_config('TimeZone', 'UTC', true),
-	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
-	pg_catalog.set_config('IntervalStyle', 'postgres', true),
-	pg_catalog.set_config('bytea_output', 'hex', true)`
-	}
-	return pins
-}
-
 // textFormats reports whether the pool's statements exchange values as
 // text (pinnedSettings).
 func textFormats(mode pgx.QueryExecMode) bool {
 	return mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol
 }
-
-// millis rounds d up to whole milliseconds.
-func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
-
-// deadPeer is how the server is told to notice a client that went silent
-// in the handler's transaction: keepalive probes after idle seconds of
-// silence, every interval seconds, count of them unanswered; and
-// tcp_user_timeout for data the client never acknowledges.
-type deadPeer struct {
-	idle, interval, count int64 // seconds, seconds, probes
-	userTimeout           int64 // milliseconds
-}
-
-func (t timeouts) deadPeer() deadPeer {
-	secs := func(d time.Duration) int64 { return max(1, int64((d+time.Second-1)/time.Second)) }
-	p := deadPeer{idle: secs(t.statement), interval: secs(t.statement / 4), count: 4}
-	p.userTimeout = (p.idle + p.interval*p.count) * 1000
-	return p
-}
-
-func (p deadPeer) total() time.Duration { return time.Duration(p.userTimeout) * time.Millisecond }
-
-// leaseSetting is the transaction-local setting BeginTx puts a random
-// marker into. Settle checks it in the same transaction: a different value
-// means the transaction BeginTx began has ended and another one began
-// (COMMIT; BEGIN by a route the handle does not see: the connection a
-// QueryRewriter is given, a statement the lexer misreads), so its work may
-// have committed without the outcome.
-const leaseSetting = "idem.lease"
-
-// txEndedMarker is in the error the settle's first statement raises when
-// the marker is not the one BeginTx set.
-const txEndedMarker = "idempgx transaction ended"
-
-// syncSetting is the transaction-local setting BeginTx puts the WAL insert
-// position into when the transaction begins: past the claim's commit
-// record, which committed before BeginTx was called, and before anything
-// the handler writes. Sync waits for the WAL to be flushed up to it.
-const syncSetting = "idem.sync_lsn"
-
-// durableCommit pins synchronous_commit, for the rest of the transaction it
-// runs in, to a commit that waits for its WAL to be flushed: 'on' (and the
-// synchronous standbys' flush, where there are any), or 'remote_apply'
-// where that is in force already, which is stronger and which an
-// application reading from its standbys relies on. A weaker value the
-// handler or the server set ('off', 'local', 'remote_write') does not
-// apply to it. The comparison names its operator: the statement is parsed
-// under the session's search_path, before the one pinned beside it
-// applies.
-const durableCommit = `pg_catalog.set_config('synchronous_commit',
-	CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
-		THEN 'remote_apply' ELSE 'on' END, true)`
-
-// recordCols are the columns every record-returning statement returns, in
-// scanRecord's order.
-const recordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
-	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body`
-
-func newStatements(t string, to timeouts, text bool) statements {
-	var s statements
-	pins := pinnedSettings(to, text)
-	s.prelude = "SELECT " + pins
-	// The statements whose guarantee is durability commit durably whatever
-	// the session says: Keep (a kept record that a crash took back would
-	// be taken over and run again without Reconcile) and a Durable claim.
-	s.durablePrelude = s.prelude + ",\n\t" + durableCommit
-	// A claim's commit does not wait for its WAL to reach disk (see the
-	// claim below) unless the request asks for it (ClaimRequest.Durable):
-	// synchronous_commit off for its implicit transaction only, so it is
-	// safe behind PgBouncer and leaves the pool's sessions as they were.
-	s.claimPrelude = s.prelude + ",\n\tpg_catalog.set_config('synchronous_commit', 'off', true)"
-	p := to.deadPeer()
-	// READ COMMITTED is explicit, as the claim's concurrency argument needs
-	// it whatever the server's default; READ WRITE too, whatever a handler
-	// left in default_transaction_read_only. The keepalive settings bound
-	// how long the server keeps this transaction, and the row lock a
-	// half-sent settle took, for a client that went away (see
-	// DeadPeerTimeout). They are local: the pooled session keeps its own.
-	// pgx sends BeginQuery as one simple-protocol query, which the server
-	// parses anew on every call. The settings are SET LOCAL, utility
-	// statements with nothing to plan or execute; a SELECT is planned and
-	// run through the executor each time (bench/pgbench/callgrind.sh
-	// -variants), so the query has one only for what just a function can
-	// tell: the WAL insert position Sync waits for (syncSetting). It is read
-	// here, in the first statement on the transaction's connection after
-	// the claim returned: later, the handler's own writes would be past it,
-	// and those are not flushed before some commit follows them (see
-	// storeTx.Sync).
-	s.beginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
-set local tcp_keepalives_idle = %d;
-set local tcp_keepalives_interval = %d;
-set local tcp_keepalives_count = %d;
-set local tcp_user_timeout = %d;
-select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
-set local %s = `, p.idle, p.interval, p.count, p.userTimeout, syncSetting, leaseSetting)
-	// The settle's first statement: the marker check, and the settings
-	// pinned over whatever the handler set (SET LOCAL statement_timeout =
-	// '1ms' included). It is its own statement because a timeout set in a
-	// statement applies from the next one on. synchronous_commit is pinned
-	// with them (durableCommit): the response goes to the client once the
-	// COMMIT returns, so the commit must be durable by then even if the
-	// handler turned synchronous_commit off, for its transaction or for
-	// the session; the claim's durability rides on it too.
-	s.settleCheck = fmt.Sprintf(`SELECT %s,
-	%s,
-	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
-	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
-		pins, durableCommit, leaseSetting, txEndedMarker, leaseSetting, leaseSetting)
-	// The claim, two statements pipelined behind claimPrelude in one
-	// implicit transaction. The INSERT either inserts the caller's row
-	// (rows affected 1) or finds the conflicting row and does nothing: no
-	// row lock, no transaction id, no WAL, which is what makes a replay
-	// free. The SELECT then reads the row with a snapshot of its own, taken
-	// after the INSERT: the caller's row, or the conflicting one, committed
-	// even when the INSERT had to wait for it. It returns no row only when
-	// the row was purged in between; the caller runs the claim again.
-	//
-	// Two plain statements cost the server fewer instructions than one
-	// that does both (a CTE, UNION ALL and an anti-join, all initialised on
-	// every run; bench/pgbench/callgrind.sh).
-	//
-	// The claim's own commit does not wait for its WAL to reach disk (it
-	// runs behind claimPrelude), so that a first request waits for one
-	// disk flush, the settle's, instead of two. Until the WAL writer
-	// flushes it (within wal_writer_delay, 200 ms by default) or a
-	// synchronous commit does, a database crash can take the claim back,
-	// its nonce included: the retry then finds no row, claims the key
-	// afresh with a new nonce and runs the handler, without a takeover and
-	// so without Config.Reconcile. What the handler did in the database
-	// went with the crash too (its transaction had not committed), and so
-	// did any nonce a downstream key was made of: idem.DownstreamKey waits
-	// for the claim to be durable first (storeTx.Sync). But an effect
-	// outside the database that does not go through DownstreamKey (an
-	// email, a call to a provider without an idempotency key) may have
-	// happened, and the retry does it again. Applications with such
-	// effects set Config.DurableClaims (or Call.DurableClaim), which runs
-	// the claim behind durablePrelude: its commit waits for the flush. The
-	// settle commits durably (see settleCheck), which flushes the WAL up to
-	// and including the claim. A replay assigns no transaction id, so it
-	// has nothing to flush either way.
-	s.claim = fmt.Sprintf(`INSERT INTO %s (principal, key, fingerprint, state, lease_token, request_id, nonce,
-	created_at, locked_at, lease_expires_at, expires_at, uncertain)
-VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $8::bigint * interval '1 microsecond',
-	now() + $6::bigint * interval '1 microsecond', false)
-ON CONFLICT (principal, key) DO NOTHING`, t)
-	s.claimRead = fmt.Sprintf(`SELECT %[2]s, now() FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
-
-	// Taking over a stale in_progress row: fenced by the token the caller
-	// saw, and the staleness re-checked on the row's latest version with
-	// the statement's own now(): its own lease deadline, never the new
-	// request's lease, and an Uncertain row only when the request may take
-	// it ($9, ClaimRequest.TakeOverUncertain). Zero rows means someone else
-	// changed the row (a Keep included). The nonce and the Uncertain mark
-	// stay: the taken-over attempt's downstream keys are reused, and its
-	// outcome is still unknown until Reconcile says.
-	s.takeover = fmt.Sprintf(`UPDATE %[1]s SET lease_token = $4, request_id = $5, locked_at = now(),
-	lease_expires_at = now() + $8::bigint * interval '1 microsecond',
-	expires_at = now() + $6::bigint * interval '1 microsecond'
-WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
-	AND fingerprint = $3 AND lease_expires_at <= now() AND (NOT uncertain OR $9::boolean)
-RETURNING %[2]s, now()`, t, recordCols)
-
-	// Replacing a row past its retention: it counts as absent, so every
-	// column starts afresh, the nonce included.
-	s.replace = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
-	request_id = $5, nonce = $8, created_at = now(), locked_at = now(),
-	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
-	expires_at = now() + $6::bigint * interval '1 microsecond',
-	uncertain = false, status = NULL, headers = NULL, body = NULL
-WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
-RETURNING %[2]s, now()`, t, recordCols)
-
-	// Claiming a released row: the key is free, so the new attempt's
-	// fingerprint, token, lease and retention replace the old, fenced by
-	// the released token and re-checked on the row's latest version. The
-	// nonce stays for the same request (the same fingerprint: the released
-	// attempt's downstream keys reach the provider again and are
-	// deduplicated); another request is another downstream operation and
-	// gets the new one. In SET, fingerprint is the row's old value.
-	s.reuse = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
-	request_id = $5, nonce = CASE WHEN fingerprint = $3 THEN nonce ELSE $8 END,
-	created_at = now(), locked_at = now(),
-	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
-	expires_at = now() + $6::bigint * interval '1 microsecond', uncertain = false
-WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'released' AND expires_at > now()
-RETURNING %[2]s, now()`, t, recordCols)
-
-	// A release keeps the row, and with it the nonce, until it expires.
-	s.release = fmt.Sprintf(`UPDATE %s SET state = 'released', uncertain = false
-WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, t)
-
-	// Keep leaves the row in progress under its token, marks it Uncertain
-	// and ends its lease, so that the next claim finds it stale at once.
-	s.keep = fmt.Sprintf(`UPDATE %s SET uncertain = true, lease_expires_at = now()
-WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, t)
-
-	s.get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, t, recordCols)
-
-	// Several sweepers can run at once: each locks its own batch and skips
-	// rows another holds. The locking re-checks state and expires_at on the
-	// latest version of a row that changed after the snapshot. Settled rows
-	// come from the expires_at index, which holds only them; the few
-	// expired in_progress rows (abandoned claims) from the lease_expires_at
-	// index, which holds only those; the batch takes settled rows first.
-	s.purge = fmt.Sprintf(`WITH settled AS (
-	SELECT principal, key FROM %[1]s
-	WHERE state <> 'in_progress' AND expires_at <= now()
-	ORDER BY expires_at
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-), held AS (
-	SELECT principal, key FROM %[1]s
-	WHERE state = 'in_progress' AND expires_at <= now()
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-DELETE FROM %[1]s AS t USING (
-	SELECT principal, key FROM settled
-	UNION ALL
-	SELECT principal, key FROM held
-	LIMIT $1
-) AS d
-WHERE t.principal = d.principal AND t.key = d.key`, t)
-
-	s.listStale = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
-WHERE state = 'in_progress' AND lease_expires_at <= now()
-ORDER BY lease_expires_at
-LIMIT $1`, t, recordCols)
-
-	// The settle, fenced by the lease token. It is pipelined with COMMIT in
-	// one round trip, so a missed fence must not merely report zero rows: it
-	// must abort the transaction, or the COMMIT queued behind it would commit
-	// the handler's writes without the outcome. The CASE raises an error
-	// (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly one row was
-	// updated; the server then skips the COMMIT.
-	s.settle = fmt.Sprintf(`WITH u AS (
-	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7, uncertain = false
-	WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
-	RETURNING 1
-)
-SELECT CASE WHEN count(*) = 1 THEN 1
-	ELSE ('%s: fenced update matched ' || count(*) || ' rows')::int END
-FROM u`, t, leaseLostMarker)
-	return s
-}
-
-// leaseLostMarker is in the error the settle statement raises when its fence
-// misses. It is not a valid integer, which is how it raises.
-const leaseLostMarker = "idempgx lease lost"
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
@@ -581,7 +291,7 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // batch (one round trip, one implicit transaction), and calls each for
 // every row it returns.
 func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt string, args ...any) error {
-	return s.queryBehind(ctx, s.sql.prelude, each, stmt, args...)
+	return s.queryBehind(ctx, s.sql.Prelude, each, stmt, args...)
 }
 
 // queryBehind is query behind another prelude.
@@ -616,7 +326,7 @@ func (s *Store) queryBehind(ctx context.Context, prelude string, each func(pgx.R
 
 // exec is query for a statement that returns no rows.
 func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
-	return s.execBehind(ctx, s.sql.prelude, stmt, args...)
+	return s.execBehind(ctx, s.sql.Prelude, stmt, args...)
 }
 
 // execBehind is exec behind another prelude.
@@ -681,9 +391,9 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 		return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
 	}
 	req.RequestID = idemstore.BoundRequestID(req.RequestID)
-	prelude := s.sql.claimPrelude
+	prelude := s.sql.ClaimPrelude
 	if req.Durable {
-		prelude = s.sql.durablePrelude
+		prelude = s.sql.DurablePrelude
 	}
 	connRetries := 0
 	lostTakeover := false // a stale takeover's answer was lost
@@ -719,7 +429,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 			// Our own statement claimed it, and its answer was lost.
 			return idemstore.ClaimResult{Claimed: true, Reclaimed: lostTakeover, Record: rec, Now: now}, nil
 		case !now.Before(rec.ExpiresAt):
-			res, ok, err := s.takeOver(ctx, prelude, s.sql.replace, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.Replace, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
 				continue
 			}
@@ -727,7 +437,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 				return res, err
 			}
 		case rec.State == idemstore.StateReleased:
-			res, ok, err := s.takeOver(ctx, prelude, s.sql.reuse, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.Reuse, req, rec.LeaseToken, req.Nonce, micros(req.Lease))
 			if err != nil && retryable(err) {
 				continue
 			}
@@ -736,7 +446,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 			}
 		case rec.State == idemstore.StateInProgress && !now.Before(rec.LeaseExpiresAt) &&
 			string(rec.Fingerprint) == string(req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
-			res, ok, err := s.takeOver(ctx, prelude, s.sql.takeover, req, rec.LeaseToken, micros(req.Lease), req.TakeOverUncertain)
+			res, ok, err := s.takeOver(ctx, prelude, s.sql.Takeover, req, rec.LeaseToken, micros(req.Lease), req.TakeOverUncertain)
 			if err != nil && retryable(err) {
 				lostTakeover = true
 				continue
@@ -758,9 +468,9 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue(prelude)
-	b.Queue(s.sql.claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
+	b.Queue(s.sql.Claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
 		micros(req.Lease))
-	b.Queue(s.sql.claimRead, req.Principal, req.Key)
+	b.Queue(s.sql.ClaimRead, req.Principal, req.Key)
 	br := s.pool.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
@@ -829,7 +539,7 @@ func (s *Store) takeOver(ctx context.Context, prelude, query string, req idemsto
 	return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 }
 
-// scanRecord scans recordCols, followed by now() when now is not nil.
+// scanRecord scans pgsql.RecordCols, followed by now() when now is not nil.
 func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 	var (
 		rec     idem.Record
@@ -884,7 +594,7 @@ func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 	if s.ended.has(l) {
 		return fmt.Errorf("idempgx: release: %w: the claim must be kept, not released", idemstore.ErrTxEnded)
 	}
-	return s.fenced(ctx, "release", s.sql.prelude, s.sql.release, l)
+	return s.fenced(ctx, "release", s.sql.Prelude, s.sql.Release, l)
 }
 
 // Keep implements idemstore.Store: an UPDATE fenced like Release's that leaves
@@ -898,7 +608,7 @@ func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 // sent again on another connection when its connection broke; a repeat
 // matches the row again and sets the same.
 func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
-	return s.fenced(ctx, "keep", s.sql.durablePrelude, s.sql.keep, l)
+	return s.fenced(ctx, "keep", s.sql.DurablePrelude, s.sql.Keep, l)
 }
 
 // fenced runs stmt, an UPDATE fenced by l's principal, key and token and
@@ -934,7 +644,7 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 			rec, err = scanRecord(rows, nil)
 			found = err == nil
 			return err
-		}, s.sql.get, principal, key)
+		}, s.sql.Get, principal, key)
 	})
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
@@ -965,7 +675,7 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.exec(ctx, s.sql.purge, limit)
+	tag, err := s.exec(ctx, s.sql.Purge, limit)
 	if err != nil {
 		return 0, wrap("purge expired", err)
 	}
@@ -987,7 +697,7 @@ func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error)
 			out = append(out, rec)
 		}
 		return err
-	}, s.sql.listStale, limit)
+	}, s.sql.ListStale, limit)
 	if err != nil {
 		return nil, wrap("list stale", err)
 	}

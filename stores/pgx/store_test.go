@@ -3,10 +3,7 @@ package idempgx_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,18 +28,47 @@ import (
 // take the raw connection through RawConn, which no handler can reach, to
 // prove the store detects it.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t testing.TB) storetest.Backend {
-		b := idempgxtest.NewBackend(t)
-		b.EndTxAround = func(ctx context.Context) error {
-			tx, ok := idempgx.Tx(ctx)
-			if !ok {
-				return errors.New("no idempgx transaction in context")
-			}
-			_, err := idempgx.RawConn(tx).Exec(ctx, "COMMIT")
+	storetest.Run(t, pgxBackend)
+}
+
+// pgxBackend is idempgxtest's Backend with what only these tests can
+// reach: the raw connection, the pool's size, a counting dialer.
+func pgxBackend(t testing.TB) storetest.Backend {
+	e := newEnv(t, newPool(t, 8, nil))
+	b := e.Backend()
+	b.Rounds = envInt("IDEM_PGX_ROUNDS", 0)
+	b.EndTxAround = func(ctx context.Context) error {
+		_, err := rawConn(ctx).Exec(ctx, "COMMIT")
+		return err
+	}
+	b.DropConn = func(ctx context.Context) error {
+		h, _ := idempgx.Tx(ctx)
+		var pid int32
+		if err := h.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			return err
 		}
-		return b
-	})
+		var killed bool
+		err := e.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&killed)
+		if err == nil && !killed {
+			err = errors.New("pg_terminate_backend found no such backend")
+		}
+		return err
+	}
+	b.Pool = func(t testing.TB, size int) idemstore.Store { return newEnv(t, newPool(t, int32(size), nil)).Store }
+	b.HandlerHoldsConn, b.Syncer = true, true
+	b.CountTrips = func(t testing.TB) (storetest.Backend, func() int64) {
+		c := &counter{}
+		return newEnv(t, newPool(t, 1, c)).Backend(), c.roundTrips.Load
+	}
+	b.Trips = storetest.Trips{Claim: 1, Begin: 1, Settle: 1, Replay: 1, Conflict: 1, Takeover: 2, Release: 1, Keep: 1, Get: 1, DurableClaim: 1}
+	return b
+}
+
+// rawConn is the connection under the handle ctx carries, which only
+// these tests can reach.
+func rawConn(ctx context.Context) *pgx.Conn {
+	h, _ := idempgx.Tx(ctx)
+	return idempgx.RawConn(h)
 }
 
 func TestNewValidatesTable(t *testing.T) {
@@ -151,139 +177,6 @@ func TestSchema(t *testing.T) {
 	}
 }
 
-// TestExactlyOnceUnderContention: many rounds of 16 goroutines claiming the
-// same fresh key; each winner writes a business row and settles in the
-// shared transaction.
-func TestExactlyOnceUnderContention(t *testing.T) {
-	t.Parallel()
-	rounds := envInt("IDEM_PGX_ROUNDS", 2000)
-	const goroutines = 16
-	pool := newPool(t, 10, nil)
-	e := newEnv(t, pool)
-	ctx := testCtx(t)
-	start := time.Now()
-	var transient int
-	for round := range rounds {
-		key := "k" + randHex(6)
-		type result struct {
-			claimed bool
-			err     error
-		}
-		results := make(chan result, goroutines)
-		gate := make(chan struct{})
-		for range goroutines {
-			go func() {
-				req := claimReq("alice", key, "body", 30*time.Second)
-				<-gate
-				res, err := e.Store.Claim(ctx, req)
-				if err != nil || !res.Claimed {
-					results <- result{err: err}
-					return
-				}
-				results <- result{claimed: true, err: e.runAttempt(ctx, leaseOf(req), key, key)}
-			}()
-		}
-		close(gate)
-		winners := 0
-		for range goroutines {
-			r := <-results
-			switch {
-			case r.err != nil && errors.Is(r.err, idemstore.ErrTransient) && !r.claimed:
-				transient++
-			case r.err != nil:
-				t.Fatalf("round %d: %v", round, r.err)
-			case r.claimed:
-				winners++
-			}
-		}
-		if winners != 1 {
-			t.Fatalf("round %d: %d winners, want 1", round, winners)
-		}
-	}
-	elapsed := time.Since(start)
-	var keys, effects, inProgress int
-	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.Store.Table()+`),
-		(SELECT count(*) FROM `+e.EffectsTable()+`),
-		(SELECT count(*) FROM `+e.Store.Table()+` WHERE state <> 'completed')`).Scan(&keys, &effects, &inProgress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if keys != rounds || effects != rounds || inProgress != 0 {
-		t.Fatalf("keys=%d business rows=%d not completed=%d, want %d %d 0", keys, effects, inProgress, rounds, rounds)
-	}
-	var dup int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM `+e.EffectsTable()+` GROUP BY id HAVING count(*) > 1) d`).Scan(&dup); err != nil || dup != 0 {
-		t.Fatalf("%d keys with more than one business row (%v)", dup, err)
-	}
-	reruns := idempgx.ClaimReruns(e.Store)
-	t.Logf("%d rounds × %d goroutines in %v: %d keys, %d business rows, 0 in progress; %d transient claim errors; %d claims re-run",
-		rounds, goroutines, elapsed.Round(time.Millisecond), keys, effects, transient, reruns)
-	// A loser's INSERT waits for the winner's and finds its row; the
-	// claim's SELECT, with a snapshot taken after the INSERT, reads it.
-	// Nothing here expires or is purged, so no claim has cause to run
-	// again.
-	if reruns != 0 {
-		t.Errorf("%d claims ran again under contention: the claim's SELECT missed a row its INSERT had met", reruns)
-	}
-}
-
-// TestFence: a holder whose lease expired and was taken over cannot commit
-// its business write.
-func TestFence(t *testing.T) {
-	t.Parallel()
-	const lease = 300 * time.Millisecond
-	e := newEnv(t, newPool(t, 6, nil))
-	ctx := testCtx(t)
-
-	first := claimReq("alice", "pay-"+randHex(4), "body", lease)
-	if res, err := e.Store.Claim(ctx, first); err != nil || !res.Claimed {
-		t.Fatalf("first claim: %+v %v", res, err)
-	}
-	txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(first))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-
-	time.Sleep(lease + 50*time.Millisecond)
-	second := claimReq("alice", first.Key, "body", lease)
-	res, err := e.Store.Claim(ctx, second)
-	if err != nil || !res.Claimed || !res.Reclaimed {
-		t.Fatalf("takeover after the lease: %+v %v", res, err)
-	}
-
-	// The first holder, unaware, writes its business row and settles.
-	if err := e.WriteEffect(txCtx, "first"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Settle(ctx, okResponse("first")); !errors.Is(err, idemstore.ErrLeaseLost) {
-		t.Fatalf("stale holder's settle = %v, want ErrLeaseLost", err)
-	}
-	if n := e.mustCount(t, "first"); n != 0 {
-		t.Fatalf("stale holder's business row committed (%d)", n)
-	}
-	// Its handler's view of the transaction is closed.
-	if _, err := idempgx.Tx(txCtx); err == false {
-		t.Fatal("Tx(ctx) lost the transaction")
-	}
-	if h, _ := idempgx.Tx(txCtx); h != nil {
-		if _, err := h.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
-			t.Fatalf("handler tx after settle: %v, want ErrTxClosed", err)
-		}
-	}
-
-	if err := e.runAttempt(ctx, leaseOf(second), "second", "second"); err != nil {
-		t.Fatalf("new holder: %v", err)
-	}
-	if n := e.mustCount(t, "second"); n != 1 {
-		t.Fatalf("new holder's rows = %d", n)
-	}
-	rec, err := e.Store.Get(ctx, "alice", first.Key)
-	if err != nil || rec.State != idemstore.StateCompleted || string(rec.Response.Body) != "second" {
-		t.Fatalf("final record %+v %v", rec, err)
-	}
-}
-
 // TestTakeoverRechecksTheRow: the stale takeover's UPDATE decides on the
 // row's latest version, not on what the claim read before it: it matches
 // nothing for a row whose own lease has not ended, whatever lease the new
@@ -334,99 +227,9 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 	}
 }
 
-// TestTakeoverRacingCompletion: a takeover that comes too early (the
-// holder's lease is 1µs, so the holder is stale at once) racing the holder's
-// settle, in both orders and interleaved at random, never commits two
-// effects, and the stored response is always from the one effect that
-// committed.
-func TestTakeoverRacingCompletion(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, newPool(t, 8, nil))
-	ctx := testCtx(t)
-	iterations := envInt("IDEM_PGX_RACE_ITERATIONS", 300)
-	var holderWins, takerWins int
-	for i := range iterations {
-		key := "race-" + randHex(6)
-		holder := claimReq("alice", key, "body", time.Microsecond)
-		if res, err := e.Store.Claim(ctx, holder); err != nil || !res.Claimed {
-			t.Fatalf("holder claim: %+v %v", res, err)
-		}
-		txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(holder))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.WriteEffect(txCtx, key+"/holder"); err != nil {
-			t.Fatal(err)
-		}
-
-		holderDone := make(chan error, 1)
-		settle := func() { holderDone <- tx.Settle(ctx, okResponse("holder")) }
-		taker := claimReq("alice", key, "body", time.Hour)
-		take := func() error {
-			res, err := e.Store.Claim(ctx, taker)
-			if err != nil {
-				return err
-			}
-			if !res.Claimed {
-				if res.Record.State != idemstore.StateCompleted || string(res.Record.Response.Body) != "holder" {
-					t.Errorf("iteration %d: taker not claimed but record is %+v", i, res.Record)
-				}
-				return nil
-			}
-			if !res.Reclaimed {
-				t.Errorf("iteration %d: takeover not marked Reclaimed", i)
-			}
-			return e.runAttempt(ctx, leaseOf(taker), key+"/taker", "taker")
-		}
-		var takeErr, settleErr error
-		switch i % 3 {
-		case 0: // completion commits first
-			settle()
-			settleErr = <-holderDone
-			takeErr = take()
-		case 1: // takeover first
-			takeErr = take()
-			settle()
-			settleErr = <-holderDone
-		default: // at the same time
-			go settle()
-			takeErr = take()
-			settleErr = <-holderDone
-		}
-		_ = tx.Rollback(ctx)
-		if takeErr != nil {
-			t.Fatalf("iteration %d: taker: %v", i, takeErr)
-		}
-		if settleErr != nil && !errors.Is(settleErr, idemstore.ErrLeaseLost) {
-			t.Fatalf("iteration %d: holder settle: %v", i, settleErr)
-		}
-		h, tk := e.mustCount(t, key+"/holder"), e.mustCount(t, key+"/taker")
-		if h+tk != 1 {
-			t.Fatalf("iteration %d (order %d): holder effects %d, taker effects %d: want exactly one", i, i%3, h, tk)
-		}
-		rec, err := e.Store.Get(ctx, "alice", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := "holder"
-		if tk == 1 {
-			want = "taker"
-			takerWins++
-		} else {
-			holderWins++
-		}
-		if rec.State != idemstore.StateCompleted || string(rec.Response.Body) != want {
-			t.Fatalf("iteration %d: record %s %q, want completed %q", i, rec.State, rec.Response.Body, want)
-		}
-		if (settleErr == nil) != (want == "holder") {
-			t.Fatalf("iteration %d: holder settle err %v but %s's effect stands", i, settleErr, want)
-		}
-	}
-	t.Logf("%d iterations: holder committed %d, taker committed %d, never both", iterations, holderWins, takerWins)
-}
-
-// TestHandlerTx: the handler's view of the transaction runs in it, nests
-// with savepoints, and is closed once settled, savepoints included.
+// TestHandlerTx: the handler's view of the transaction runs in it at read
+// committed, nests with savepoints as in pgx, and is closed once settled,
+// savepoints included.
 func TestHandlerTx(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 4, nil))
@@ -490,29 +293,6 @@ func TestHandlerTx(t *testing.T) {
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback after Settle: %v", err)
-	}
-
-	// A cancelled request context does not strand the transaction: settle
-	// and rollback run on the engine's own context.
-	req3 := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if _, err := e.Store.Claim(ctx, req3); err != nil {
-		t.Fatal(err)
-	}
-	reqCtx, cancel := context.WithCancel(ctx)
-	txCtx3, tx3, err := e.Store.BeginTx(reqCtx, leaseOf(req3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx3.Rollback(ctx) }()
-	if err := e.WriteEffect(txCtx3, "cancelled"); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	if err := tx3.Settle(context.WithoutCancel(reqCtx), okResponse("c")); err != nil {
-		t.Fatalf("settle after the request was cancelled: %v", err)
-	}
-	if e.mustCount(t, "cancelled") != 1 {
-		t.Fatal("write lost")
 	}
 }
 
@@ -592,11 +372,41 @@ func TestErrorMapping(t *testing.T) {
 	}
 }
 
-// TestQueryExecModes runs the claim, settle, replay, fence and poisoned
-// transaction paths under every pgx query execution mode (the simple
-// protocol is what PgBouncer users configure) and with a server default
-// isolation of SERIALIZABLE, where the claim's snapshot race surfaces as
-// 40001 instead of an empty result.
+// TestNoClaimRerunsUnderContention: claims of a fresh key racing each
+// other never run the claim statement again: a loser's INSERT waits for
+// the winner's and its SELECT, with a snapshot taken after the INSERT,
+// reads the winner's row. (Exactly one winner is core/storetest's
+// ConcurrentClaimsExactlyOnce.)
+func TestNoClaimRerunsUnderContention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 10, nil))
+	ctx := testCtx(t)
+	for round := range envInt("IDEM_PGX_ROUNDS", 60) {
+		key, gate, done := "k"+randHex(6), make(chan struct{}), make(chan error, 16)
+		for range 16 {
+			go func() {
+				<-gate
+				_, err := e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
+				done <- err
+			}()
+		}
+		close(gate)
+		for range 16 {
+			if err := <-done; err != nil && !errors.Is(err, idemstore.ErrTransient) {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+	}
+	if n := idempgx.ClaimReruns(e.Store); n != 0 {
+		t.Fatalf("%d claims ran again under contention: the claim's SELECT missed a row its INSERT had met", n)
+	}
+}
+
+// TestQueryExecModes runs the claim, replay, fence, poisoned-transaction
+// and contention cases of core/storetest under every pgx query execution
+// mode (the simple protocol is what PgBouncer users configure) and with a
+// server default isolation of SERIALIZABLE, where the claim's snapshot race
+// surfaces as 40001 instead of an empty result.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
 	modes := map[string]func(*pgxpool.Config){
@@ -609,205 +419,19 @@ func TestQueryExecModes(t *testing.T) {
 			c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
 		},
 	}
-	base := newPool(t, 2, nil)
 	for name, mutate := range modes {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testCtx(t)
-			e := newEnv(t, base)
-			cfg := base.Config().Copy()
-			cfg.MaxConns = 6
-			mutate(cfg)
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			me := &env{&idempgxtest.Env{Pool: pool, Schema: e.Schema, Store: s}}
-
-			// Settle and replay, with binary-unfriendly content.
-			req := claimReq("alice", "k-"+randHex(4), "body\x00\xff", time.Minute)
-			if res, err := s.Claim(ctx, req); err != nil || !res.Claimed {
-				t.Fatalf("claim: %+v %v", res, err)
-			}
-			out := okResponse("\x00\xff'\"; COMMIT; --")
-			out.Response.Header["X-Quote"] = []string{`it's "quoted"`}
-			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := me.WriteEffect(txCtx, req.Key); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Settle(ctx, out); err != nil {
-				t.Fatalf("settle: %v", err)
-			}
-			res, err := s.Claim(ctx, claimReq("alice", req.Key, "body\x00\xff", time.Minute))
-			if err != nil || res.Claimed || string(res.Record.Response.Body) != string(out.Response.Body) ||
-				res.Record.Response.Header.Get("X-Quote") != `it's "quoted"` {
-				t.Fatalf("replay: %+v %v", res, err)
-			}
-
-			// The fence: a lost lease commits nothing.
-			old := claimReq("alice", "f-"+randHex(4), "body", time.Microsecond) // stale at once
-			if _, err := s.Claim(ctx, old); err != nil {
-				t.Fatal(err)
-			}
-			oldCtx, oldTx, err := s.BeginTx(ctx, leaseOf(old))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := me.WriteEffect(oldCtx, old.Key+"/old"); err != nil {
-				t.Fatal(err)
-			}
-			taker := claimReq("alice", old.Key, "body", time.Minute)
-			if res, err := s.Claim(ctx, taker); err != nil || !res.Reclaimed {
-				t.Fatalf("takeover: %+v %v", res, err)
-			}
-			if err := oldTx.Settle(ctx, okResponse("old")); !errors.Is(err, idemstore.ErrLeaseLost) {
-				t.Fatalf("stale settle = %v, want ErrLeaseLost", err)
-			}
-			if me.mustCount(t, old.Key+"/old") != 0 {
-				t.Fatal("stale holder's write committed")
-			}
-
-			// A poisoned transaction is a failure, never a success.
-			p := claimReq("alice", "p-"+randHex(4), "body", time.Minute)
-			if _, err := s.Claim(ctx, p); err != nil {
-				t.Fatal(err)
-			}
-			pCtx, pTx, err := s.BeginTx(ctx, leaseOf(p))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := me.WriteEffect(pCtx, p.Key); err != nil {
-				t.Fatal(err)
-			}
-			if err := me.Backend().PoisonTx(pCtx); err != nil {
-				t.Fatal(err)
-			}
-			if err := pTx.Settle(ctx, okResponse("p")); err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
-				t.Fatalf("settle of a poisoned tx = %v", err)
-			}
-			if me.mustCount(t, p.Key) != 0 {
-				t.Fatal("poisoned tx committed")
-			}
-
-			// Contention, briefly.
-			for round := range 30 {
-				key := "c-" + randHex(6)
-				winners := make(chan bool, 8)
-				gate := make(chan struct{})
-				for range 8 {
-					go func() {
-						r := claimReq("alice", key, "body", time.Minute)
-						<-gate
-						res, err := s.Claim(ctx, r)
-						if err != nil {
-							t.Errorf("round %d: claim: %v", round, err)
-						}
-						if err == nil && res.Claimed {
-							if err := me.runAttempt(ctx, leaseOf(r), key, "x"); err != nil {
-								t.Errorf("round %d: %v", round, err)
-							}
-						}
-						winners <- err == nil && res.Claimed
-					}()
-				}
-				close(gate)
-				n := 0
-				for range 8 {
-					if <-winners {
-						n++
-					}
-				}
-				if n != 1 || me.mustCount(t, key) != 1 {
-					t.Fatalf("round %d: %d winners, %d effects", round, n, me.mustCount(t, key))
-				}
-			}
+			storetest.RunCases(t, func(t testing.TB) storetest.Backend {
+				cfg := idempgxtest.PoolConfig(t, 6)
+				mutate(cfg)
+				b := newEnv(t, idempgxtest.OpenPool(t, cfg)).Backend()
+				b.Rounds = 30
+				return b
+			}, "ClaimExistingWritesNothing", "ResponseRoundTrip", "StaleHolderSettleIsFenced", "FailedCommitStoresNothing",
+				"ConcurrentClaimsExactlyOnce")
 		})
 	}
-}
-
-// TestPurgeRacingReplacement: sweepers delete expired rows while requests
-// claim the same expired keys again. A purge must never delete a row a
-// claim has just replaced (its expires_at is re-checked on the locked row),
-// so every claim settles, and every key ends with exactly one effect.
-func TestPurgeRacingReplacement(t *testing.T) {
-	t.Parallel()
-	const keys = 150
-	e := newEnv(t, newPool(t, 8, nil))
-	ctx := testCtx(t)
-	for i := range keys {
-		req := claimReq("alice", fmt.Sprintf("exp-%03d", i), "old", time.Minute)
-		req.Retention = 300 * time.Millisecond
-		if _, err := e.Store.Claim(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-		_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Settle(ctx, okResponse("old")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(400 * time.Millisecond)
-
-	var wg sync.WaitGroup
-	var purged atomic.Int64
-	for range 2 {
-		wg.Go(func() {
-			for {
-				n, err := e.Store.PurgeExpired(ctx, 3)
-				if err != nil {
-					t.Errorf("purge: %v", err)
-					return
-				}
-				purged.Add(int64(n))
-				if n == 0 {
-					return
-				}
-			}
-		})
-	}
-	// The sweepers go oldest first; the claimers start from the other end,
-	// so they meet and race somewhere in the middle.
-	work := make(chan int, keys)
-	for i := keys - 1; i >= 0; i-- {
-		work <- i
-	}
-	close(work)
-	for range 4 {
-		wg.Go(func() {
-			for i := range work {
-				key := fmt.Sprintf("exp-%03d", i)
-				req := claimReq("alice", key, "new", time.Minute)
-				res, err := e.Store.Claim(ctx, req)
-				if err != nil || !res.Claimed || res.Reclaimed {
-					t.Errorf("%s: claim of an expired key: %+v %v", key, res, err)
-					continue
-				}
-				if err := e.runAttempt(ctx, leaseOf(req), key, "new"); err != nil {
-					t.Errorf("%s: settle after replacing an expired row: %v", key, err)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	var completed, effects int
-	if err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.Store.Table()+` WHERE state = 'completed' AND body = 'new'),
-		(SELECT count(DISTINCT id) FROM `+e.EffectsTable()+`)`).Scan(&completed, &effects); err != nil {
-		t.Fatal(err)
-	}
-	if completed != keys || effects != keys {
-		t.Fatalf("%d keys completed anew, %d effects; want %d each", completed, effects, keys)
-	}
-	t.Logf("%d expired keys re-claimed while sweepers purged %d of them", keys, purged.Load())
 }
 
 // A table named without a schema lands in the schema the pool's search_path

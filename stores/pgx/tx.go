@@ -18,6 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/stores/internal/pgsql"
+	"github.com/idemgo/idem/stores/internal/sqlguard"
 )
 
 type txKey struct{}
@@ -54,7 +57,7 @@ func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context
 	defer cancel()
 	marker := newMarker()
 	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
-		BeginQuery: s.sql.beginPrefix + "'" + marker + "'"}
+		BeginQuery: s.sql.BeginQuery(marker)}
 	var (
 		conn *pgxpool.Conn
 		real pgx.Tx
@@ -185,8 +188,8 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		body = []byte{}
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.store.sql.settleCheck, t.marker)
-	b.Queue(t.store.sql.settle, t.lease.Principal, t.lease.Key, t.lease.Token,
+	b.Queue(t.store.sql.SettleCheck, t.marker)
+	b.Queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
 		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
@@ -206,7 +209,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 
 	switch {
 	case checkErr != nil:
-		if hasMarker(checkErr, txEndedMarker) {
+		if hasMarker(checkErr, pgsql.TxEndedMarker) {
 			f.ended = true
 		}
 		if ended, _ := t.abandon(ctx, f); ended {
@@ -218,7 +221,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		switch {
 		case ended:
 			return fmt.Errorf("idempgx: settle: %w: %w", errTxEnded, updErr)
-		case hasMarker(updErr, leaseLostMarker):
+		case hasMarker(updErr, pgsql.LeaseLostMarker):
 			return idemstore.ErrLeaseLost
 		case sqlState(updErr) == "25P02":
 			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, updErr)
@@ -252,18 +255,6 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	t.conn = nil
 	return nil
 }
-
-// syncSQL reads, on the transaction's connection, the WAL position BeginTx
-// took (syncSetting, NULL if the handler removed it), the insert position
-// now and the flush position, as text: one statement, the first poll of
-// Sync. syncPollSQL reads the flush position again. Both call only
-// pg_catalog functions, so nothing in the handler's session changes what
-// they do, and neither can fail in a transaction that is not aborted.
-const (
-	syncSQL = `SELECT pg_catalog.current_setting('` + syncSetting + `', true),
-	pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
-	syncPollSQL = `SELECT pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
-)
 
 // The backoff between Sync's polls: doubled from the first up to the last.
 const (
@@ -323,8 +314,8 @@ func (t *storeTx) Sync(ctx context.Context) error {
 }
 
 // syncPoll runs one of Sync's statements under the locks Settle and the
-// handle's statements take: syncSQL while *target is zero (and then sets
-// it), syncPollSQL after. It reports whether the WAL is flushed up to
+// handle's statements take: pgsql.SyncSQL while *target is zero (and then sets
+// it), pgsql.SyncPollSQL after. It reports whether the WAL is flushed up to
 // *target.
 func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	t.mu.Lock()
@@ -353,7 +344,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	if *target == 0 {
 		var began *string
 		var insert string
-		if err := h.txConn.QueryRow(sctx, syncSQL).Scan(&began, &insert, &flush); err != nil {
+		if err := h.txConn.QueryRow(sctx, pgsql.SyncSQL).Scan(&began, &insert, &flush); err != nil {
 			return false, wrap("sync", err)
 		}
 		now, err := parseLSN(insert)
@@ -368,7 +359,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 				*target = b
 			}
 		}
-	} else if err := h.txConn.QueryRow(sctx, syncPollSQL).Scan(&flush); err != nil {
+	} else if err := h.txConn.QueryRow(sctx, pgsql.SyncPollSQL).Scan(&flush); err != nil {
 		return false, wrap("sync", err)
 	}
 	f, err := parseLSN(flush)
@@ -497,7 +488,7 @@ func (t *storeTx) abandon(ctx context.Context, f handleState) (ended bool, err e
 // sameTx runs prefix, reads the marker and rolls back, in one round trip,
 // and reports whether the marker is the one BeginTx set.
 func (t *storeTx) sameTx(ctx context.Context, pg *pgconn.PgConn, prefix string) (bool, error) {
-	res, err := pg.Exec(ctx, prefix+"SELECT pg_catalog.current_setting('"+leaseSetting+"', true); ROLLBACK").ReadAll()
+	res, err := pg.Exec(ctx, prefix+"SELECT pg_catalog.current_setting('"+pgsql.LeaseSetting+"', true); ROLLBACK").ReadAll()
 	if err != nil {
 		if prefix != "" && sqlState(err) == "3B001" { // no such savepoint: another transaction
 			return false, nil
@@ -711,7 +702,7 @@ func (h *Handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	// Each query is one statement on the wire, except under the simple
 	// protocol, where pgx joins them with "\n;" into one text.
 	for _, sql := range append(texts, strings.Join(texts, "\n;")) {
-		if words, bad := txControlStatement(sql); bad {
+		if words, bad := txControl(sql); bad {
 			return pgx.FailedBatchResults(b, h.refuse(ctx, words))
 		}
 	}
@@ -741,6 +732,12 @@ var closedTx = func() pgx.Tx {
 	return pgx.FailedBatchResults(&b, pgx.ErrTxClosed).Tx()
 }()
 
+// txControl reports whether sql holds a statement that would begin, end
+// or prepare a transaction under either setting of
+// standard_conforming_strings (a handler can change it with SET), with
+// that statement's first words for the error.
+func txControl(sql string) (string, bool) { return sqlguard.TxControl(sqlguard.PostgreSQL, sql) }
+
 // prepareFiltered prepares sql on the connection, for a savepoint's Prepare, as
 // pgx.Tx does, after refusing a transaction-control statement.
 func (h *Handle) prepareFiltered(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
@@ -749,7 +746,7 @@ func (h *Handle) prepareFiltered(ctx context.Context, name, sql string) (*pgconn
 	if err := h.enter(); err != nil {
 		return nil, err
 	}
-	if words, bad := txControlStatement(sql); bad {
+	if words, bad := txControl(sql); bad {
 		return nil, h.refuse(ctx, words)
 	}
 	sd, err := h.real.Prepare(ctx, name, sql)
@@ -771,7 +768,7 @@ func (h *Handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	if words, bad := txControlStatement(sql); bad {
+	if words, bad := txControl(sql); bad {
 		return pgconn.CommandTag{}, h.refuse(ctx, words)
 	}
 	tag, err := h.real.Exec(ctx, sql, args...)
@@ -794,7 +791,7 @@ func (h *Handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if err != nil {
 		return errRows{err, h.txConn.TypeMap()}, err
 	}
-	if words, bad := txControlStatement(sql); bad {
+	if words, bad := txControl(sql); bad {
 		err := h.refuse(ctx, words)
 		return errRows{err, h.txConn.TypeMap()}, err
 	}
@@ -814,7 +811,7 @@ func (h *Handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	if err != nil {
 		return errRow{err}
 	}
-	if words, bad := txControlStatement(sql); bad {
+	if words, bad := txControl(sql); bad {
 		return errRow{h.refuse(ctx, words)}
 	}
 	return h.real.QueryRow(ctx, sql, args...)

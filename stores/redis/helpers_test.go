@@ -197,6 +197,13 @@ func (c *counter) record(trips int, cmds ...redis.Cmder) {
 	}
 }
 
+// total is the round trips counted so far.
+func (c *counter) total() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(c.trips)
+}
+
 // measure runs fn and returns the round trips and commands it cost.
 func (c *counter) measure(fn func()) (int, []string) {
 	c.mu.Lock()

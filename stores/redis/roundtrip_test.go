@@ -1,178 +1,16 @@
 package idemredis_test
 
 import (
-	"context"
-	"errors"
 	"math"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/idemstore"
-	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
-
-// TestRoundTrips counts, with a go-redis hook, what each store call sends:
-// claim 1, settle 1, replay 1, takeover 1, keep 1, release 1, BeginTx 0, each one
-// EVALSHA of a cached script; and a request through the engine costs the
-// claim and the settle, a replay the claim alone.
-func TestRoundTrips(t *testing.T) {
-	ctx := testCtx(t)
-	c := idemredistest.NewClient(t)
-	cnt := &counter{}
-	c.AddHook(cnt)
-	env := idemredistest.NewEnv(t, c)
-	s := env.Store
-
-	req := claimReq("alice", "rt-"+idemredistest.RandHex(4), "body", 200*time.Millisecond)
-	var txCtx context.Context
-	var tx idemstore.Tx
-	cases := []struct {
-		name string
-		fn   func() error
-		want int
-	}{
-		{"claim", func() error {
-			res, err := s.Claim(ctx, req)
-			if err == nil && !res.Claimed {
-				err = errors.New("not claimed")
-			}
-			return err
-		}, 1},
-		{"begin", func() (err error) { txCtx, tx, err = s.BeginTx(ctx, leaseOf(req)); return err }, 0},
-		{"in-progress conflict", func() error {
-			res, err := s.Claim(ctx, claimReq("alice", req.Key, "body", time.Hour))
-			if err == nil && res.Claimed {
-				err = errors.New("claimed a held key")
-			}
-			return err
-		}, 1},
-		{"check lease", func() error { h, _ := idemredis.Tx(txCtx); return h.CheckLease(ctx) }, 1},
-		{"settle", func() error { return tx.Settle(ctx, okOutcome(`{"id":"p1"}`)) }, 1},
-		{"replay", func() error {
-			res, err := s.Claim(ctx, claimReq("alice", req.Key, "body", time.Hour))
-			if err == nil && (res.Claimed || res.Record.Response == nil) {
-				err = errors.New("not a replay")
-			}
-			return err
-		}, 1},
-		{"get", func() error { _, err := s.Get(ctx, "alice", req.Key); return err }, 1},
-	}
-	for _, tc := range cases {
-		var err error
-		trips, cmds := cnt.measure(func() { err = tc.fn() })
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		if trips != tc.want {
-			t.Fatalf("%s: %d round trips %v, want %d", tc.name, trips, cmds, tc.want)
-		}
-		if slices.Contains(cmds, "eval") {
-			t.Fatalf("%s sent the script's source (EVAL) although Check loaded it: %v", tc.name, cmds)
-		}
-		t.Logf("%-20s %d round trip(s): %v", tc.name, trips, cmds)
-	}
-
-	stale := claimReq("alice", "rt-stale-"+idemredistest.RandHex(4), "body", time.Millisecond)
-	if _, err := s.Claim(ctx, stale); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Millisecond)
-	taker := claimReq("alice", stale.Key, "body", time.Millisecond)
-	trips, cmds := cnt.measure(func() {
-		res, err := s.Claim(ctx, taker)
-		if err != nil || !res.Reclaimed {
-			t.Fatalf("takeover: %+v, %v", res, err)
-		}
-	})
-	if trips != 1 {
-		t.Fatalf("takeover: %d round trips %v, want 1", trips, cmds)
-	}
-	trips, cmds = cnt.measure(func() { mustNil(t, s.Keep(ctx, leaseOf(taker))) })
-	if trips != 1 {
-		t.Fatalf("keep: %d round trips %v, want 1", trips, cmds)
-	}
-	trips, cmds = cnt.measure(func() { mustNil(t, s.Release(ctx, leaseOf(taker))) })
-	if trips != 1 {
-		t.Fatalf("release: %d round trips %v, want 1", trips, cmds)
-	}
-
-	// Through the engine: a first request is the claim and the settle, a
-	// replay the claim.
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
-	mustNil(t, err)
-	db := newPaymentsDB()
-	key := "rt-engine-" + idemredistest.RandHex(4)
-	for i, want := range []int{2, 1} {
-		var resp *idem.Response
-		trips, cmds := cnt.measure(func() { resp = run(eng, "alice", key, paymentHandler(db, key)) })
-		if resp.Status != 201 || trips != want {
-			t.Fatalf("engine request %d: %d, %d round trips %v; want 201 in %d", i, resp.Status, trips, cmds, want)
-		}
-	}
-}
-
-// TestReplayWritesNothing counts the server's writes (rdb_changes_since_last_save
-// on a server of this test's own, so nobody else's writes count): replays
-// and claims of a key someone holds write nothing; a claim and a settle do.
-func TestReplayWritesNothing(t *testing.T) {
-	ctx := testCtx(t)
-	srv := startServer(t)
-	c := srv.client(t, nil)
-	env := idemredistest.NewEnv(t, c)
-	s := env.Store
-
-	held := claimReq("alice", "held", "body", time.Hour)
-	done := claimReq("alice", "done", "body", time.Hour)
-	before := dirty(t, c)
-	for _, r := range []idemstore.ClaimRequest{held, done} {
-		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-			t.Fatalf("claim: %+v, %v", res, err)
-		}
-	}
-	_, tx, err := s.BeginTx(ctx, leaseOf(done))
-	mustNil(t, err)
-	mustNil(t, tx.Settle(ctx, okOutcome(`{"id":"p1"}`)))
-	if d := dirty(t, c) - before; d == 0 {
-		t.Fatal("claims and a settle counted no write: the counter does not measure writes")
-	}
-
-	before = dirty(t, c)
-	const n = 200
-	for i := range n {
-		key := done.Key
-		if i%2 == 1 {
-			key = held.Key
-		}
-		res, err := s.Claim(ctx, claimReq("alice", key, "body", time.Hour))
-		if err != nil || res.Claimed {
-			t.Fatalf("claim %d of an existing key: %+v, %v", i, res, err)
-		}
-		if i%2 == 0 && (res.Record.Response == nil || string(res.Record.Response.Body) != `{"id":"p1"}`) {
-			t.Fatalf("replay %d: %+v", i, res.Record)
-		}
-		if _, err := s.Get(ctx, "alice", key); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A mismatching fingerprint is refused without a write too.
-	if res, err := s.Claim(ctx, claimReq("alice", held.Key, "other body", time.Nanosecond)); err != nil || res.Claimed {
-		t.Fatalf("claim with another fingerprint: %+v, %v", res, err)
-	}
-	if _, err := s.ListStale(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	if d := dirty(t, c) - before; d != 0 {
-		t.Fatalf("%d replays and conflicts wrote %d times, want 0", n, d)
-	}
-	t.Logf("%d replays and in-progress conflicts, one mismatch, one ListStale: 0 writes on the server", n)
-}
 
 // TestServerClock: no argument the store sends carries the application's
 // clock (every time is the server's TIME, read inside the scripts), and the
@@ -215,6 +53,9 @@ func TestServerClock(t *testing.T) {
 	for i, args := range cnt.args {
 		if cnt.commands[i] == "time" {
 			continue // the test's own
+		}
+		if cnt.commands[i] == "eval" {
+			t.Fatalf("the store sent a script's source (EVAL) although Check loaded it: %v", cnt.commands)
 		}
 		for _, a := range args {
 			var n float64

@@ -129,7 +129,13 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newEngine(t *testing.T, s idemstore.Store, retention time.Duration) *idem.Engine {
 	t.Helper()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s, RequestTimeout: 500 * time.Millisecond, StoreTimeout: 500 * time.Millisecond,
+	return newEngineLease(t, s, retention, lease, 500*time.Millisecond)
+}
+
+// newEngineLease is newEngine with its own lease and request timeout.
+func newEngineLease(t *testing.T, s idemstore.Store, retention, lease, requestTimeout time.Duration) *idem.Engine {
+	t.Helper()
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s, RequestTimeout: requestTimeout, StoreTimeout: 500 * time.Millisecond,
 		Lease: lease, Retention: retention, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +280,9 @@ func testCommands(t *testing.T, e *env) {
 	short := newEngine(t, e.opened.Store, 2*lease)
 	finish(t, begin(t, short, "carol", "old-1"), http.StatusCreated, `{"id":"p0"}`)
 	time.Sleep(2*lease + 200*time.Millisecond)
-	live := begin(t, e.engine, "dave", "live-1")
+	// The live claim outlasts the test on a loaded machine: its lease and
+	// its handler's deadline are a minute.
+	live := begin(t, newEngineLease(t, e.opened.Store, time.Hour, time.Minute, 30*time.Second), "dave", "live-1")
 	t.Cleanup(live.Abort) // a no-op once finished; else its open transaction would block the cleanup
 
 	settled := [4]string{"2", "1", "0", "1"} // completed, failed, released, expired

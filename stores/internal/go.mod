@@ -1,0 +1,3 @@
+module github.com/idemgo/idem/stores/internal
+
+go 1.26

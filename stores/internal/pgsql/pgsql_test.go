@@ -1,0 +1,165 @@
+package pgsql_test
+
+import (
+	"io/fs"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/stores/internal/pgsql"
+	"github.com/idemgo/idem/stores/internal/sqlguard"
+)
+
+func TestParseTable(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		want  pgsql.Table
+		ident string
+	}{
+		{"idempotency_keys", pgsql.Table{Name: "idempotency_keys"}, `"idempotency_keys"`},
+		{"Billing.Keys_2", pgsql.Table{Schema: "Billing", Name: "Keys_2"}, `"Billing"."Keys_2"`},
+		{"_a." + strings.Repeat("k", pgsql.MaxTableLen), pgsql.Table{Schema: "_a", Name: strings.Repeat("k", pgsql.MaxTableLen)}, ""},
+		{strings.Repeat("s", 63) + ".t", pgsql.Table{Schema: strings.Repeat("s", 63), Name: "t"}, ""},
+	} {
+		got, err := pgsql.ParseTable(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseTable(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+		if c.ident != "" && got.Ident() != c.ident {
+			t.Errorf("%q: Ident() = %s, want %s", c.in, got.Ident(), c.ident)
+		}
+	}
+	for _, bad := range []string{"", "a.b.c", "1table", "my-table", `a"b`, "a b", ".t", "s.", "t;DROP",
+		strings.Repeat("k", pgsql.MaxTableLen+1), strings.Repeat("s", 64) + ".t", "é"} {
+		if got, err := pgsql.ParseTable(bad); err == nil {
+			t.Errorf("ParseTable(%q) = %+v, want an error", bad, got)
+		} else if !strings.HasPrefix(err.Error(), "table name ") {
+			t.Errorf("ParseTable(%q): %v, want an error that starts with the name, without a package prefix", bad, err)
+		}
+	}
+}
+
+func TestSchemaSQL(t *testing.T) {
+	raw, err := fs.ReadFile(pgsql.Migrations, pgsql.MigrationFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := pgsql.Table{Schema: "public", Name: pgsql.DefaultTable}.SchemaSQL()
+	want := strings.NewReplacer("public.idempotency_keys", `"public"."idempotency_keys"`,
+		"idempotency_keys_lease_expires_at_idx", `"idempotency_keys_lease_expires_at_idx"`,
+		"idempotency_keys_expires_at_idx", `"idempotency_keys_expires_at_idx"`).Replace(string(raw))
+	if def != want {
+		t.Errorf("the default table's schema is not the migration file with its names quoted:\n%s", def)
+	}
+	ddl := pgsql.Table{Schema: "billing", Name: "keys"}.SchemaSQL()
+	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "billing"."keys" (`, `"keys_lease_expires_at_idx"`,
+		`"keys_expires_at_idx"`, `ON "billing"."keys" (expires_at)`} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("schema for billing.keys lacks %s", want)
+		}
+	}
+	if n := strings.Count(ddl, "CREATE "); n != 3 {
+		t.Errorf("schema has %d CREATE statements, want 3", n)
+	}
+	// Only the file's comments still say idempotency_keys.
+	for _, line := range strings.Split(ddl, "\n") {
+		if strings.Contains(line, "idempotency_keys") && !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			t.Errorf("default name left in: %s", line)
+		}
+	}
+}
+
+func TestStatements(t *testing.T) {
+	tb := pgsql.Table{Schema: "s", Name: "t"}
+	bin := pgsql.New(tb, pgsql.Options{LockTimeout: 1500 * time.Microsecond, StatementTimeout: 7 * time.Second})
+	text := pgsql.New(tb, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second, TextFormats: true})
+	if !strings.Contains(bin.Prelude, "'lock_timeout', '2ms'") || !strings.Contains(bin.Prelude, "'statement_timeout', '7000ms'") {
+		t.Errorf("timeouts not pinned, rounded up to milliseconds: %s", bin.Prelude)
+	}
+	if strings.Contains(bin.Prelude, "TimeZone") || !strings.Contains(text.Prelude, "'TimeZone', 'UTC'") ||
+		!strings.Contains(text.Prelude, "'bytea_output', 'hex'") {
+		t.Errorf("text formats pinned only with TextFormats:\n%s\n%s", bin.Prelude, text.Prelude)
+	}
+	for _, p := range []string{bin.ClaimPrelude, bin.DurablePrelude} {
+		if !strings.HasPrefix(p, bin.Prelude) {
+			t.Errorf("%q does not extend the prelude", p)
+		}
+	}
+	if !strings.Contains(bin.ClaimPrelude, "'synchronous_commit', 'off'") || !strings.Contains(bin.DurablePrelude, pgsql.DurableCommit) {
+		t.Errorf("claim preludes: %q, %q", bin.ClaimPrelude, bin.DurablePrelude)
+	}
+	if !strings.Contains(bin.SettleCheck, pgsql.DurableCommit) || !strings.Contains(bin.SettleCheck, pgsql.TxEndedMarker) {
+		t.Errorf("settle check: %s", bin.SettleCheck)
+	}
+	if !strings.Contains(bin.Settle, pgsql.LeaseLostMarker) {
+		t.Errorf("settle: %s", bin.Settle)
+	}
+	named := map[string]string{"Claim": bin.Claim, "ClaimRead": bin.ClaimRead, "Takeover": bin.Takeover, "Replace": bin.Replace,
+		"Reuse": bin.Reuse, "Release": bin.Release, "Keep": bin.Keep, "Get": bin.Get, "Purge": bin.Purge,
+		"ListStale": bin.ListStale, "Stats": bin.Stats, "Settle": bin.Settle}
+	for name, q := range named {
+		if !strings.Contains(q, ` "s"."t"`) {
+			t.Errorf("%s does not name the table: %s", name, q)
+		}
+		// The store's own statements are single statements that pass its
+		// own guard, whichever quoting the session uses.
+		if v := sqlguard.Inspect(sqlguard.PostgreSQL, q); v.Refused != "" || !v.Single || v.Ops != nil {
+			t.Errorf("%s reads as %+v", name, v)
+		}
+	}
+	for _, name := range []string{"Takeover", "Replace", "Reuse", "Get", "ListStale"} {
+		if !strings.Contains(named[name], pgsql.RecordCols) {
+			t.Errorf("%s does not return RecordCols", name)
+		}
+	}
+	begin := bin.BeginQuery("00ff")
+	if !strings.HasPrefix(begin, "begin isolation level read committed read write;") ||
+		!strings.HasSuffix(begin, "set local "+pgsql.LeaseSetting+" = '00ff'") ||
+		!strings.Contains(begin, "set local tcp_user_timeout = 15000;") || !strings.Contains(begin, pgsql.SyncSetting) {
+		t.Errorf("BeginQuery: %s", begin)
+	}
+	if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, begin); !bad {
+		t.Error("the guard does not refuse BeginQuery's BEGIN")
+	}
+}
+
+func TestDeadPeerFor(t *testing.T) {
+	for _, c := range []struct {
+		statement time.Duration
+		want      pgsql.DeadPeer
+		total     time.Duration
+	}{
+		{4 * time.Second, pgsql.DeadPeer{Idle: 4, Interval: 1, Count: 4, UserTimeout: 8000}, 8 * time.Second},
+		{time.Millisecond, pgsql.DeadPeer{Idle: 1, Interval: 1, Count: 4, UserTimeout: 5000}, 5 * time.Second},
+		{10*time.Second + 1, pgsql.DeadPeer{Idle: 11, Interval: 3, Count: 4, UserTimeout: 23000}, 23 * time.Second},
+	} {
+		got := pgsql.DeadPeerFor(c.statement)
+		if got != c.want || got.Total() != c.total {
+			t.Errorf("DeadPeerFor(%v) = %+v (%v), want %+v (%v)", c.statement, got, got.Total(), c.want, c.total)
+		}
+	}
+}
+
+func TestDiagnose(t *testing.T) {
+	good := []string{"principal:text", "key:varchar", "fingerprint:bytea", "state:text", "lease_token:text",
+		"request_id:text", "nonce:text", "created_at:timestamptz", "locked_at:timestamptz",
+		"lease_expires_at:timestamptz", "expires_at:timestamptz", "uncertain:bool", "status:int8",
+		"headers:bytea", "body:bytea", "extra:jsonb"}
+	if m, w := pgsql.Diagnose(good, true, nil); m != nil || w != nil {
+		t.Errorf("a usable table: missing %v, wrong %v", m, w)
+	}
+	bad := slices.DeleteFunc(slices.Clone(good), func(c string) bool { return strings.HasPrefix(c, "nonce:") })
+	for i, c := range bad {
+		if c == "headers:bytea" {
+			bad[i] = "headers:jsonb"
+		}
+	}
+	m, w := pgsql.Diagnose(bad, false, []string{"DELETE"})
+	if want := []string{"column nonce", "unique index on (principal, key)", "privilege DELETE"}; !slices.Equal(m, want) {
+		t.Errorf("missing %v, want %v", m, want)
+	}
+	if want := []string{"headers: jsonb, want bytea"}; !slices.Equal(w, want) {
+		t.Errorf("wrong types %v, want %v", w, want)
+	}
+}

@@ -1,0 +1,375 @@
+package pgsql
+
+import (
+	"fmt"
+	"time"
+)
+
+// Options are what the statements are built with besides the table.
+type Options struct {
+	// LockTimeout and StatementTimeout are pinned, rounded up to whole
+	// milliseconds, for every store statement (lock_timeout and
+	// statement_timeout), and StatementTimeout sets the dead-peer bound
+	// of the handler's transaction (DeadPeerFor).
+	LockTimeout, StatementTimeout time.Duration
+	// TextFormats: the driver exchanges values as text (pgx's exec modes
+	// Exec and SimpleProtocol, database/sql drivers that do not bind in
+	// binary), so the statements also pin the text formats of
+	// timestamps, intervals and bytea.
+	TextFormats bool
+}
+
+// Statements is the PostgreSQL statement set of a store, with the table
+// and the timeouts filled in. The parameters of each statement are listed
+// beside it; every statement that names the table is run behind one of
+// the preludes, in the same implicit (or explicit) transaction, so that
+// nothing a handler left on a pooled session changes what it does.
+type Statements struct {
+	// Prelude goes before every store statement on the pool, in the same
+	// transaction: pinnedSettings. ClaimPrelude goes before the claim's
+	// statements (takeovers included): the prelude with
+	// synchronous_commit off. DurablePrelude goes before a durable claim's
+	// statements and Keep: the prelude with DurableCommit.
+	Prelude, ClaimPrelude, DurablePrelude string
+
+	// Claim: INSERT … ON CONFLICT DO NOTHING ($1 principal, $2 key,
+	// $3 fingerprint, $4 token, $5 request id, $6 retention µs, $7 nonce,
+	// $8 lease µs); rows affected 1 when it inserted. ClaimRead, sent
+	// right behind it in the same pipeline: the row and now() ($1
+	// principal, $2 key); no row when it was purged in between (run the
+	// claim again).
+	Claim, ClaimRead string
+	// Takeover: a stale in_progress row ($1 principal, $2 key,
+	// $3 fingerprint, $4 new token, $5 request id, $6 retention µs,
+	// $7 old token, $8 lease µs, $9 take over an uncertain one).
+	// Replace: a row past its retention, and Reuse: a released row
+	// ($1–$7 as Takeover, $8 nonce, $9 lease µs). Each returns
+	// RecordCols and now(), or no row when the fence missed.
+	Takeover, Replace, Reuse string
+	// Release and Keep: fenced UPDATEs ($1 principal, $2 key, $3 token);
+	// rows affected 1 when they held the lease.
+	Release, Keep string
+	// Get returns RecordCols ($1 principal, $2 key). Purge deletes at
+	// most $1 expired rows. ListStale returns RecordCols of at most $1
+	// in_progress rows past their lease. Stats counts idemstore.Stats's
+	// figures ($1 stale after µs): now(), in_progress, completed, failed,
+	// released, stale, oldest locked_at, expired.
+	Get, Purge, ListStale, Stats string
+
+	// BeginPrefix begins the handler's transaction, one simple-protocol
+	// query; the lease marker follows it as a quoted literal (see
+	// BeginQuery).
+	BeginPrefix string
+	// SettleCheck ($1 marker) and Settle ($1 principal, $2 key,
+	// $3 token, $4 state, $5 status, $6 headers, $7 body) are the
+	// settle's statements, pipelined with COMMIT: SettleCheck raises
+	// with TxEndedMarker when the transaction is not the one BeginQuery
+	// began, Settle with LeaseLostMarker when its fence missed.
+	SettleCheck, Settle string
+}
+
+// BeginQuery returns BeginPrefix followed by marker, which must be the
+// hexadecimal marker the store made (no quote can be in it).
+func (s Statements) BeginQuery(marker string) string { return s.BeginPrefix + "'" + marker + "'" }
+
+// pinnedSettings are the session settings the store's statements depend
+// on, pinned with set_config(…, true) for the statement's transaction only:
+// name resolution (the table is schema-qualified, and pg_catalog comes
+// first so no schema of the handler's can shadow an operator or function)
+// and the timeouts; with text, also the text formats of timestamps,
+// intervals and bytea. A handler may change any of them, for its
+// transaction or for the pooled session.
+//
+// The formats matter only where values travel as text (Options.TextFormats). The other modes send and
+// receive every value the store uses (text, bytea, integers, booleans,
+// timestamptz) in binary, which no session setting changes, so pinning them
+// there would only cost the server four set_config calls per statement.
+func pinnedSettings(o Options) string {
+	pins := fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+	pg_catalog.set_config('lock_timeout', '%dms', true),
+	pg_catalog.set_config('statement_timeout', '%dms', true)`, millis(o.LockTimeout), millis(o.StatementTimeout))
+	if o.TextFormats {
+		pins += `,
+	pg_catalog.set_config('TimeZone', 'UTC', true),
+	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
+	pg_catalog.set_config('IntervalStyle', 'postgres', true),
+	pg_catalog.set_config('bytea_output', 'hex', true)`
+	}
+	return pins
+}
+
+// millis rounds d up to whole milliseconds.
+func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// DeadPeer is how the server is told to notice a client that went silent
+// in the handler's transaction: keepalive probes after Idle seconds of
+// silence, every Interval seconds, Count of them unanswered; and
+// tcp_user_timeout (UserTimeout, milliseconds) for data the client never
+// acknowledges. BeginPrefix sets them for the transaction only.
+type DeadPeer struct {
+	Idle, Interval, Count int64 // seconds, seconds, probes
+	UserTimeout           int64 // milliseconds
+}
+
+// DeadPeerFor derives the dead-peer settings from the statement timeout:
+// the whole bound is about twice it.
+func DeadPeerFor(statementTimeout time.Duration) DeadPeer {
+	secs := func(d time.Duration) int64 { return max(1, int64((d+time.Second-1)/time.Second)) }
+	p := DeadPeer{Idle: secs(statementTimeout), Interval: secs(statementTimeout / 4), Count: 4}
+	p.UserTimeout = (p.Idle + p.Interval*p.Count) * 1000
+	return p
+}
+
+// Total is how long, at most, the server keeps the transaction of a client
+// that stopped answering.
+func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * time.Millisecond }
+
+// LeaseSetting is the transaction-local setting BeginQuery puts a random
+// marker into. SettleCheck checks it in the same transaction: a different value
+// means the transaction BeginQuery began has ended and another one began
+// (COMMIT; BEGIN by a route the handle does not see: the connection a
+// QueryRewriter is given, a statement the SQL guard misreads), so its work may
+// have committed without the outcome.
+const LeaseSetting = "idem.lease"
+
+// TxEndedMarker is in the error the settle's first statement raises when
+// the marker is not the one BeginQuery set.
+const TxEndedMarker = "idempgx transaction ended"
+
+// SyncSetting is the transaction-local setting BeginQuery puts the WAL insert
+// position into when the transaction begins: past the claim's commit
+// record, which committed before the transaction began, and before anything
+// the handler writes. Sync waits for the WAL to be flushed up to it.
+const SyncSetting = "idem.sync_lsn"
+
+// DurableCommit pins synchronous_commit, for the rest of the transaction it
+// runs in, to a commit that waits for its WAL to be flushed: 'on' (and the
+// synchronous standbys' flush, where there are any), or 'remote_apply'
+// where that is in force already, which is stronger and which an
+// application reading from its standbys relies on. A weaker value the
+// handler or the server set ('off', 'local', 'remote_write') does not
+// apply to it. The comparison names its operator: the statement is parsed
+// under the session's search_path, before the one pinned beside it
+// applies.
+const DurableCommit = `pg_catalog.set_config('synchronous_commit',
+	CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
+		THEN 'remote_apply' ELSE 'on' END, true)`
+
+// RecordCols are the columns every record-returning statement returns, in
+// this order.
+const RecordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
+	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body`
+
+func New(t Table, o Options) Statements {
+	var s Statements
+	pins := pinnedSettings(o)
+	T := t.Ident()
+	s.Prelude = "SELECT " + pins
+	// The statements whose guarantee is durability commit durably whatever
+	// the session says: Keep (a kept record that a crash took back would
+	// be taken over and run again without Reconcile) and a Durable claim.
+	s.DurablePrelude = s.Prelude + ",\n\t" + DurableCommit
+	// A claim's commit does not wait for its WAL to reach disk (see the
+	// claim below) unless the request asks for it (ClaimRequest.Durable):
+	// synchronous_commit off for its implicit transaction only, so it is
+	// safe behind PgBouncer and leaves the pool's sessions as they were.
+	s.ClaimPrelude = s.Prelude + ",\n\tpg_catalog.set_config('synchronous_commit', 'off', true)"
+	p := DeadPeerFor(o.StatementTimeout)
+	// READ COMMITTED is explicit, as the claim's concurrency argument needs
+	// it whatever the server's default; READ WRITE too, whatever a handler
+	// left in default_transaction_read_only. The keepalive settings bound
+	// how long the server keeps this transaction, and the row lock a
+	// half-sent settle took, for a client that went away (see
+	// DeadPeerTimeout). They are local: the pooled session keeps its own.
+	// pgx sends BeginQuery as one simple-protocol query, which the server
+	// parses anew on every call. The settings are SET LOCAL, utility
+	// statements with nothing to plan or execute; a SELECT is planned and
+	// run through the executor each time (bench/pgbench/callgrind.sh
+	// -variants), so the query has one only for what just a function can
+	// tell: the WAL insert position Sync waits for (SyncSetting). It is read
+	// here, in the first statement on the transaction's connection after
+	// the claim returned: later, the handler's own writes would be past it,
+	// and those are not flushed before some commit follows them (see
+	// SyncSQL).
+	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
+set local tcp_keepalives_idle = %d;
+set local tcp_keepalives_interval = %d;
+set local tcp_keepalives_count = %d;
+set local tcp_user_timeout = %d;
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
+set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, LeaseSetting)
+	// The settle's first statement: the marker check, and the settings
+	// pinned over whatever the handler set (SET LOCAL statement_timeout =
+	// '1ms' included). It is its own statement because a timeout set in a
+	// statement applies from the next one on. synchronous_commit is pinned
+	// with them (DurableCommit): the response goes to the client once the
+	// COMMIT returns, so the commit must be durable by then even if the
+	// handler turned synchronous_commit off, for its transaction or for
+	// the session; the claim's durability rides on it too.
+	s.SettleCheck = fmt.Sprintf(`SELECT %s,
+	%s,
+	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
+	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
+		pins, DurableCommit, LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
+	// The claim, two statements pipelined behind ClaimPrelude in one
+	// implicit transaction. The INSERT either inserts the caller's row
+	// (rows affected 1) or finds the conflicting row and does nothing: no
+	// row lock, no transaction id, no WAL, which is what makes a replay
+	// free. The SELECT then reads the row with a snapshot of its own, taken
+	// after the INSERT: the caller's row, or the conflicting one, committed
+	// even when the INSERT had to wait for it. It returns no row only when
+	// the row was purged in between; the caller runs the claim again.
+	//
+	// Two plain statements cost the server fewer instructions than one
+	// that does both (a CTE, UNION ALL and an anti-join, all initialised on
+	// every run; bench/pgbench/callgrind.sh).
+	//
+	// The claim's own commit does not wait for its WAL to reach disk (it
+	// runs behind ClaimPrelude), so that a first request waits for one
+	// disk flush, the settle's, instead of two. Until the WAL writer
+	// flushes it (within wal_writer_delay, 200 ms by default) or a
+	// synchronous commit does, a database crash can take the claim back,
+	// its nonce included: the retry then finds no row, claims the key
+	// afresh with a new nonce and runs the handler, without a takeover and
+	// so without Config.Reconcile. What the handler did in the database
+	// went with the crash too (its transaction had not committed), and so
+	// did any nonce a downstream key was made of: idem.DownstreamKey waits
+	// for the claim to be durable first (SyncSQL). But an effect
+	// outside the database that does not go through DownstreamKey (an
+	// email, a call to a provider without an idempotency key) may have
+	// happened, and the retry does it again. Applications with such
+	// effects set Config.DurableClaims (or Call.DurableClaim), which runs
+	// the claim behind DurablePrelude: its commit waits for the flush. The
+	// settle commits durably (see SettleCheck), which flushes the WAL up to
+	// and including the claim. A replay assigns no transaction id, so it
+	// has nothing to flush either way.
+	s.Claim = fmt.Sprintf(`INSERT INTO %s (principal, key, fingerprint, state, lease_token, request_id, nonce,
+	created_at, locked_at, lease_expires_at, expires_at, uncertain)
+VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $8::bigint * interval '1 microsecond',
+	now() + $6::bigint * interval '1 microsecond', false)
+ON CONFLICT (principal, key) DO NOTHING`, T)
+	s.ClaimRead = fmt.Sprintf(`SELECT %[2]s, now() FROM %[1]s WHERE principal = $1 AND key = $2`, T, RecordCols)
+
+	// Taking over a stale in_progress row: fenced by the token the caller
+	// saw, and the staleness re-checked on the row's latest version with
+	// the statement's own now(): its own lease deadline, never the new
+	// request's lease, and an Uncertain row only when the request may take
+	// it ($9, ClaimRequest.TakeOverUncertain). Zero rows means someone else
+	// changed the row (a Keep included). The nonce and the Uncertain mark
+	// stay: the taken-over attempt's downstream keys are reused, and its
+	// outcome is still unknown until Reconcile says.
+	s.Takeover = fmt.Sprintf(`UPDATE %[1]s SET lease_token = $4, request_id = $5, locked_at = now(),
+	lease_expires_at = now() + $8::bigint * interval '1 microsecond',
+	expires_at = now() + $6::bigint * interval '1 microsecond'
+WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
+	AND fingerprint = $3 AND lease_expires_at <= now() AND (NOT uncertain OR $9::boolean)
+RETURNING %[2]s, now()`, T, RecordCols)
+
+	// Replacing a row past its retention: it counts as absent, so every
+	// column starts afresh, the nonce included.
+	s.Replace = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
+	request_id = $5, nonce = $8, created_at = now(), locked_at = now(),
+	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
+	expires_at = now() + $6::bigint * interval '1 microsecond',
+	uncertain = false, status = NULL, headers = NULL, body = NULL
+WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
+RETURNING %[2]s, now()`, T, RecordCols)
+
+	// Claiming a released row: the key is free, so the new attempt's
+	// fingerprint, token, lease and retention replace the old, fenced by
+	// the released token and re-checked on the row's latest version. The
+	// nonce stays for the same request (the same fingerprint: the released
+	// attempt's downstream keys reach the provider again and are
+	// deduplicated); another request is another downstream operation and
+	// gets the new one. In SET, fingerprint is the row's old value.
+	s.Reuse = fmt.Sprintf(`UPDATE %[1]s SET fingerprint = $3, state = 'in_progress', lease_token = $4,
+	request_id = $5, nonce = CASE WHEN fingerprint = $3 THEN nonce ELSE $8 END,
+	created_at = now(), locked_at = now(),
+	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
+	expires_at = now() + $6::bigint * interval '1 microsecond', uncertain = false
+WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'released' AND expires_at > now()
+RETURNING %[2]s, now()`, T, RecordCols)
+
+	// A release keeps the row, and with it the nonce, until it expires.
+	s.Release = fmt.Sprintf(`UPDATE %s SET state = 'released', uncertain = false
+WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, T)
+
+	// Keep leaves the row in progress under its token, marks it Uncertain
+	// and ends its lease, so that the next claim finds it stale at once.
+	s.Keep = fmt.Sprintf(`UPDATE %s SET uncertain = true, lease_expires_at = now()
+WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, T)
+
+	s.Get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, T, RecordCols)
+
+	// Several sweepers can run at once: each locks its own batch and skips
+	// rows another holds. The locking re-checks state and expires_at on the
+	// latest version of a row that changed after the snapshot. Settled rows
+	// come from the expires_at index, which holds only them; the few
+	// expired in_progress rows (abandoned claims) from the lease_expires_at
+	// index, which holds only those; the batch takes settled rows first.
+	s.Purge = fmt.Sprintf(`WITH settled AS (
+	SELECT principal, key FROM %[1]s
+	WHERE state <> 'in_progress' AND expires_at <= now()
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+), held AS (
+	SELECT principal, key FROM %[1]s
+	WHERE state = 'in_progress' AND expires_at <= now()
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM %[1]s AS t USING (
+	SELECT principal, key FROM settled
+	UNION ALL
+	SELECT principal, key FROM held
+	LIMIT $1
+) AS d
+WHERE t.principal = d.principal AND t.key = d.key`, T)
+
+	s.ListStale = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+WHERE state = 'in_progress' AND lease_expires_at <= now()
+ORDER BY lease_expires_at
+LIMIT $1`, T, RecordCols)
+
+	// The settle, fenced by the lease token. It is pipelined with COMMIT in
+	// one round trip, so a missed fence must not merely report zero rows: it
+	// must abort the transaction, or the COMMIT queued behind it would commit
+	// the handler's writes without the outcome. The CASE raises an error
+	// (SQLSTATE 22P02, carrying LeaseLostMarker) unless exactly one row was
+	// updated; the server then skips the COMMIT.
+	s.Settle = fmt.Sprintf(`WITH u AS (
+	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7, uncertain = false
+	WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
+	RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+	ELSE ('%s: fenced update matched ' || count(*) || ' rows')::int END
+FROM u`, T, LeaseLostMarker)
+	s.Stats = fmt.Sprintf(`SELECT now(),
+	count(*) FILTER (WHERE state = 'in_progress'),
+	count(*) FILTER (WHERE state = 'completed'),
+	count(*) FILTER (WHERE state = 'failed'),
+	count(*) FILTER (WHERE state = 'released'),
+	count(*) FILTER (WHERE state = 'in_progress' AND locked_at <= now() - $1::bigint * interval '1 microsecond'),
+	min(locked_at) FILTER (WHERE state = 'in_progress'),
+	count(*) FILTER (WHERE expires_at <= now())
+FROM %s`, T)
+	return s
+}
+
+// SyncSQL reads, on the transaction's connection, the WAL position
+// BeginPrefix took (SyncSetting, NULL if the handler removed it), the
+// insert position now and the flush position, as text: the first poll of
+// a Sync. SyncPollSQL reads the flush position again. Both call only
+// pg_catalog functions, so nothing in the handler's session changes what
+// they do, and neither can fail in a transaction that is not aborted.
+const (
+	SyncSQL = `SELECT pg_catalog.current_setting('` + SyncSetting + `', true),
+	pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
+	SyncPollSQL = `SELECT pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
+)
+
+// LeaseLostMarker is in the error the settle statement raises when its fence
+// misses. It is not a valid integer, which is how it raises.
+const LeaseLostMarker = "idempgx lease lost"
