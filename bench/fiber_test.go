@@ -52,7 +52,7 @@ func fiberApp(b *testing.B, variant string) *fiber.App {
 		// One principal makes every request: memstore's default bounds
 		// (256 MiB, a tenth of it per principal) would answer 503 after
 		// some 64,000 first requests, within one -benchtime 1s.
-		eng, err := idem.New(idem.Config{Store: memstore.New(memstore.WithMaxRecords(50_000_000), memstore.WithMaxBytes(16<<30),
+		eng, err := idem.New(idem.Config{Store: memstore.MustNew(memstore.WithMaxRecords(50_000_000), memstore.WithMaxBytes(16<<30),
 			memstore.WithPrincipalShare(1)), FingerprintKey: FingerprintKey})
 		if err != nil {
 			b.Fatal(err)

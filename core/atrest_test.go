@@ -72,7 +72,7 @@ func runFirst(t *testing.T, e *idem.Engine, key string) *idem.Response {
 // response is whole, a replay sends the status and headers with no body.
 func TestOmitStoredBody(t *testing.T) {
 	t.Parallel()
-	mem := memstore.New()
+	mem := memstore.MustNew()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: mem, OmitStoredBody: true})
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestOmitStoredBody(t *testing.T) {
 func TestBodySealer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	mem := memstore.New()
+	mem := memstore.MustNew()
 	sealer := newGCMSealer(t)
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: mem, BodySealer: sealer})
 	if err != nil {

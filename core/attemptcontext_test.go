@@ -32,7 +32,7 @@ func (c frameworkContext) Value(key any) any {
 // without it.
 func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +50,8 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 	if _, err := idem.DownstreamKey(bare, "charge"); err != idem.ErrNoAttempt {
 		t.Fatalf("DownstreamKey without an attempt: %v, want ErrNoAttempt", err)
 	}
-	if _, ok := memstore.TxFrom(bare); ok {
-		t.Fatal("TxFrom found a transaction in a context that carries none")
+	if _, ok := memstore.Tx(bare); ok {
+		t.Fatal("Tx found a transaction in a context that carries none")
 	}
 
 	stored := frameworkContext{Context: context.Background(), keys: map[string]any{idem.ContextKey: att.Context()}}
@@ -64,7 +64,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 	if got, err := idem.DownstreamKey(stored, "charge"); err != nil || got != want {
 		t.Fatalf("DownstreamKey = %q, %v; want %q", got, err, want)
 	}
-	if _, ok := memstore.TxFrom(stored); !ok {
-		t.Fatal("TxFrom did not find the transaction through the framework's context")
+	if _, ok := memstore.Tx(stored); !ok {
+		t.Fatal("Tx did not find the transaction through the framework's context")
 	}
 }

@@ -51,7 +51,7 @@ func TestStoreTimeoutBoundsClaimAndBegin(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			mem := memstore.New()
+			mem := memstore.MustNew()
 			tc.store.Store = mem
 			var ev idem.Event
 			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: tc.store, StoreTimeout: 200 * time.Millisecond,
@@ -89,7 +89,7 @@ func TestStoreTimeoutBoundsClaimAndBegin(t *testing.T) {
 // for RequestTimeout, not StoreTimeout.
 func TestStoreTimeoutDoesNotBoundHandler(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), StoreTimeout: 50 * time.Millisecond,
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), StoreTimeout: 50 * time.Millisecond,
 		RequestTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestStoreTimeoutDoesNotBoundHandler(t *testing.T) {
 // claim (a replay, a conflict).
 func TestMaxInFlightPerPrincipal(t *testing.T) {
 	t.Parallel()
-	mem := memstore.New()
+	mem := memstore.MustNew()
 	var ev idem.Event
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: mem, MaxInFlightPerPrincipal: 2,
 		Observer: idem.ObserverFunc(func(_ context.Context, got idem.Event) { ev = got })})
@@ -166,7 +166,7 @@ func TestMaxInFlightPerPrincipal(t *testing.T) {
 
 func TestMaxInFlightPerPrincipalValidated(t *testing.T) {
 	t.Parallel()
-	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), MaxInFlightPerPrincipal: -1}); !errors.Is(err, idem.ErrInvalidConfig) {
+	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), MaxInFlightPerPrincipal: -1}); !errors.Is(err, idem.ErrInvalidConfig) {
 		t.Fatalf("negative limit accepted: %v", err)
 	}
 }

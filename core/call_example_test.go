@@ -49,7 +49,7 @@ func (s *PaymentService) CreatePayment(ctx context.Context, account, key string,
 // ExampleEngine_Do makes a plain service method idempotent, with no
 // transport at all.
 func ExampleEngine_Do() {
-	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		panic(err)
 	}

@@ -26,7 +26,7 @@ func call(key, input string) idem.Call {
 // and answers status with body.
 func effectFn(count *atomic.Int64, status int, body string) func(ctx context.Context) (idem.Response, error) {
 	return func(ctx context.Context) (idem.Response, error) {
-		tx, ok := memstore.TxFrom(ctx)
+		tx, ok := memstore.Tx(ctx)
 		if !ok {
 			return idem.Response{}, errors.New("no transaction in ctx")
 		}
@@ -38,7 +38,7 @@ func effectFn(count *atomic.Int64, status int, body string) func(ctx context.Con
 func newCallEngine(t *testing.T, cfg idem.Config) *idem.Engine {
 	t.Helper()
 	if cfg.Store == nil {
-		cfg.Store = memstore.New()
+		cfg.Store = memstore.MustNew()
 	}
 	if cfg.FingerprintKey == nil {
 		cfg.FingerprintKey = storetest.FingerprintKey
@@ -264,7 +264,7 @@ func TestDoOptionalKey(t *testing.T) {
 	ran := 0
 	res, err := e.Do(context.Background(), idem.Call{Operation: "op"}, func(ctx context.Context) (idem.Response, error) {
 		ran++
-		if _, ok := memstore.TxFrom(ctx); ok {
+		if _, ok := memstore.Tx(ctx); ok {
 			t.Error("a call without a key got a transaction")
 		}
 		return idem.Response{Status: 200}, nil
@@ -288,7 +288,7 @@ func TestDoDeadlineAndCommitFailure(t *testing.T) {
 		t.Fatalf("deadline: %v", err)
 	}
 	_, err = e.Do(context.Background(), call("poisoned", "{}"), func(ctx context.Context) (idem.Response, error) {
-		tx, _ := memstore.TxFrom(ctx)
+		tx, _ := memstore.Tx(ctx)
 		tx.FailCommit(errors.New("disk full"))
 		return effectFn(&effects, 200, "")(ctx)
 	})
@@ -306,7 +306,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 	clk := newClock()
 	var reconciled atomic.Int64
 	e := newCallEngine(t, idem.Config{FingerprintKey: storetest.FingerprintKey,
-		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
+		Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			reconciled.Add(1)
 			// The provider says the first attempt's charge went through.
@@ -350,7 +350,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 // BenchmarkDo measures the call API's overhead on a memstore against
 // calling the function directly.
 func BenchmarkDo(b *testing.B) {
-	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	input := []byte(`{"amount":1000,"currency":"EUR","description":"coffee"}`)
 	fn := func(ctx context.Context) (idem.Response, error) {
 		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil

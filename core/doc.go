@@ -12,7 +12,7 @@
 //  1. A store, which keeps the records and owns the transaction the handler
 //     writes in: idempgx.New(pool) for PostgreSQL through pgx,
 //     idemgorm.New(db) for GORM (PostgreSQL, MySQL/MariaDB, SQLite), or
-//     memstore.New() for tests. Create its table with the store's Migrate.
+//     memstore.MustNew() for tests. Create its table with the store's Migrate.
 //  2. One [Engine], built once with [New] from a [Config]. New validates
 //     the Config and asks the store to check itself, so a
 //     misconfiguration or a store that was never migrated fails at

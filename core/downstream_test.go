@@ -53,7 +53,7 @@ func TestCrashAfterProviderCallChargesOnce(t *testing.T) {
 			p := &provider{charges: map[string]string{}}
 			handlerRuns := 0
 			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey,
-				Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
+				Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
 				StoreTimeout: time.Second, Lease: 3 * time.Second,
 			}
 			if reconcile {

@@ -223,50 +223,36 @@ func (e *Engine) httpResponse(v *verdict) *Response {
 }
 
 // start is the state machine's entry for every protocol: it authenticates,
-// validates the key, fingerprints the call's input and claims the key. read,
-// when set, supplies the input after authentication and key validation (an
-// HTTP body is read only for a request that may claim). It returns an
-// Attempt, which holds the key and carries its own Event, or a verdict and
-// the Event to emit once the caller has rendered it.
+// validates the key, fingerprints the call's input and claims the key, then
+// dispatches on the claim's answer as the state table of docs/design.md
+// does. read, when set, supplies the input after authentication and key
+// validation (an HTTP body is read only for a request that may claim). It
+// returns an Attempt, which holds the key and carries its own Event, or a
+// verdict and the Event to emit once the caller has rendered it.
+//
+// Every branch calls helpers that answer and return; none calls back into
+// start.
 func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)) (*Attempt, verdict, Event) {
-	start := e.cfg.Clock()
-	ev := Event{Method: c.Method, Path: c.Operation, Route: c.Route, Principal: c.Principal, RequestID: c.RequestID}
-	// end is the clock reading after the claim: the answers that follow it
-	// take no time worth another reading.
-	var end time.Time
-	refuse := func(outcome OutcomeLabel, problem ProblemType, retryAfter int, err error) (*Attempt, verdict, Event) {
-		if end.IsZero() {
-			end = e.cfg.Clock()
-		}
-		ev.Outcome, ev.Err, ev.Duration = outcome, err, end.Sub(start)
-		return nil, verdict{outcome: outcome, problem: problem, retryAfter: retryAfter, err: err}, ev
-	}
+	s := starting{e: e, start: e.cfg.Clock(),
+		ev: Event{Method: c.Method, Path: c.Operation, Route: c.Route, Principal: c.Principal, RequestID: c.RequestID}}
 
+	// Admission: optional key, principal, key (steps 1 to 3).
 	key, keyErr := parseKey(c.Key, e.cfg.MaxKeyLength)
 	if errors.Is(keyErr, ErrKeyMissing) && e.cfg.KeyOptional {
-		ev.Outcome, ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(start)
-		return nil, verdict{outcome: OutcomeNoKey, pass: true}, ev
+		s.ev.Outcome, s.ev.Duration = OutcomeNoKey, e.cfg.Clock().Sub(s.start)
+		return nil, verdict{outcome: OutcomeNoKey, pass: true}, s.ev
 	}
-	if c.Principal == "" || c.PrincipalErr != nil {
-		return refuse(OutcomeUnauthenticated, ProblemUnauthenticated, 0, c.PrincipalErr)
+	if v, refused := s.admit(c, keyErr); refused {
+		return nil, v, s.ev
 	}
-	if err := checkPrincipal(c.Principal); err != nil {
-		return refuse(OutcomePrincipalInvalid, ProblemPrincipalInvalid, 0, err)
-	}
-	switch {
-	case errors.Is(keyErr, ErrKeyMissing):
-		return refuse(OutcomeKeyMissing, ProblemKeyMissing, 0, nil)
-	case keyErr != nil:
-		return refuse(OutcomeKeyInvalid, ProblemKeyInvalid, 0, keyErr)
-	}
-	ev.Key = key
+	s.ev.Key = key
 
-	// Bounded resources per caller: the principal's in-flight
-	// slot is held from here; an Attempt returned to the caller owns it.
+	// Bounded resources per caller (step 4): the principal's in-flight slot
+	// is held from here; an Attempt returned to the caller owns it.
 	var slotOwner *Attempt
 	if e.inFlight != nil {
 		if !e.inFlight.enter(c.Principal) {
-			return refuse(OutcomeInFlightLimited, ProblemTooManyInFlight, 1, ErrTooManyInFlight)
+			return nil, s.refuse(OutcomeInFlightLimited, ProblemTooManyInFlight, 1, ErrTooManyInFlight), s.ev
 		}
 		defer func() {
 			if slotOwner == nil {
@@ -277,116 +263,199 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 		}()
 	}
 
+	// Fingerprint (step 5) and claim (step 6).
+	a, v, refused := s.read(c, read)
+	if refused {
+		return nil, v, s.ev
+	}
+	lease, res, fp, err := s.claim(ctx, a, c, key)
+	s.end = e.cfg.Clock()
+	s.ev.ClaimLatency = s.end.Sub(s.claimStart)
+
+	// Dispatch on the claim's answer (steps 7 and 8).
+	switch {
+	case err != nil:
+		p, ra := storeProblem(err)
+		return nil, s.refuse(OutcomeStoreError, p, ra, err), s.ev
+	case !res.Claimed:
+		return nil, s.existing(ctx, c, a, res, fp), s.ev
+	}
+	if err := s.begin(ctx, a, lease, res); err != nil {
+		p, ra := storeProblem(err)
+		return nil, s.refuse(OutcomeStoreError, p, ra, err), s.ev
+	}
+	if res.Reclaimed && e.cfg.Reconcile != nil {
+		if v, ev, answered := s.reconcile(ctx, a, res.Record); answered {
+			return nil, v, ev
+		}
+	}
+	slotOwner = a
+	return a, verdict{}, Event{}
+}
+
+// starting is one call's way through start: its Event and its clock
+// readings, so that every answer is rendered the same way.
+type starting struct {
+	e     *Engine
+	ev    Event
+	start time.Time
+	// claimStart and end are the clock readings around the claim: the
+	// answers that follow it take no time worth another reading.
+	claimStart, end time.Time
+}
+
+// refuse fills in the Event of a call answered without running anything
+// and returns the verdict.
+func (s *starting) refuse(outcome OutcomeLabel, problem ProblemType, retryAfter int, err error) verdict {
+	if s.end.IsZero() {
+		s.end = s.e.cfg.Clock()
+	}
+	s.ev.Outcome, s.ev.Err, s.ev.Duration = outcome, err, s.end.Sub(s.start)
+	return verdict{outcome: outcome, problem: problem, retryAfter: retryAfter, err: err}
+}
+
+// admit refuses a call without a valid principal or key (steps 2 and 3).
+func (s *starting) admit(c *Call, keyErr error) (verdict, bool) {
+	if c.Principal == "" || c.PrincipalErr != nil {
+		return s.refuse(OutcomeUnauthenticated, ProblemUnauthenticated, 0, c.PrincipalErr), true
+	}
+	if err := checkPrincipal(c.Principal); err != nil {
+		return s.refuse(OutcomePrincipalInvalid, ProblemPrincipalInvalid, 0, err), true
+	}
+	switch {
+	case errors.Is(keyErr, ErrKeyMissing):
+		return s.refuse(OutcomeKeyMissing, ProblemKeyMissing, 0, nil), true
+	case keyErr != nil:
+		return s.refuse(OutcomeKeyInvalid, ProblemKeyInvalid, 0, keyErr), true
+	}
+	return verdict{}, false
+}
+
+// read reads the call's input and fingerprints it (step 5), into the
+// Attempt that the claim uses and, if it wins, the run: it is allocated
+// before the claim so the fingerprint can live in it, one allocation for
+// both.
+func (s *starting) read(c *Call, read func() ([]byte, error)) (*Attempt, verdict, bool) {
+	e := s.e
 	body := c.Input
 	if read != nil {
 		var err error
 		if body, err = read(); err != nil {
 			if errors.Is(err, wire.ErrBodyTooLarge) {
-				return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, err)
+				return nil, s.refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, err), true
 			}
 			// The client sent a body it could not finish: nothing to claim.
-			return refuse(OutcomeBodyUnreadable, ProblemBodyUnreadable, 0, err)
+			return nil, s.refuse(OutcomeBodyUnreadable, ProblemBodyUnreadable, 0, err), true
 		}
 	} else if int64(len(body)) > e.cfg.MaxBodyBytes {
-		return refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, wire.ErrBodyTooLarge)
+		return nil, s.refuse(OutcomeBodyTooLarge, ProblemBodyTooLarge, 0, wire.ErrBodyTooLarge), true
 	}
-	// The attempt is allocated before the claim so the fingerprint can live
-	// in it: one allocation serves the claim and, if it wins, the run.
-	a := &Attempt{e: e, body: body, start: start, classifier: c.Classify, call: read == nil}
+	a := &Attempt{e: e, body: body, start: s.start, classifier: c.Classify, call: read == nil}
 	a.fingerprint = e.fpKey.fingerprint(c.Method, c.Operation, c.Principal, c.Encoding, body, e.ignore)
-	fp := a.fingerprint[:]
+	return a, verdict{}, false
+}
 
+// claim claims the key for a (step 6). A record fingerprinted under one of
+// Config.PreviousFingerprintKeys is this call's: the store compares
+// fingerprints byte for byte, so a stale claim of it is taken over with
+// the stored fingerprint, which the record then keeps. fp is the
+// fingerprint the record is matched against.
+func (s *starting) claim(ctx context.Context, a *Attempt, c *Call, key string) (lease idemstore.Lease, res idemstore.ClaimResult, fp []byte, err error) {
+	e := s.e
+	fp = a.fingerprint[:]
 	token, nonce := newTokenAndNonce()
-	lease := idemstore.Lease{Principal: c.Principal, Key: key, Token: token}
+	lease = idemstore.Lease{Principal: c.Principal, Key: key, Token: token}
 	creq := idemstore.ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
 		RequestID: idemstore.BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
 		TakeOverUncertain: e.cfg.Reconcile != nil, Durable: e.cfg.DurableClaims || c.DurableClaim,
 	}
 	a.durable = creq.Durable
-	claimStart := e.cfg.Clock()
-	res, err := e.claim(ctx, a, creq, lease)
+	s.claimStart = e.cfg.Clock()
+	res, err = e.claim(ctx, a, creq, lease)
 	if err == nil && !res.Claimed && !bytes.Equal(res.Record.Fingerprint, fp) &&
-		e.previousKeyMatches(res.Record.Fingerprint, c, body) {
-		// The record was fingerprinted under a previous key: it is this
-		// request's. The store compares fingerprints byte for byte, so a
-		// stale claim is taken over with the stored fingerprint, which the
-		// record then keeps.
+		e.previousKeyMatches(res.Record.Fingerprint, c, a.body) {
 		fp = res.Record.Fingerprint
 		if res.Record.State == idemstore.StateInProgress && !res.Now.Before(res.Record.LeaseExpiresAt) {
 			creq.Fingerprint = fp
 			res, err = e.claim(ctx, a, creq, lease)
 		}
 	}
-	end = e.cfg.Clock()
-	ev.ClaimLatency = end.Sub(claimStart)
-	if err != nil {
-		p, ra := storeProblem(err)
-		return refuse(OutcomeStoreError, p, ra, err)
-	}
+	return lease, res, fp, err
+}
 
-	if !res.Claimed {
-		rec := res.Record
-		switch {
-		case !bytes.Equal(rec.Fingerprint, a.fingerprint[:]) && !bytes.Equal(rec.Fingerprint, fp):
-			return refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
-		case rec.State == idemstore.StateInProgress && rec.Uncertain && !res.Now.Before(rec.LeaseExpiresAt):
-			// An attempt's work may have committed without its outcome,
-			// and no Reconcile is set to ask: never run it again.
-			return refuse(OutcomeUnknown, ProblemOutcomeUnknown, 0, ErrOutcomeUnknown)
-		case rec.State == idemstore.StateInProgress || rec.Response == nil:
-			return refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
-		}
-		if e.cfg.AuthorizeReplay != nil {
-			if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
-				return refuse(OutcomeReplayForbidden, ProblemForbidden, 0, err)
-			}
-		}
-		ev.OriginalRequestID = rec.RequestID
-		// Data at rest: a sealed body is opened, or nothing is
-		// replayed.
-		if err := e.openStored(ctx, &rec); err != nil {
-			return refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
-		}
-		ev.Outcome, ev.Duration = OutcomeReplayed, end.Sub(start)
-		return nil, verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}, ev
+// existing answers a call whose claim found a record it did not win (step
+// 7): another request's (422), one whose outcome is unknown (409), one in
+// progress (409 with Retry-After), or a settled one, which is replayed.
+func (s *starting) existing(ctx context.Context, c *Call, a *Attempt, res idemstore.ClaimResult, fp []byte) verdict {
+	e, rec := s.e, res.Record
+	switch {
+	case !bytes.Equal(rec.Fingerprint, a.fingerprint[:]) && !bytes.Equal(rec.Fingerprint, fp):
+		return s.refuse(OutcomeFingerprintMismatch, ProblemKeyReused, 0, nil)
+	case rec.State == idemstore.StateInProgress && rec.Uncertain && !res.Now.Before(rec.LeaseExpiresAt):
+		// An attempt's work may have committed without its outcome, and
+		// no Reconcile is set to ask: never run it again.
+		return s.refuse(OutcomeUnknown, ProblemOutcomeUnknown, 0, ErrOutcomeUnknown)
+	case rec.State == idemstore.StateInProgress || rec.Response == nil:
+		return s.refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
 	}
+	if e.cfg.AuthorizeReplay != nil {
+		if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
+			return s.refuse(OutcomeReplayForbidden, ProblemForbidden, 0, err)
+		}
+	}
+	s.ev.OriginalRequestID = rec.RequestID
+	// Data at rest: a sealed body is opened, or nothing is replayed.
+	if err := e.openStored(ctx, &rec); err != nil {
+		return s.refuse(OutcomeReplayUnreadable, ProblemReplayUnreadable, 0, err)
+	}
+	s.ev.Outcome, s.ev.Duration = OutcomeReplayed, s.end.Sub(s.start)
+	return verdict{outcome: OutcomeReplayed, resp: rec.Response, stored: rec.State}
+}
 
-	a.lease, a.nonce, a.ev, a.reclaimed = lease, res.Record.Nonce, ev, res.Reclaimed
+// begin begins the handler's transaction for a claim a won (step 8) and
+// starts the handler's deadline; on failure the claim is released.
+func (s *starting) begin(ctx context.Context, a *Attempt, lease idemstore.Lease, res idemstore.ClaimResult) error {
+	e := s.e
+	a.lease, a.nonce, a.ev, a.reclaimed = lease, res.Record.Nonce, s.ev, res.Reclaimed
 	txCtx, tx, err := e.beginTx(context.WithValue(ctx, attemptKey{}, a), a)
 	if err != nil {
 		a.release(ctx, nil)
-		p, ra := storeProblem(err)
-		return refuse(OutcomeStoreError, p, ra, err)
+		return err
 	}
 	a.tx = tx
 	// The deadline counts from the claim's answer (or now, when the
 	// configured clock is not the wall clock): the lease covers
 	// RequestTimeout + StoreTimeout from the claim.
-	a.hctx.init(txCtx, e.wallClock(end).Add(e.cfg.RequestTimeout))
+	a.hctx.init(txCtx, e.wallClock(s.end).Add(e.cfg.RequestTimeout))
 	a.ctx = &a.hctx
+	return nil
+}
 
-	if res.Reclaimed && e.cfg.Reconcile != nil {
-		resp, err := e.cfg.Reconcile(a.ctx, res.Record)
-		if err != nil {
-			a.finished = true
-			// Kept, not released: the effect is still unknown, and a
-			// release would let the next retry run the handler without
-			// asking.
-			err = fmt.Errorf("reconcile: %w", a.keepClaim(ctx, err))
-			return refuse(OutcomeStoreError, ProblemStoreUnavailable, 1, err)
-		}
-		a.resolved = resp == nil // no effect: the handler runs, and may release
-		if resp != nil {
-			if !a.finish() {
-				panic("idem: Attempt finished twice")
-			}
-			a.reconciled = true
-			return nil, a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body}), a.ev
-		}
+// reconcile asks Config.Reconcile about the stale record a took over
+// (step 8). answered is false when Reconcile said the earlier attempt had
+// no effect: the handler runs. Otherwise the attempt is finished, and the
+// verdict and Event are Reconcile's answer, stored as the outcome, or a 503
+// when Reconcile failed.
+func (s *starting) reconcile(ctx context.Context, a *Attempt, stale idemstore.Record) (verdict, Event, bool) {
+	resp, err := s.e.cfg.Reconcile(a.ctx, stale)
+	if err != nil {
+		a.finished = true
+		// Kept, not released: the effect is still unknown, and a release
+		// would let the next retry run the handler without asking.
+		err = fmt.Errorf("reconcile: %w", a.keepClaim(ctx, err))
+		return s.refuse(OutcomeStoreError, ProblemStoreUnavailable, 1, err), s.ev, true
 	}
-	slotOwner = a
-	return a, verdict{}, Event{}
+	a.resolved = resp == nil // no effect: the handler runs, and may release
+	if resp == nil {
+		return verdict{}, Event{}, false
+	}
+	if !a.finish() {
+		panic("idem: Attempt finished twice")
+	}
+	a.reconciled = true
+	v := a.settle(Result{Status: resp.Status, Header: resp.Header, Body: resp.Body})
+	return v, a.ev, true
 }
 
 // claim asks the store to claim creq, within StoreTimeout (through a's
@@ -562,27 +631,20 @@ func (a *Attempt) classify(status int, err error) Disposition {
 	return a.e.cfg.Classify(status, err)
 }
 
-// settle is Finish in no protocol's terms: it classifies res, stores it
-// with the handler's writes in one commit or rolls back and releases, and
-// fills in the attempt's Event but for its Status. The caller has marked
-// the attempt finished.
+// settle is Finish in no protocol's terms: it classifies res and
+// dispatches on the disposition, as the state table of docs/design.md
+// does: a response too large to store, or one that is not to be stored,
+// rolls back and releases (abandon); one to store is committed with the
+// handler's writes (commit). It fills in the attempt's Event but for its
+// Status. The caller has marked the attempt finished.
 func (a *Attempt) settle(res Result) verdict {
 	defer a.leave()
 	defer a.hctx.cancel()
 	e := a.e
-	done := func(outcome OutcomeLabel, v verdict) verdict {
-		v.outcome = outcome
-		a.ev.Outcome, a.ev.Err = outcome, v.err
-		a.ev.TxUsed = a.tx != nil && a.tx.Used()
-		a.ev.Duration = e.cfg.Clock().Sub(a.start)
-		e.holds.observe(a.ev.Route, a.ev.Duration)
-		return v
-	}
 	if res.Status == 0 && a.classifier == nil {
 		res.Status = http.StatusOK
 	}
 	a.resp = Response{Status: res.Status, Header: res.Header, Body: res.Body}
-	handlerResp := &a.resp
 
 	disp := a.classify(res.Status, res.Err)
 	now := time.Now()
@@ -590,28 +652,49 @@ func (a *Attempt) settle(res Result) verdict {
 	if deadlineErr != nil && !a.reconciled {
 		disp = Release
 	}
-	if res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes {
-		if ended := a.release(a.ctx, nil); ended != nil {
-			return done(OutcomeTxEnded, a.txEnded(ended))
-		}
-		return done(OutcomeResponseTooLarge, verdict{problem: ProblemResponseTooLarge})
+	switch {
+	case res.Overflow || len(res.Body) > e.cfg.MaxResponseBytes:
+		return a.abandon(nil, OutcomeResponseTooLarge, verdict{problem: ProblemResponseTooLarge})
+	case disp == Complete:
+		return a.commit(res, idemstore.StateCompleted, now)
+	case disp == Fail:
+		return a.commit(res, idemstore.StateFailed, now)
+	case deadlineErr != nil:
+		return a.abandon(res.Err, OutcomeReleased, verdict{problem: ProblemTimeout, retryAfter: 1, err: deadlineErr})
 	}
-	switch disp {
-	case Complete, Fail:
-	default:
-		if ended := a.release(a.ctx, res.Err); ended != nil {
-			return done(OutcomeTxEnded, a.txEnded(errors.Join(res.Err, ended)))
-		}
-		if deadlineErr != nil {
-			return done(OutcomeReleased, verdict{problem: ProblemTimeout, retryAfter: 1, err: deadlineErr})
-		}
-		return done(OutcomeReleased, verdict{resp: handlerResp, err: res.Err})
-	}
+	return a.abandon(res.Err, OutcomeReleased, verdict{resp: &a.resp, err: res.Err})
+}
 
-	state := idemstore.StateCompleted
-	if disp == Fail {
-		state = idemstore.StateFailed
+// done records the attempt's outcome in its Event and returns v with it.
+func (a *Attempt) done(outcome OutcomeLabel, v verdict) verdict {
+	e := a.e
+	v.outcome = outcome
+	a.ev.Outcome, a.ev.Err = outcome, v.err
+	a.ev.TxUsed = a.tx != nil && a.tx.Used()
+	a.ev.Duration = e.cfg.Clock().Sub(a.start)
+	e.holds.observe(a.ev.Route, a.ev.Duration)
+	return v
+}
+
+// abandon rolls the attempt back and releases its claim, then answers v
+// with outcome; cause is why, for the Event. When the transaction had
+// already ended outside the store's control the claim is kept instead, and
+// the answer is ProblemTxEnded.
+func (a *Attempt) abandon(cause error, outcome OutcomeLabel, v verdict) verdict {
+	if ended := a.release(a.ctx, cause); ended != nil {
+		if cause != nil {
+			ended = errors.Join(cause, ended)
+		}
+		return a.done(OutcomeTxEnded, a.txEnded(ended))
 	}
+	return a.done(outcome, v)
+}
+
+// commit stores res as state with the handler's writes, in one commit: its
+// headers filtered and checked, its body sealed when Config.BodySealer is
+// set. A Settle that fails is answered by settleFailed.
+func (a *Attempt) commit(res Result, state idemstore.State, now time.Time) verdict {
+	e := a.e
 	header := res.Header
 	if !a.call {
 		header = e.storedHeader(header)
@@ -619,10 +702,7 @@ func (a *Attempt) settle(res Result) verdict {
 		// values raw: one with CR or LF would split the replay.
 		if err := wire.CheckHeader(header); err != nil {
 			err = fmt.Errorf("%w: %w", ErrResponseInvalid, err)
-			if ended := a.release(a.ctx, err); ended != nil {
-				return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
-			}
-			return done(OutcomeResponseInvalid, verdict{problem: ProblemResponseInvalid, err: err})
+			return a.abandon(err, OutcomeResponseInvalid, verdict{problem: ProblemResponseInvalid, err: err})
 		}
 	}
 	sctx := a.storeContext(a.ctx, now)
@@ -630,48 +710,54 @@ func (a *Attempt) settle(res Result) verdict {
 	// Data at rest: the body stored may be omitted or sealed.
 	storedBody, err := a.bodyToStore(sctx, res.Body)
 	if err != nil {
-		if ended := a.release(a.ctx, err); ended != nil {
-			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, ended)))
-		}
-		return done(OutcomeStoreError, verdict{problem: ProblemCommitFailed, err: err})
+		return a.abandon(err, OutcomeStoreError, verdict{problem: ProblemCommitFailed, err: err})
 	}
 	out := idemstore.Outcome{State: state, Response: Response{Status: res.Status, Header: header, Body: storedBody}}
 	if err := a.tx.Settle(sctx, out); err != nil {
-		if rerr := a.tx.Rollback(sctx); errors.Is(rerr, idemstore.ErrTxEnded) && !errors.Is(err, idemstore.ErrTxEnded) {
-			err = errors.Join(err, rerr)
-		}
-		switch {
-		case errors.Is(err, idemstore.ErrLeaseLost):
-			return done(OutcomeLeaseLost, verdict{problem: ProblemLeaseLost, retryAfter: 1, err: err})
-		case errors.Is(err, idemstore.ErrTxEnded):
-			// Part of the handler's work may have committed without the
-			// outcome: releasing would let a retry run it again. The claim
-			// is kept for Reconcile or an operator.
-			return done(OutcomeTxEnded, a.txEnded(errors.Join(err, a.keepLease(sctx))))
-		case errors.Is(err, ErrTxOwned):
-			// The handler called Commit or Rollback on the handle: the
-			// store refused it and rolled everything back. A bug in the
-			// handler, not a store failure, and retrying does not help.
-			return done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: a.releaseAfterSettle(err)})
-		case a.mustKeep():
-			// Reconcile said the effect happened, and storing it failed:
-			// kept, not released, for the next takeover to ask again.
-			return done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: 1, err: errors.Join(err, a.keepLease(sctx))})
-		}
-		// The commit failed: nothing of the handler's work stands, so the
-		// key is released for the retry.
-		err = a.releaseAfterSettle(err)
-		v := verdict{problem: ProblemCommitFailed, retryAfter: 1, err: err}
-		if errors.Is(err, ErrMisconfigured) {
-			v.problem, v.retryAfter = ProblemMisconfigured, 0
-		}
-		return done(OutcomeStoreError, v)
+		return a.settleFailed(sctx, err)
 	}
 	outcome := OutcomeClaimed
 	if a.reclaimed {
 		outcome = OutcomeStaleReclaimed
 	}
-	return done(outcome, verdict{resp: handlerResp, stored: state})
+	return a.done(outcome, verdict{resp: &a.resp, stored: state})
+}
+
+// settleFailed answers a Settle that stored nothing, or may have stored
+// part of the work: lease lost (503), the transaction ended behind the
+// store (kept, transaction-ended), Commit or Rollback on the handle
+// (released, transaction-owned), a Reconcile answer that must stay kept,
+// or a failed commit (released, commit-failed or store-misconfigured).
+func (a *Attempt) settleFailed(sctx context.Context, err error) verdict {
+	if rerr := a.tx.Rollback(sctx); errors.Is(rerr, idemstore.ErrTxEnded) && !errors.Is(err, idemstore.ErrTxEnded) {
+		err = errors.Join(err, rerr)
+	}
+	switch {
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		return a.done(OutcomeLeaseLost, verdict{problem: ProblemLeaseLost, retryAfter: 1, err: err})
+	case errors.Is(err, idemstore.ErrTxEnded):
+		// Part of the handler's work may have committed without the
+		// outcome: releasing would let a retry run it again. The claim is
+		// kept for Reconcile or an operator.
+		return a.done(OutcomeTxEnded, a.txEnded(errors.Join(err, a.keepLease(sctx))))
+	case errors.Is(err, idemstore.ErrTxOwned):
+		// The handler called Commit or Rollback on the handle: the store
+		// refused it and rolled everything back. A bug in the handler, not
+		// a store failure, and retrying does not help.
+		return a.done(OutcomeTxOwned, verdict{problem: ProblemTxOwned, err: a.releaseAfterSettle(err)})
+	case a.mustKeep():
+		// Reconcile said the effect happened, and storing it failed: kept,
+		// not released, for the next takeover to ask again.
+		return a.done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: 1, err: errors.Join(err, a.keepLease(sctx))})
+	}
+	// The commit failed: nothing of the handler's work stands, so the key
+	// is released for the retry.
+	err = a.releaseAfterSettle(err)
+	v := verdict{problem: ProblemCommitFailed, retryAfter: 1, err: err}
+	if errors.Is(err, idemstore.ErrMisconfigured) {
+		v.problem, v.retryAfter = ProblemMisconfigured, 0
+	}
+	return a.done(OutcomeStoreError, v)
 }
 
 // releaseAfterSettle releases the claim after a Settle that stored

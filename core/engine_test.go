@@ -19,7 +19,7 @@ import (
 
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
-	store := memstore.New()
+	store := memstore.MustNew()
 	tests := []struct {
 		name string
 		cfg  idem.Config
@@ -65,7 +65,7 @@ func TestRetryAfterFollowsTheHolder(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
-		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: 10 * time.Second,
+		Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: 10 * time.Second,
 		StoreTimeout: time.Second, Lease: 20 * time.Second,
 	})
 	if err != nil {
@@ -99,7 +99,7 @@ func TestRetryAfterFollowsTheHolder(t *testing.T) {
 func TestDownstreamKeyIsStableAcrossTakeover(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestReconcilerSettlesAStaleClaim(t *testing.T) {
 	clk := newClock()
 	var asked []idem.Record
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
-		Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
+		Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			asked = append(asked, stale)
 			return &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"from provider"}`)}, nil
@@ -164,7 +164,7 @@ func TestReconcilerSettlesAStaleClaim(t *testing.T) {
 func TestSweeperPurgesExpired(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: k, Token: k, Lease: time.Second, Retention: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -199,7 +199,7 @@ func (p contendedPurger) PurgeExpired(ctx context.Context, limit int) (int, erro
 func TestSweeperGoesOnAfterAShortBatch(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	for i := range 40 {
 		if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: fmt.Sprint(i), Token: "t", Lease: time.Second, Retention: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -218,7 +218,7 @@ func TestSweeperGoesOnAfterAShortBatch(t *testing.T) {
 
 func TestBodyLimitIgnoresTheDeclaredLength(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), MaxBodyBytes: 100})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), MaxBodyBytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -17,7 +16,7 @@ import (
 // the handler runs with the attempt's context, Finish commits the outcome,
 // and a retry is replayed without running the handler.
 func Example() {
-	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
+	engine, err := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		panic(err)
 	}
@@ -51,7 +50,7 @@ func Example() {
 // ExampleDownstreamKey derives the idempotency key to send a payment
 // provider, the same for every attempt at one request.
 func ExampleDownstreamKey() {
-	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.New()})
+	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: memstore.MustNew()})
 	att, _ := engine.Begin(context.Background(), idem.Request{
 		Method: "POST", Path: "/payments", Principal: "acct_1", Key: "7f3a",
 	})
@@ -81,7 +80,7 @@ func serve(engine *idem.Engine, key string, handler func(ctx context.Context) id
 func ExampleConfig_classify() {
 	errDuplicateOrder := errors.New("duplicate order number")
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store: memstore.New(),
+		Store: memstore.MustNew(),
 		Classify: func(status int, err error) idem.Disposition {
 			if status == http.StatusConflict && errors.Is(err, errDuplicateOrder) {
 				return idem.Fail
@@ -140,7 +139,7 @@ func ExampleConfig_reconcile() {
 	now := time.Unix(1_750_000_000, 0)
 	clock := func() time.Time { return now }
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store:          memstore.New(memstore.WithClock(clock)),
+		Store:          memstore.MustNew(memstore.WithClock(clock)),
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			id, err := charge(ctx) // same downstream key as the dead attempt
@@ -165,7 +164,7 @@ func ExampleConfig_reconcile() {
 // Run it in the background with Sweeper.Run; one sweep is shown here.
 func ExampleSweeper() {
 	now := time.Unix(1_750_000_000, 0)
-	store := memstore.New(memstore.WithClock(func() time.Time { return now }))
+	store := memstore.MustNew(memstore.WithClock(func() time.Time { return now }))
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store, Retention: time.Hour})
 	for _, key := range []string{"a", "b", "c"} {
 		serve(engine, key, func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} })
@@ -181,7 +180,7 @@ func ExampleSweeper() {
 func ExampleObserverFunc() {
 	counts := map[idem.OutcomeLabel]int{}
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey,
-		Store:    memstore.New(),
+		Store:    memstore.MustNew(),
 		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { counts[ev.Outcome]++ }),
 	})
 	ok := func(context.Context) idem.Result { return idem.Result{Status: http.StatusCreated} }
@@ -192,53 +191,11 @@ func ExampleObserverFunc() {
 	// Output: 1 1 1
 }
 
-// ExampleParseKey shows the two forms of a key and what is refused.
-func ExampleParseKey() {
-	for _, raw := range []string{`7f3a`, `"7f3a"`, `"unterminated`, "tab\tinside", ""} {
-		key, err := idem.ParseKey(raw, 0)
-		fmt.Printf("%q %q %v\n", raw, key, err != nil)
-	}
-	// Output:
-	// "7f3a" "7f3a" false
-	// "\"7f3a\"" "7f3a" false
-	// "\"unterminated" "" true
-	// "tab\tinside" "" true
-	// "" "" true
-}
-
-// ExampleCanonicalJSON shows why a retry whose JSON differs only in key
-// order, white space or an ignored field has the same fingerprint.
-func ExampleCanonicalJSON() {
-	a, _ := idem.CanonicalJSON([]byte(`{"currency":"EUR", "amount":1000, "sent_at":"10:00"}`), []string{"sent_at"})
-	b, _ := idem.CanonicalJSON([]byte(`{"amount":1000,"currency":"EUR","sent_at":"10:05"}`), []string{"sent_at"})
-	fmt.Println(string(a), string(a) == string(b))
-	// Output: {"amount":1000,"currency":"EUR"} true
-}
-
 // ExampleNewProblem renders one of the library's problem responses.
 func ExampleNewProblem() {
 	resp := idem.NewProblem(idem.ProblemKeyInUse).Response(3)
 	fmt.Println(resp.Status, resp.Header.Get("Content-Type"), resp.Header.Get("Retry-After"))
 	// Output: 409 application/problem+json 3
-}
-
-// ExampleWrapStoreError is how a store wraps its driver's errors, so that
-// the engine tells a transient error (503, retry) from a misconfigured
-// store (500, fix it).
-func ExampleWrapStoreError() {
-	missingTable := errors.New(`relation "idempotency_keys" does not exist`)
-	err := idemstore.WrapStoreError("idemexample", "claim", idemstore.ClassMisconfigured, missingTable)
-	fmt.Println(errors.Is(err, idem.ErrMisconfigured), errors.Is(err, missingTable))
-	// Output: true true
-}
-
-// ExampleEncodeHeader keeps header values byte for byte, whatever they
-// contain.
-func ExampleEncodeHeader() {
-	h := http.Header{"Content-Type": {"application/json"}, "X-Odd": {"nul\x00and\xffbyte"}}
-	back, err := idemstore.DecodeHeader(idemstore.EncodeHeader(h))
-	fmt.Printf("%q %v\n", back.Get("X-Odd"), err)
-	// Output: "nul\x00and\xffbyte" <nil>
 }
 
 // fingerprintKey stands for the service's Config.FingerprintKey: in

@@ -187,3 +187,15 @@ func FuzzFingerprint(f *testing.F) {
 		}
 	})
 }
+
+// TestCanonicalJSONIgnoresOrderAndIgnoredFields: a retry whose JSON differs
+// only in key order, white space or an ignored field canonicalises to the
+// same bytes, so it has the same fingerprint.
+func TestCanonicalJSONIgnoresOrderAndIgnoredFields(t *testing.T) {
+	t.Parallel()
+	a, errA := idem.CanonicalJSON([]byte(`{"currency":"EUR", "amount":1000, "sent_at":"10:00"}`), []string{"sent_at"})
+	b, errB := idem.CanonicalJSON([]byte(`{"amount":1000,"currency":"EUR","sent_at":"10:05"}`), []string{"sent_at"})
+	if errA != nil || errB != nil || string(a) != `{"amount":1000,"currency":"EUR"}` || string(a) != string(b) {
+		t.Fatalf("canonical forms %s (%v) and %s (%v), want both {\"amount\":1000,\"currency\":\"EUR\"}", a, errA, b, errB)
+	}
+}

@@ -41,7 +41,7 @@ func (r *oneByteThenFail) Read(p []byte) (int, error) {
 // arrives, never from the declared Content-Length. A request declaring 1 MiB
 // that sends 1 byte allocates a few KiB, not 1 MiB.
 func TestBodyBufferIgnoresDeclaredLength(t *testing.T) {
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), MaxBodyBytes: 1 << 20})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), MaxBodyBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestBodyBufferIgnoresDeclaredLength(t *testing.T) {
 // sending 1 byte, held open against a real server, cost the heap little:
 // a body is not allocated from its declared length.
 func TestSlowBodyFloodHeap(t *testing.T) {
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), MaxBodyBytes: 1 << 20})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), MaxBodyBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestSlowBodyFloodHeap(t *testing.T) {
 // claimed and completed in memstore, leave the store holding ids of at most
 // MaxRequestIDLength bytes, and a heap that grows by at most 32 MB.
 func TestRequestIDFloodHeap(t *testing.T) {
-	store := memstore.New()
+	store := memstore.MustNew()
 	logged := &syncBuffer{}
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(logged, nil))})
 	if err != nil {

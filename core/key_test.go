@@ -201,3 +201,24 @@ func FuzzParseKey(f *testing.F) {
 		}
 	})
 }
+
+// TestParseKeyForms: the bare and the quoted form name the same key; an
+// unterminated string, a control character and an empty value are refused.
+func TestParseKeyForms(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		raw, key string
+		refused  bool
+	}{
+		{`7f3a`, "7f3a", false},
+		{`"7f3a"`, "7f3a", false},
+		{`"unterminated`, "", true},
+		{"tab\tinside", "", true},
+		{"", "", true},
+	} {
+		key, err := idem.ParseKey(tc.raw, 0)
+		if key != tc.key || (err != nil) != tc.refused {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q, refused %v", tc.raw, key, err, tc.key, tc.refused)
+		}
+	}
+}

@@ -28,9 +28,9 @@ func TestFingerprintKeyRequired(t *testing.T) {
 		cfg  idem.Config
 		want string
 	}{
-		{"no key", idem.Config{Store: memstore.New()}, "FingerprintKey is required"},
-		{"short key", idem.Config{Store: memstore.New(), FingerprintKey: short}, "FingerprintKey is required"},
-		{"short previous key", idem.Config{Store: memstore.New(), FingerprintKey: storetest.FingerprintKey,
+		{"no key", idem.Config{Store: memstore.MustNew()}, "FingerprintKey is required"},
+		{"short key", idem.Config{Store: memstore.MustNew(), FingerprintKey: short}, "FingerprintKey is required"},
+		{"short previous key", idem.Config{Store: memstore.MustNew(), FingerprintKey: storetest.FingerprintKey,
 			PreviousFingerprintKeys: [][]byte{storetest.FingerprintKey, short}}, "PreviousFingerprintKeys[1]"},
 	}
 	for _, tc := range tests {
@@ -39,7 +39,7 @@ func TestFingerprintKeyRequired(t *testing.T) {
 			t.Errorf("%s: New = %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := idem.New(idem.Config{Store: memstore.New(), FingerprintKey: append(short, 'f')}); err != nil {
+	if _, err := idem.New(idem.Config{Store: memstore.MustNew(), FingerprintKey: append(short, 'f')}); err != nil {
 		t.Errorf("New with a %d-byte key = %v", idem.MinFingerprintKeyBytes, err)
 	}
 }
@@ -51,7 +51,7 @@ func TestFingerprintKeyRequired(t *testing.T) {
 func TestStoredFingerprintNeedsTheKey(t *testing.T) {
 	t.Parallel()
 	key := []byte("the service's secret fingerprint key, 32+ bytes")
-	store := memstore.New()
+	store := memstore.MustNew()
 	e, err := idem.New(idem.Config{Store: store, FingerprintKey: key})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestFingerprintKeyRotation(t *testing.T) {
 	oldKey := []byte("the fingerprint key before the rotation")
 	newKey := []byte("the fingerprint key after the rotation!!")
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	engine := func(key []byte, previous ...[]byte) *idem.Engine {
 		e, err := idem.New(idem.Config{Store: store, FingerprintKey: key, PreviousFingerprintKeys: previous,
 			RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})
@@ -201,7 +201,7 @@ func TestFingerprintKeyRotation(t *testing.T) {
 func TestRecordNoncePerRecord(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store,
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second, Retention: time.Hour})
 	if err != nil {
@@ -259,7 +259,7 @@ func TestRecordNoncePerRecord(t *testing.T) {
 // does).
 func TestDownstreamKeyStableAcrossRelease(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestConfigHidesTheKey(t *testing.T) {
 	t.Parallel()
 	prev := []byte("an older key of at least thirty-two bytes")
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, PreviousFingerprintKeys: [][]byte{prev},
-		Store: memstore.New()})
+		Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}

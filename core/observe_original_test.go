@@ -21,7 +21,7 @@ func TestEventOriginalRequestID(t *testing.T) {
 		mu     sync.Mutex
 		events []idem.Event
 	)
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ev)
@@ -53,7 +53,7 @@ func TestEventOriginalRequestID(t *testing.T) {
 // line, so an observer's export correlates with the log.
 func TestKeyHashMatchesTheLog(t *testing.T) {
 	var buf bytes.Buffer
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestSweeperReconciles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			store := memstore.New(memstore.WithClock(clk.Now))
+			store := memstore.MustNew(memstore.WithClock(clk.Now))
 			var sawKey atomic.Value
 			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second}
 			if tc.reconcile != nil {
@@ -168,7 +168,7 @@ func TestSweeperLosesToARetry(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	var asked atomic.Int64
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithClock(clk.Now)), RequestTimeout: time.Second,
 		StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { asked.Add(1); return nil, nil }})
 	if err != nil {
@@ -227,7 +227,7 @@ func TestTakeoverKeepsAnUnstoredReconcile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			store := memstore.New(memstore.WithClock(clk.Now))
+			store := memstore.MustNew(memstore.WithClock(clk.Now))
 			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 50 * time.Millisecond, StoreTimeout: time.Second,
 				Lease: 3 * time.Second, Reconcile: tc.reconcile})
 			if err != nil {

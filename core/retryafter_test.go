@@ -35,7 +35,7 @@ func TestRetryAfterIsWhenTheHolderLikelyFinishes(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/+%v", tc.steady, tc.after), func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithClock(clk.Now)), Clock: clk.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,7 +107,7 @@ func routed(key string) idem.Request {
 func TestRetryAfterBounds(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithClock(clk.Now)), Clock: clk.Now})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithClock(clk.Now)), Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

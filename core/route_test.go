@@ -76,7 +76,7 @@ func (r *sweepRecorder) ObserveSweep(_ context.Context, res idem.SweepResult, er
 
 func TestSweeperObserver(t *testing.T) {
 	t.Parallel()
-	store := memstore.New()
+	store := memstore.MustNew()
 	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: "k", Token: "t",
 		Lease: time.Millisecond, Retention: time.Hour}); err != nil {
 		t.Fatal(err)

@@ -109,7 +109,7 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := &faultyStore{Store: memstore.New(), settleErr: tc.err}
+			store := &faultyStore{Store: memstore.MustNew(), settleErr: tc.err}
 			var ev idem.Event
 			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler),
 				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
@@ -158,7 +158,7 @@ func TestSettleErrorsDecideTheKeysFate(t *testing.T) {
 // an expired context: the key would stay blocked for the whole lease.
 func TestReleaseAfterTimedOutSettleGetsItsOwnTime(t *testing.T) {
 	t.Parallel()
-	store := &faultyStore{Store: memstore.New(), settleErr: errors.New("idemtest: settle timed out"), settleDur: time.Hour}
+	store := &faultyStore{Store: memstore.MustNew(), settleErr: errors.New("idemtest: settle timed out"), settleDur: time.Hour}
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestReleaseAfterTimedOutSettleGetsItsOwnTime(t *testing.T) {
 
 func TestMisconfiguredClaimIsNotRetryable(t *testing.T) {
 	t.Parallel()
-	store := &faultyStore{Store: memstore.New(), claimErr: fmt.Errorf("idemtest: claim: %w: relation does not exist", idem.ErrMisconfigured)}
+	store := &faultyStore{Store: memstore.MustNew(), claimErr: fmt.Errorf("idemtest: claim: %w: relation does not exist", idem.ErrMisconfigured)}
 	var logged bytes.Buffer
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
@@ -200,18 +200,18 @@ func TestStoreErrorsReachTheDefaultLogger(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
 
-	ok, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	ok, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	att, _ := ok.Begin(context.Background(), request("alice", "fine"))
-	tx, _ := memstore.TxFrom(att.Context())
+	tx, _ := memstore.Tx(att.Context())
 	tx.OnCommit(func() {})
 	att.Finish(idem.Result{Status: 201})
 	if logged.Len() != 0 {
 		t.Fatalf("a normal request logged %q without a Logger", logged.String())
 	}
-	broken, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: &faultyStore{Store: memstore.New(),
+	broken, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: &faultyStore{Store: memstore.MustNew(),
 		claimErr: fmt.Errorf("idemtest: claim: %w: permission denied", idem.ErrMisconfigured)}})
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func TestWarnTxUnused(t *testing.T) {
 	t.Parallel()
 	for _, allow := range []bool{false, true} {
 		var logged bytes.Buffer
-		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: allow,
+		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), AllowTxUnused: allow,
 			Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -235,7 +235,7 @@ func TestWarnTxUnused(t *testing.T) {
 			logged.Reset()
 			att, _ := e.Begin(context.Background(), request("alice", fmt.Sprint("k", used)))
 			if used {
-				tx, _ := memstore.TxFrom(att.Context())
+				tx, _ := memstore.Tx(att.Context())
 				tx.OnCommit(func() {})
 			}
 			att.Finish(idem.Result{Status: 201})
@@ -254,7 +254,7 @@ func TestWarnTxUnused(t *testing.T) {
 func TestFirstAnonymousRequestIsLogged(t *testing.T) {
 	t.Parallel()
 	var logged bytes.Buffer
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func (t ownedTx) Settle(ctx context.Context, _ idemstore.Outcome) error {
 func TestHandlerThatEndsTheTransactionIsNotToldToRetry(t *testing.T) {
 	t.Parallel()
 	var logged bytes.Buffer
-	store := ownedStore{memstore.New()}
+	store := ownedStore{memstore.MustNew()}
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -318,7 +318,7 @@ func TestHandlerThatEndsTheTransactionIsNotToldToRetry(t *testing.T) {
 func TestPrincipalAndRequestIDBounds(t *testing.T) {
 	t.Parallel()
 	var ev idem.Event
-	store := memstore.New()
+	store := memstore.MustNew()
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +368,7 @@ func TestPrincipalAndRequestIDBounds(t *testing.T) {
 
 func TestProblemsNameTheConfiguredHeader(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Header: "X-Request-Key", MaxKeyLength: 64})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Header: "X-Request-Key", MaxKeyLength: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ func TestProblemsNameTheConfiguredHeader(t *testing.T) {
 
 func TestTimeoutHasItsOwnProblem(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), RequestTimeout: 20 * time.Millisecond})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), RequestTimeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestTimeoutHasItsOwnProblem(t *testing.T) {
 func TestTxUsedInEvent(t *testing.T) {
 	t.Parallel()
 	var ev idem.Event
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +411,7 @@ func TestTxUsedInEvent(t *testing.T) {
 		t.Fatal("TxUsed for a handler that never touched the transaction")
 	}
 	att, _ = e.Begin(context.Background(), request("alice", "used"))
-	tx, _ := memstore.TxFrom(att.Context())
+	tx, _ := memstore.Tx(att.Context())
 	tx.OnCommit(func() {})
 	att.Finish(idem.Result{Status: http.StatusCreated})
 	if !ev.TxUsed {
@@ -424,7 +424,7 @@ func TestTxUsedInEvent(t *testing.T) {
 // it, fenced by the attempt's own token.
 func TestClaimWhoseAnswerWasLostIsReleased(t *testing.T) {
 	t.Parallel()
-	store := &faultyStore{Store: memstore.New(), claimAnswerLost: true}
+	store := &faultyStore{Store: memstore.MustNew(), claimAnswerLost: true}
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -466,7 +466,7 @@ func TestEndedTransactionIsNotReleasedOnFailure(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := &faultyStore{Store: memstore.New(), rollbackEnded: true}
+			store := &faultyStore{Store: memstore.MustNew(), rollbackEnded: true}
 			var ev idem.Event
 			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Logger: slog.New(slog.DiscardHandler),
 				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) { ev = e })})
@@ -507,7 +507,7 @@ func TestStreamedResponseIsLoggedOnce(t *testing.T) {
 		{"ResponseController", func(b *idemadapter.ResponseBuffer) { _ = http.NewResponseController(b).Flush() }, 1},
 	} {
 		logged.Reset()
-		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), AllowTxUnused: true})
+		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), AllowTxUnused: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -41,7 +41,7 @@ func TestLogRedactsQueryAndKey(t *testing.T) {
 			var logs bytes.Buffer
 			var ev idem.Event
 			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey,
-				Store: memstore.New(), LogKeys: tc.logKeys,
+				Store: memstore.MustNew(), LogKeys: tc.logKeys,
 				Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
 				Observer: idem.ObserverFunc(func(_ context.Context, got idem.Event) { ev = got }),
 			})
@@ -99,7 +99,7 @@ func TestStoredHeadersRefusesSensitive(t *testing.T) {
 		{"X-Authorization-Hint", false, false},
 	}
 	for _, tc := range tests {
-		_, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), StoredHeaders: []string{"Content-Type", tc.header},
+		_, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), StoredHeaders: []string{"Content-Type", tc.header},
 			AllowSensitiveStoredHeaders: tc.allow})
 		switch {
 		case tc.wantErr && (!errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.header)):
@@ -115,7 +115,7 @@ func TestStoredHeadersRefusesSensitive(t *testing.T) {
 // "" is a 400 key-invalid, never a run without deduplication.
 func TestBlankKeyWithKeyOptional(t *testing.T) {
 	t.Parallel()
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), KeyOptional: true})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), KeyOptional: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestStoredHeaderValuesValidated(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var ev idem.Event
-			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
+			e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
 				StoredHeaders: append([]string{"X Bad"}, idem.DefaultStoredHeaders...),
 				Observer:      idem.ObserverFunc(func(_ context.Context, got idem.Event) { ev = got })})
 			if err != nil {

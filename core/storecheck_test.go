@@ -80,11 +80,11 @@ func TestNewChecksTheStore(t *testing.T) {
 		{name: "other error", err: errOther, calls: 1, logged: true},
 		{name: "misconfigured, skipped", err: errMissingTable, skip: true},
 		{name: "unreachable, skipped", err: errUnreachable, skip: true},
-		{name: "memstore has no Check", store: memstore.New()},
+		{name: "memstore has no Check", store: memstore.MustNew()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			fake := &checkedStore{Store: memstore.New(), err: tc.err}
+			fake := &checkedStore{Store: memstore.MustNew(), err: tc.err}
 			store := tc.store
 			if store == nil {
 				store = fake
@@ -127,7 +127,7 @@ func TestNewChecksTheStore(t *testing.T) {
 // and returns the Engine, which then serves requests as usual.
 func TestNewStoreCheckIsBounded(t *testing.T) {
 	t.Parallel()
-	fake := &checkedStore{Store: memstore.New(), block: true}
+	fake := &checkedStore{Store: memstore.MustNew(), block: true}
 	logs := &records{}
 	start := time.Now()
 	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: fake,
@@ -155,7 +155,7 @@ func TestNewStoreCheckWarnsWithoutALogger(t *testing.T) {
 	prev := slog.Default()
 	slog.SetDefault(slog.New(def))
 	t.Cleanup(func() { slog.SetDefault(prev) })
-	fake := &checkedStore{Store: memstore.New(), err: errUnreachable}
+	fake := &checkedStore{Store: memstore.MustNew(), err: errUnreachable}
 	if _, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: fake}); err != nil {
 		t.Fatal(err)
 	}

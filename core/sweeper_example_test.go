@@ -21,7 +21,7 @@ func ExampleSweeper_reconcile() {
 	clock := func() time.Time { return now }
 	engine, _ := idem.New(idem.Config{
 		FingerprintKey: fingerprintKey,
-		Store:          memstore.New(memstore.WithClock(clock)),
+		Store:          memstore.MustNew(memstore.WithClock(clock)),
 		RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second,
 		Reconcile: func(ctx context.Context, stale idem.Record) (*idem.Response, error) {
 			key, err := idem.DownstreamKey(ctx, "charge") // the dead attempt's

@@ -25,7 +25,7 @@ func (c sweepLog) ObserveSweep(_ context.Context, res idem.SweepResult, _ error)
 func TestSweeperKeepsUpWithABacklog(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	const expired = 20
 	for i := range expired {
 		key := "k" + strings.Repeat("x", i)
@@ -67,7 +67,7 @@ func TestSweeperKeepsUpWithABacklog(t *testing.T) {
 func TestSweeperLogsNoKey(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	const key = "order-4111111111111111"
 	if _, err := store.Claim(context.Background(), idemstore.ClaimRequest{Principal: "p", Key: key, Token: "t",
 		Lease: time.Second, Retention: time.Hour}); err != nil {
@@ -113,7 +113,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func TestSweeperCountsRecords(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	ctx := context.Background()
 	for _, k := range []string{"stale", "held"} {
 		if _, err := store.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: k, Token: k, Nonce: k,

@@ -87,7 +87,7 @@ func TestFailuresAfterATakeoverKeepTheClaim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			store := &takeoverStore{Store: memstore.New(memstore.WithClock(clk.Now))}
+			store := &takeoverStore{Store: memstore.MustNew(memstore.WithClock(clk.Now))}
 			var asked atomic.Int64
 			var answer atomic.Value
 			answer.Store(tc.answer)
@@ -157,7 +157,7 @@ func TestFailuresAfterATakeoverKeepTheClaim(t *testing.T) {
 func TestUncertainWithoutReconcile(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: time.Second,
 		StoreTimeout: time.Second, Lease: 3 * time.Second})
 	if err != nil {

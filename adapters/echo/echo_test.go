@@ -140,7 +140,7 @@ func TestOuterMiddlewareSeesFinalResponse(t *testing.T) {
 		return func(c echo.Context) error {
 			w, req := c.Response().Writer, c.Request()
 			err := next(c)
-			_, hasTx := memstore.TxFrom(c.Request().Context())
+			_, hasTx := memstore.Tx(c.Request().Context())
 			last.Store(seen{c.Response().Status, c.Response().Size, c.Response().Committed,
 				c.Response().Writer == w && c.Request() == req && !hasTx})
 			return err

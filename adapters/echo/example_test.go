@@ -38,7 +38,7 @@ func requireAccount(next echo.HandlerFunc) echo.HandlerFunc {
 // GORM, db := idemgorm.DB(ctx, db). What it writes there commits together
 // with the stored response, or not at all.
 func createPayment(c echo.Context) error {
-	tx, _ := memstore.TxFrom(c.Request().Context())
+	tx, _ := memstore.Tx(c.Request().Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	return c.JSON(http.StatusCreated, echo.Map{"id": "pay_1"})
 }
@@ -53,7 +53,7 @@ func Example() {
 	// With PostgreSQL: store, err := idempgx.New(pool), then
 	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
 	// applies idempgx's migration. memstore has nothing to migrate.
-	store := memstore.New()
+	store := memstore.MustNew()
 
 	// One engine for the process: every middleware, the Sweeper and
 	// Engine.Do share it. New checks the store: one without its table

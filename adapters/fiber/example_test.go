@@ -36,7 +36,7 @@ func requireAccount(c *fiber.Ctx) error {
 // db := idemgorm.DB(ctx, db). What it writes there commits together with
 // the stored response, or not at all.
 func createPayment(c *fiber.Ctx) error {
-	tx, _ := memstore.TxFrom(c.UserContext())
+	tx, _ := memstore.Tx(c.UserContext())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	return c.Status(http.StatusCreated).JSON(fiber.Map{"id": "pay_1"})
 }
@@ -51,7 +51,7 @@ func Example() {
 	// With PostgreSQL: store, err := idempgx.New(pool), then
 	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
 	// applies idempgx's migration. memstore has nothing to migrate.
-	store := memstore.New()
+	store := memstore.MustNew()
 
 	// One engine for the process: every middleware, the Sweeper and
 	// Engine.Do share it. New checks the store: one without its table

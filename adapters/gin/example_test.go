@@ -36,7 +36,7 @@ func requireAccount(c *gin.Context) {
 // GORM, db := idemgorm.DB(ctx, db). What it writes there commits together
 // with the stored response, or not at all.
 func createPayment(c *gin.Context) {
-	tx, _ := memstore.TxFrom(c.Request.Context())
+	tx, _ := memstore.Tx(c.Request.Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	c.JSON(http.StatusCreated, gin.H{"id": "pay_1"})
 }
@@ -52,7 +52,7 @@ func Example() {
 	// With PostgreSQL: store, err := idempgx.New(pool), then
 	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
 	// applies idempgx's migration. memstore has nothing to migrate.
-	store := memstore.New()
+	store := memstore.MustNew()
 
 	// One engine for the process: every middleware, the Sweeper and
 	// Engine.Do share it. New checks the store: one without its table

@@ -224,7 +224,7 @@ func TestWriterAndRequestRestored(t *testing.T) {
 	f.r.POST("/pay", func(c *gin.Context) {
 		w, r := c.Writer, c.Request
 		c.Next()
-		_, hasTx := memstore.TxFrom(c.Request.Context())
+		_, hasTx := memstore.Tx(c.Request.Context())
 		restored.Store(c.Writer == w && c.Request == r && !hasTx)
 	}, authenticate, f.mw, pay(f, &runs))
 	adaptertest.WantStatus(t, "request", adaptertest.Send(t, "POST", f.start(t)+"/pay", "alice", "k", `{}`), http.StatusCreated)

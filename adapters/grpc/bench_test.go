@@ -29,7 +29,7 @@ func (echoServer) Act(_ context.Context, r *testpb.ActRequest) (*testpb.ActReply
 
 func benchInterceptor(b *testing.B) grpc.UnaryServerInterceptor {
 	b.Helper()
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(50_000_000)),
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithMaxRecords(50_000_000)),
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)

@@ -57,7 +57,7 @@ func Example() {
 	// With PostgreSQL: store, err := idempgx.New(pool), then
 	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
 	// applies idempgx's migration. memstore has nothing to migrate.
-	store := memstore.New()
+	store := memstore.MustNew()
 
 	// One engine for the process: the interceptor, every HTTP middleware,
 	// the Sweeper and Engine.Do share it. New checks the store: one

@@ -32,7 +32,7 @@ func TestSuite(t *testing.T) {
 // TestNewValidates: New refuses a Config without an engine or a principal
 // function, or with an unusable StoredMetadata key, naming the field.
 func TestNewValidates(t *testing.T) {
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestNewValidates(t *testing.T) {
 // with the engine's Config.Classify, which judges HTTP statuses for the
 // HTTP middleware that shares the engine.
 func TestClassifyIsTheInterceptors(t *testing.T) {
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
 		Classify: func(status int, err error) idem.Disposition {
 			t.Errorf("the engine's classifier was asked about status %d", status)
 			return idem.Release
@@ -124,7 +124,7 @@ func TestClassifyIsTheInterceptors(t *testing.T) {
 // lease; Config.Reconcile settles it with Stored, the client gets that
 // reply, and the method never runs.
 func TestReconcileTakeover(t *testing.T) {
-	store := memstore.New()
+	store := memstore.MustNew()
 	reconciled := &testpb.ActReply{EffectId: "pay_1", Attempt: "from the provider"}
 	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
 		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return idemgrpc.Stored(reconciled, nil) }})
@@ -166,7 +166,7 @@ func TestReconcileTakeover(t *testing.T) {
 // full method name, a bounded set, never by anything the client sent.
 func TestEventRouteIsTheFullMethod(t *testing.T) {
 	var routes []string
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(),
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
 		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })})
 	if err != nil {
 		t.Fatal(err)

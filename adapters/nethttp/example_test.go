@@ -38,7 +38,7 @@ func requireAccount(next http.Handler) http.Handler {
 // db := idemgorm.DB(ctx, db). What it writes there commits together with
 // the stored response, or not at all.
 func createPayment(w http.ResponseWriter, r *http.Request) {
-	tx, _ := memstore.TxFrom(r.Context())
+	tx, _ := memstore.Tx(r.Context())
 	tx.OnCommit(func() { fmt.Println("payment row committed") })
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
@@ -55,7 +55,7 @@ func Example() {
 	// With PostgreSQL: store, err := idempgx.New(pool), then
 	// store.Migrate(ctx), or store.Check(ctx) when your migration tool
 	// applies idempgx's migration. memstore has nothing to migrate.
-	store := memstore.New()
+	store := memstore.MustNew()
 
 	// One engine for the process: every middleware, the Sweeper and
 	// Engine.Do share it. New checks the store: one without its table

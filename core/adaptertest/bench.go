@@ -68,7 +68,7 @@ func Benchmarks(b *testing.B, serve BenchServe) {
 // is the middleware's cost.
 func RoundTripBenchmarks(b *testing.B, serve RoundTripServe) {
 	middleware := func(observed bool) RoundTrip {
-		cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(memstore.WithMaxRecords(10_000_000))}
+		cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithMaxRecords(10_000_000))}
 		if observed {
 			cfg.Observer = idem.ObserverFunc(func(context.Context, idem.Event) {})
 		}

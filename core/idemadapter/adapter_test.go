@@ -19,7 +19,7 @@ import (
 
 func TestNewAdapterValidates(t *testing.T) {
 	t.Parallel()
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New()})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestPrincipalErrorReachesEventAndLog(t *testing.T) {
 			slog.SetDefault(slog.New(def))
 			t.Cleanup(func() { slog.SetDefault(prev) })
 			var events []idem.Event
-			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), KeyOptional: tc.keyOptional,
+			cfg := idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), KeyOptional: tc.keyOptional,
 				Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { events = append(events, ev) })}
 			if tc.logger {
 				cfg.Logger = slog.New(own)

@@ -15,7 +15,7 @@ import (
 // An adapter for a framework built on net/http runs each request through
 // HandleHTTP: the handler runs once, and the retry gets the stored answer.
 func ExampleHandleHTTP() {
-	eng, err := idem.New(idem.Config{Store: memstore.New(), FingerprintKey: storetest.FingerprintKey, AllowTxUnused: true})
+	eng, err := idem.New(idem.Config{Store: memstore.MustNew(), FingerprintKey: storetest.FingerprintKey, AllowTxUnused: true})
 	if err != nil {
 		panic(err)
 	}

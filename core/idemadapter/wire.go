@@ -66,8 +66,9 @@ func ValidHeaderField(name string, values []string) bool { return wire.ValidHead
 // FingerprintVersion is the first byte of every fingerprint the engine
 // stores: it names the construction (HMAC-SHA-256 of the
 // "idem/fingerprint/v2" input), so a stored fingerprint says how it was made
-// and a future construction can be told apart from it.
-const FingerprintVersion = hooks.FingerprintVersion
+// and a future construction can be told apart from it. Every value
+// Fingerprint returns starts with it.
+const FingerprintVersion byte = 2
 
 // Fingerprint returns the fingerprint of a request under key: its method,
 // path (with query), principal and body, MACed with HMAC-SHA-256 under key

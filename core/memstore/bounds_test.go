@@ -24,7 +24,7 @@ func TestPrincipalShare(t *testing.T) {
 	ctx := context.Background()
 	t.Run("records", func(t *testing.T) {
 		t.Parallel()
-		s := memstore.New(memstore.WithMaxRecords(50)) // default share: 5 records each
+		s := memstore.MustNew(memstore.WithMaxRecords(50)) // default share: 5 records each
 		e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: s})
 		if err != nil {
 			t.Fatal(err)
@@ -56,7 +56,7 @@ func TestPrincipalShare(t *testing.T) {
 	})
 	t.Run("bytes", func(t *testing.T) {
 		t.Parallel()
-		s := memstore.New(memstore.WithMaxBytes(1<<20), memstore.WithPrincipalShare(0.25))
+		s := memstore.MustNew(memstore.WithMaxBytes(1<<20), memstore.WithPrincipalShare(0.25))
 		claim := func(principal, key string) (idemstore.Tx, error) {
 			req := idemstore.ClaimRequest{Principal: principal, Key: key, Fingerprint: make([]byte, 32), Token: key,
 				Lease: time.Minute, Retention: time.Hour}
@@ -98,7 +98,7 @@ func TestMaxBytes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
-	s := memstore.New(memstore.WithMaxBytes(4<<10), memstore.WithPrincipalShare(1),
+	s := memstore.MustNew(memstore.WithMaxBytes(4<<10), memstore.WithPrincipalShare(1),
 		memstore.WithClock(func() time.Time { return now }))
 	id := strings.Repeat("r", 1000)
 	// Each record under its own principal: only the store's own bound

@@ -12,7 +12,7 @@ import (
 // Example runs two attempts at one key on a memstore: the handler's work,
 // registered with OnCommit, happens once, with the stored response.
 func Example() {
-	store := memstore.New()
+	store := memstore.MustNew()
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	orders := 0
 	for range 2 {
@@ -21,7 +21,7 @@ func Example() {
 			fmt.Println("replayed:", resp.Status, resp.Header.Get(idem.ReplayedHeader))
 			continue
 		}
-		tx, _ := memstore.TxFrom(att.Context())
+		tx, _ := memstore.Tx(att.Context())
 		tx.OnCommit(func() { orders++ })
 		resp = att.Finish(idem.Result{Status: http.StatusCreated})
 		fmt.Println("ran:", resp.Status)
@@ -33,13 +33,13 @@ func Example() {
 	// orders: 1
 }
 
-// ExampleTx_FailCommit makes the commit fail, as a database does after a
+// ExampleHandle_FailCommit makes the commit fail, as a database does after a
 // failed statement: nothing is stored and the key is released.
-func ExampleTx_FailCommit() {
-	store := memstore.New()
+func ExampleHandle_FailCommit() {
+	store := memstore.MustNew()
 	engine, _ := idem.New(idem.Config{FingerprintKey: fingerprintKey, Store: store})
 	att, _ := engine.Begin(context.Background(), idem.Request{Method: "POST", Path: "/orders", Principal: "acct_1", Key: "o-2"})
-	tx, _ := memstore.TxFrom(att.Context())
+	tx, _ := memstore.Tx(att.Context())
 	tx.FailCommit(fmt.Errorf("constraint violated"))
 	resp := att.Finish(idem.Result{Status: http.StatusCreated})
 	rec, _ := store.Get(context.Background(), "acct_1", "o-2")

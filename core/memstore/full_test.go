@@ -31,7 +31,7 @@ func fill(b testing.TB, s *memstore.Store, n int, step time.Duration) {
 func BenchmarkClaimWhenFull(b *testing.B) {
 	for _, n := range []int{1_000, 100_000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			s := memstore.New(memstore.WithMaxRecords(n), memstore.WithPrincipalShare(1))
+			s := memstore.MustNew(memstore.WithMaxRecords(n), memstore.WithPrincipalShare(1))
 			fill(b, s, n, time.Hour)
 			i := 0
 			for b.Loop() {
@@ -52,7 +52,7 @@ func BenchmarkClaimWhenFull(b *testing.B) {
 func TestFullStoreEvictsInExpiryOrder(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_750_000_000, 0)
-	s := memstore.New(memstore.WithMaxRecords(100), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
+	s := memstore.MustNew(memstore.WithMaxRecords(100), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	fill(t, s, 100, time.Second) // record i expires at +(i+1)s
 	claim := func(key string) error {
 		_, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "new", Key: key, Token: key, Nonce: key,

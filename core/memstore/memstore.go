@@ -78,36 +78,82 @@ type usage struct {
 
 type recordKey struct{ principal, key string }
 
-// Option configures a Store.
-type Option func(*Store)
+// Option configures a Store. New returns the error of an option given a
+// value it refuses.
+type Option func(*Store) error
 
 // WithMaxRecords bounds the number of records kept.
-func WithMaxRecords(n int) Option { return func(s *Store) { s.max = n } }
+// It must be positive.
+func WithMaxRecords(n int) Option {
+	return func(s *Store) error {
+		if n <= 0 {
+			return fmt.Errorf("memstore: WithMaxRecords(%d): must be positive", n)
+		}
+		s.max = n
+		return nil
+	}
+}
 
 // WithMaxBytes bounds the bytes the records take: principals, keys, request
 // ids, fingerprints and stored responses.
-func WithMaxBytes(n int64) Option { return func(s *Store) { s.maxBytes = n } }
+// It must be positive.
+func WithMaxBytes(n int64) Option {
+	return func(s *Store) error {
+		if n <= 0 {
+			return fmt.Errorf("memstore: WithMaxBytes(%d): must be positive", n)
+		}
+		s.maxBytes = n
+		return nil
+	}
+}
 
 // WithPrincipalShare sets the fraction, in (0, 1], of MaxRecords and of
 // MaxBytes that one principal's records may take. At 1 one principal may
 // fill the store and make every other principal's claims fail until its
 // records expire; the default, DefaultPrincipalShare, leaves room for at
 // least nine others.
-func WithPrincipalShare(f float64) Option { return func(s *Store) { s.share = f } }
+func WithPrincipalShare(f float64) Option {
+	return func(s *Store) error {
+		if !(f > 0 && f <= 1) {
+			return fmt.Errorf("memstore: WithPrincipalShare(%v): must be in (0, 1]", f)
+		}
+		s.share = f
+		return nil
+	}
+}
 
 // WithClock replaces the store's clock, which plays the part of a database
 // clock: leases and expiry are measured on it.
-func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+// It must not be nil.
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) error {
+		if now == nil {
+			return errors.New("memstore: WithClock(nil)")
+		}
+		s.now = now
+		return nil
+	}
+}
 
-// New returns an empty Store.
-func New(opts ...Option) *Store {
+// New returns an empty Store, or the error of the first option that refuses
+// its value.
+func New(opts ...Option) (*Store, error) {
 	s := &Store{records: make(map[recordKey]entry), max: DefaultMaxRecords, maxBytes: DefaultMaxBytes,
 		share: DefaultPrincipalShare, now: time.Now, usage: make(map[string]usage)}
 	for _, o := range opts {
-		o(s)
+		if err := o(s); err != nil {
+			return nil, err
+		}
 	}
-	if s.share <= 0 || s.share > 1 {
-		s.share = DefaultPrincipalShare
+	return s, nil
+}
+
+// MustNew is New for tests and examples, where an option is a constant: it
+// panics if an option refuses its value.
+func MustNew(opts ...Option) *Store {
+	s, err := New(opts...)
+	if err != nil {
+		panic(err)
 	}
 	return s
 }
@@ -265,7 +311,7 @@ func (s *Store) ListStale(_ context.Context, limit int) ([]idem.Record, error) {
 // BeginTx implements idemstore.Store. The transaction buffers nothing itself:
 // work registered with OnCommit runs atomically with the settle.
 func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
-	c := &txContext{Context: ctx, tx: Tx{store: s, lease: l}}
+	c := &txContext{Context: ctx, tx: Handle{store: s, lease: l}}
 	c.st.tx = &c.tx
 	return c, &c.st, nil
 }
@@ -274,7 +320,7 @@ func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context
 // transaction, which is allocated with it.
 type txContext struct {
 	context.Context
-	tx Tx
+	tx Handle
 	st storeTx
 }
 
@@ -288,11 +334,11 @@ func (c *txContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// Tx is the handle a handler gets to a memstore transaction, through
-// TxFrom. It can add work to the transaction and make it fail, but not end
+// Handle is the handle a handler gets to a memstore transaction, through
+// Tx. It can add work to the transaction and make it fail, but not end
 // it: the store commits it with the stored outcome after the handler
 // returns, or rolls it back.
-type Tx struct {
+type Handle struct {
 	store    *Store
 	lease    idemstore.Lease
 	mu       sync.Mutex
@@ -302,19 +348,19 @@ type Tx struct {
 	used     bool
 }
 
-// TxFrom returns the memstore transaction carried by ctx, if any; ctx may
+// Tx returns the memstore transaction carried by ctx, if any; ctx may
 // be a framework's own context an adapter stored the attempt in (see
 // idem.AttemptContext).
-func TxFrom(ctx context.Context) (*Tx, bool) {
+func Tx(ctx context.Context) (*Handle, bool) {
 	ctx, _ = idem.AttemptContext(ctx)
-	tx, ok := ctx.Value(txKey{}).(*Tx)
+	tx, ok := ctx.Value(txKey{}).(*Handle)
 	return tx, ok
 }
 
 // OnCommit registers fn to run when the transaction commits, atomically
 // with the settle: the in-memory stand-in for a business write. Once the
 // store has finished the transaction, fn is dropped.
-func (tx *Tx) OnCommit(fn func()) {
+func (tx *Handle) OnCommit(fn func()) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.used = true
@@ -325,7 +371,7 @@ func (tx *Tx) OnCommit(fn func()) {
 
 // FailCommit makes the commit fail with err, as a database does after a
 // statement in the transaction failed.
-func (tx *Tx) FailCommit(err error) {
+func (tx *Handle) FailCommit(err error) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.used = true
@@ -333,7 +379,7 @@ func (tx *Tx) FailCommit(err error) {
 }
 
 // storeTx is the idemstore.Tx the engine drives; the handler never sees it.
-type storeTx struct{ tx *Tx }
+type storeTx struct{ tx *Handle }
 
 // Settle implements idemstore.Tx. The store keeps a copy of the outcome's
 // response.

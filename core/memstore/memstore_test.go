@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestConformance(t *testing.T) {
 func TestBounded(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
-	s := memstore.New(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
+	s := memstore.MustNew(memstore.WithMaxRecords(3), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	claim := func(key string, retention time.Duration) error {
 		_, err := s.Claim(ctx, idemstore.ClaimRequest{Principal: "p", Key: key, Token: key, Lease: time.Minute, Retention: retention})
@@ -61,7 +62,7 @@ func (c *clock) Now() time.Time { return c.now }
 
 func newClocked() (*memstore.Store, *clock) {
 	clk := &clock{now: time.Unix(1_700_000_000, 123)}
-	return memstore.New(memstore.WithClock(clk.Now)), clk
+	return memstore.MustNew(memstore.WithClock(clk.Now)), clk
 }
 
 func claim(t testing.TB, s *memstore.Store, req idemstore.ClaimRequest) idemstore.ClaimResult {
@@ -132,8 +133,8 @@ func TestClock(t *testing.T) {
 	}
 }
 
-func benchClaim(key string) idem.ClaimRequest {
-	return idem.ClaimRequest{Principal: "acct_1", Key: key, Fingerprint: bytes.Repeat([]byte{7}, 32),
+func benchClaim(key string) idemstore.ClaimRequest {
+	return idemstore.ClaimRequest{Principal: "acct_1", Key: key, Fingerprint: bytes.Repeat([]byte{7}, 32),
 		Token: "0123456789abcdef0123456789abcdef", RequestID: "req-" + key, Lease: time.Minute, Retention: time.Hour}
 }
 
@@ -145,7 +146,7 @@ var benchResponse = idem.Response{
 
 // BenchmarkFirstRequest claims a new key, begins a transaction and settles.
 func BenchmarkFirstRequest(b *testing.B) {
-	s := memstore.New(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
+	s := memstore.MustNew(memstore.WithMaxRecords(b.N+1), memstore.WithPrincipalShare(1))
 	ctx := context.Background()
 	reqs := make([]idemstore.ClaimRequest, b.N)
 	for i := range reqs {
@@ -166,7 +167,7 @@ func BenchmarkFirstRequest(b *testing.B) {
 
 // BenchmarkReplay claims a settled key.
 func BenchmarkReplay(b *testing.B) {
-	s := memstore.New()
+	s := memstore.MustNew()
 	req := benchClaim("k")
 	claim(b, s, req)
 	settle(b, s, req, benchResponse)
@@ -176,5 +177,24 @@ func BenchmarkReplay(b *testing.B) {
 		if err != nil || res.Claimed || res.Record.Response == nil {
 			b.Fatalf("replay claim = %+v, %v", res, err)
 		}
+	}
+}
+
+// TestNewRefusesInvalidOptions: New returns an error naming an option given
+// a value it cannot use, rather than a store that misbehaves later.
+func TestNewRefusesInvalidOptions(t *testing.T) {
+	t.Parallel()
+	for name, opt := range map[string]memstore.Option{
+		"WithMaxRecords":     memstore.WithMaxRecords(0),
+		"WithMaxBytes":       memstore.WithMaxBytes(-1),
+		"WithPrincipalShare": memstore.WithPrincipalShare(1.5),
+		"WithClock":          memstore.WithClock(nil),
+	} {
+		if s, err := memstore.New(opt); err == nil || s != nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("New(%s) = %v, %v; want no store and an error naming %s", name, s, err, name)
+		}
+	}
+	if _, err := memstore.New(memstore.WithMaxRecords(1), memstore.WithPrincipalShare(1)); err != nil {
+		t.Fatalf("New with valid options: %v", err)
 	}
 }

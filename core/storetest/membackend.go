@@ -18,9 +18,9 @@ func MemBackend(t testing.TB, opts ...memstore.Option) Backend {
 		effects = map[string]int{}
 	)
 	return Backend{
-		Store: memstore.New(opts...),
+		Store: memstore.MustNew(opts...),
 		WriteEffect: func(ctx context.Context, id string) error {
-			tx, ok := memstore.TxFrom(ctx)
+			tx, ok := memstore.Tx(ctx)
 			if !ok {
 				return errors.New("storetest: no memstore transaction in context")
 			}
@@ -37,7 +37,7 @@ func MemBackend(t testing.TB, opts ...memstore.Option) Backend {
 			return effects[id], nil
 		},
 		PoisonTx: func(ctx context.Context) error {
-			tx, ok := memstore.TxFrom(ctx)
+			tx, ok := memstore.Tx(ctx)
 			if !ok {
 				return errors.New("storetest: no memstore transaction in context")
 			}

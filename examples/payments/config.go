@@ -196,7 +196,7 @@ func (c *config) validate() error {
 	// The engine's own validation decides whether the timeouts fit
 	// together (lease > request timeout + store timeout); ask it now,
 	// before any database is opened.
-	if _, err := idem.New(c.idemConfig(memstore.New())); err != nil {
+	if _, err := idem.New(c.idemConfig(memstore.MustNew())); err != nil {
 		return errors.New(oneLine(err))
 	}
 	return nil

@@ -44,7 +44,11 @@ type backend struct {
 func openBackend(ctx context.Context, cfg config) (*backend, error) {
 	switch cfg.store {
 	case "memory":
-		return &backend{store: memstore.New(), repo: newMemRepo(), where: "memory (lost on exit)", close: func() {}}, nil
+		s, err := memstore.New()
+		if err != nil {
+			return nil, err
+		}
+		return &backend{store: s, repo: newMemRepo(), where: "memory (lost on exit)", close: func() {}}, nil
 	case "redis":
 		return openRedis(ctx, cfg)
 	case "pgx":
@@ -276,7 +280,7 @@ type memRepo struct {
 func newMemRepo() *memRepo { return &memRepo{payments: make(map[string][]Payment)} }
 
 func (r *memRepo) Insert(ctx context.Context, p Payment) error {
-	tx, ok := memstore.TxFrom(ctx)
+	tx, ok := memstore.Tx(ctx)
 	if !ok {
 		return errNoTx
 	}

@@ -93,7 +93,7 @@ func serve(t *testing.T, e *idem.Engine, route, key, body string) {
 func TestMetrics(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	o, reader, _, _ := setup(t, clk.Now)
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Observer: o})
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // of the request that produced the answer when it stored its traceparent.
 func TestSpans(t *testing.T) {
 	o, _, rec, tracer := setup(t, nil)
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: o})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Observer: o})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestRequestID(t *testing.T) {
 func TestSweepReconciles(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	o, reader, _, _ := setup(t, clk.Now)
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Reconcile: func(_ context.Context, stale idem.Record) (*idem.Response, error) {
 		switch stale.Key {
 		case "charged":

@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	store := memstore.New()
+	store := memstore.MustNew()
 	engine, _ := idem.New(idem.Config{FingerprintKey: []byte("example only: read yours from a secret store"), Store: store, Observer: m})
 	_ = &idem.Sweeper{Store: store, Lease: engine.Config().Lease, Observer: m} // go sweeper.Run(ctx)
 

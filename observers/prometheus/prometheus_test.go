@@ -53,7 +53,7 @@ func TestRequestsByOutcomeAndRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.New(), Observer: m})
+	e, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(), Observer: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func histogramCount(t *testing.T, g prometheus.Gatherer, name string) uint64 {
 
 func TestSweepMetrics(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	reg := prometheus.NewPedanticRegistry()
 	m, err := idemprom.New(reg, idemprom.Options{Now: clk.Now})
 	if err != nil {
@@ -278,7 +278,7 @@ func TestNew(t *testing.T) {
 // results are counted.
 func TestSweepReconciles(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	store := memstore.New(memstore.WithClock(clk.Now))
+	store := memstore.MustNew(memstore.WithClock(clk.Now))
 	reg := prometheus.NewPedanticRegistry()
 	m, err := idemprom.New(reg, idemprom.Options{Now: clk.Now})
 	if err != nil {

@@ -65,7 +65,7 @@ func TestDBThroughTheFrameworksContext(t *testing.T) {
 		t.Fatalf("the fallback without an attempt: %v", err)
 	}
 	// An attempt of another store: never the fallback.
-	other := beginAttempt(t, memstore.New(), "k-other")
+	other := beginAttempt(t, memstore.MustNew(), "k-other")
 	for name, ctx := range map[string]context.Context{
 		"request context":   other.Context(),
 		"framework context": stringKeyed{Context: context.Background(), keys: map[string]any{idem.ContextKey: other.Context()}},

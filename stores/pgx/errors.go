@@ -3,26 +3,14 @@ package idempgx
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strings"
 	"syscall"
 
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// ErrTxOwned is returned (wrapped in errors that name the call) when a
-// handler sends a transaction-control statement (COMMIT, ROLLBACK, BEGIN,
-// PREPARE TRANSACTION, …) through the Handle or one of its savepoints. The
-// store commits the transaction together with the stored outcome after the
-// handler returns; committing early would make the handler's writes
-// permanent whether or not the outcome can be stored, which is exactly the
-// double effect the store exists to prevent. errors.Is(err,
-// idem.ErrTxOwned) holds for it.
-var ErrTxOwned = fmt.Errorf("idempgx: %w", idem.ErrTxOwned)
 
 // ErrTxAborted is wrapped by the error Settle returns when a statement in
 // the handler's transaction failed (or was refused) and the transaction

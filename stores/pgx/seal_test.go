@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -103,7 +102,7 @@ func TestRefusedStatements(t *testing.T) {
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
-			if err := do(txCtx, htx, stmt); !errors.Is(err, idem.ErrTxOwned) {
+			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) {
 				t.Fatalf("%s(%q) = %v, want ErrTxOwned", way, stmt, err)
 			}
 			_, err := htx.Exec(txCtx, "SELECT 1")
@@ -135,7 +134,7 @@ func TestRefusalInASavepointIsRecoverable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sp.Exec(ctx, "COMMIT"); !errors.Is(err, idem.ErrTxOwned) {
+	if _, err := sp.Exec(ctx, "COMMIT"); !errors.Is(err, idemstore.ErrTxOwned) {
 		t.Fatalf("COMMIT in a savepoint = %v", err)
 	}
 	if err := sp.Rollback(ctx); err != nil {
@@ -363,14 +362,14 @@ func TestClaimBounds(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 2, nil))
-	for name, edit := range map[string]func(*idem.ClaimRequest){
-		"fingerprint over 255": func(r *idem.ClaimRequest) { r.Fingerprint = make([]byte, 256) },
-		"nonce over 64":        func(r *idem.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) },
+	for name, edit := range map[string]func(*idemstore.ClaimRequest){
+		"fingerprint over 255": func(r *idemstore.ClaimRequest) { r.Fingerprint = make([]byte, 256) },
+		"nonce over 64":        func(r *idemstore.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) },
 	} {
 		req := claimReq("alice", "bounds-"+randHex(4), "body", time.Minute)
 		edit(&req)
 		_, err := e.Store.Claim(ctx, req)
-		if _, gerr := e.Store.Get(ctx, req.Principal, req.Key); err == nil || !errors.Is(gerr, idem.ErrNotFound) {
+		if _, gerr := e.Store.Get(ctx, req.Principal, req.Key); err == nil || !errors.Is(gerr, idemstore.ErrNotFound) {
 			t.Errorf("%s: claim answered %v, then Get %v; want a refusal that writes nothing", name, err, gerr)
 		}
 	}
@@ -397,7 +396,7 @@ func TestBatchReadAsJoined(t *testing.T) {
 			t.Fatalf("%q alone reads as transaction control; the test needs it not to", q.SQL)
 		}
 	}
-	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idem.ErrTxOwned) {
+	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idemstore.ErrTxOwned) {
 		t.Fatalf("a batch whose joined text holds COMMIT = %v, want ErrTxOwned", err)
 	}
 	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) {

@@ -10,7 +10,7 @@
 // (Exec, Query, QueryRow, SendBatch, CopyFrom) and Begin, which opens a
 // savepoint, and no Commit, Rollback or Conn: ending the transaction, or
 // reaching around it, does not compile. Transaction-control statements
-// are refused (ErrTxOwned), a failed statement aborts the transaction as
+// are refused (idemstore.ErrTxOwned), a failed statement aborts the transaction as
 // PostgreSQL does, and a transaction that ended anyway (by a route the
 // handle does not see) is detected and reported as idemstore.ErrTxEnded: its
 // claim is never released, and the engine keeps it (Keep) in progress,

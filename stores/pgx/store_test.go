@@ -54,7 +54,7 @@ func pgxBackend(t testing.TB) storetest.Backend {
 		}
 		return err
 	}
-	b.Pool = func(t testing.TB, size int) idem.Store { return newEnv(t, newPool(t, int32(size), nil)).Store }
+	b.Pool = func(t testing.TB, size int) idemstore.Store { return newEnv(t, newPool(t, int32(size), nil)).Store }
 	b.HandlerHoldsConn, b.Syncer = true, true
 	b.CountTrips = func(t testing.TB) (storetest.Backend, func() int64) {
 		c := &counter{}
@@ -392,7 +392,7 @@ func TestNoClaimRerunsUnderContention(t *testing.T) {
 		}
 		close(gate)
 		for range 16 {
-			if err := <-done; err != nil && !errors.Is(err, idem.ErrTransient) {
+			if err := <-done; err != nil && !errors.Is(err, idemstore.ErrTransient) {
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}

@@ -171,8 +171,8 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
 		case f.refused:
 			// The handler tried to end the store's transaction: its doing,
-			// which a retry repeats (idem.ErrTxOwned), not a failed commit.
-			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, ErrTxOwned)
+			// which a retry repeats (idemstore.ErrTxOwned), not a failed commit.
+			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, idemstore.ErrTxOwned)
 		case status == 'E':
 			return fmt.Errorf("idempgx: settle: %w", ErrTxAborted)
 		}
@@ -530,7 +530,7 @@ type handleState struct {
 //     ROLLBACK TO SAVEPOINT, ABORT, BEGIN, START TRANSACTION, PREPARE
 //     TRANSACTION, COMMIT/ROLLBACK PREPARED, … AND CHAIN) sent through
 //     Exec, Query, QueryRow or SendBatch, of the handle or of a savepoint
-//     (and a savepoint's Prepare), are refused with ErrTxOwned before they
+//     (and a savepoint's Prepare), are refused with idemstore.ErrTxOwned before they
 //     reach the server, also inside multi-statement strings, and the
 //     refusal aborts the transaction as a failed statement does.
 //   - A statement that fails on the server aborts the transaction, as in
@@ -610,11 +610,11 @@ func (h *Handle) detached(ctx context.Context) (context.Context, context.CancelF
 // refuse refuses a statement, with h.mu held: the transaction is aborted
 // on the server as if the statement had failed there (or, if that cannot
 // be done, the connection is closed, which aborts it too), and the error
-// wraps ErrTxOwned.
+// wraps idemstore.ErrTxOwned.
 func (h *Handle) refuse(ctx context.Context, what string) error {
 	h.state.refused = true
 	h.abort(ctx)
-	return fmt.Errorf("%w: %q refused: it would end the transaction; the transaction is now aborted", ErrTxOwned, what)
+	return fmt.Errorf("idempgx: %w: %q refused: it would end the transaction; the transaction is now aborted", idemstore.ErrTxOwned, what)
 }
 
 // abort makes the server abort the open transaction, with h.mu held.

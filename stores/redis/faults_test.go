@@ -86,7 +86,7 @@ func testFaults(t *testing.T, maxRetries int) {
 // sends it again on a new connection, and the script answers as the first
 // run did: the settle is stored once. (The claim, takeover and release
 // scripts are RunFaults' Resent case.) With the client's retries turned off
-// the cut is an error wrapping idem.ErrTransient.
+// the cut is an error wrapping idemstore.ErrTransient.
 func TestCutConnectionIsResent(t *testing.T) {
 	ctx := testCtx(t)
 	direct := idemredistest.NewClient(t)
@@ -115,7 +115,7 @@ func TestCutConnectionIsResent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("settle cut %v: %v", when, err)
 		}
-		if rec, err := env.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idem.StateCompleted {
+		if rec, err := env.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateCompleted {
 			t.Fatalf("after the settle cut %v: %+v, %v", when, rec, err)
 		}
 	}

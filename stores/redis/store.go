@@ -248,7 +248,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 	if req.Retention <= 0 {
 		return idemstore.ClaimResult{}, fmt.Errorf("idemredis: claim: retention must be positive, got %v", req.Retention)
 	}
-	req.RequestID = idem.BoundRequestID(req.RequestID)
+	req.RequestID = idemstore.BoundRequestID(req.RequestID)
 	k := s.keysFor(req.Principal, req.Key)
 	keys := []string{k.record, k.index}
 	takeOverUncertain := "0"

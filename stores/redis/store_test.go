@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/redis/idemredistest"
 )
@@ -19,7 +19,7 @@ import (
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t testing.TB) storetest.Backend {
 		b := idemredistest.NewBackend(t)
-		b.Pool = func(t testing.TB, size int) idem.Store {
+		b.Pool = func(t testing.TB, size int) idemstore.Store {
 			c := redis.NewClient(&redis.Options{Addr: idemredistest.Addr(), PoolSize: size})
 			t.Cleanup(func() { _ = c.Close() })
 			return idemredistest.NewEnv(t, c).Store

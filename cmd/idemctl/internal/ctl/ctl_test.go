@@ -57,7 +57,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{t: t, clock: new(atomic.Pointer[time.Time])}
 	now := epoch
 	f.clock.Store(&now)
-	f.store = memstore.New(memstore.WithClock(func() time.Time { return *f.clock.Load() }))
+	f.store = memstore.MustNew(memstore.WithClock(func() time.Time { return *f.clock.Load() }))
 	f.engine = f.newEngine(f.store)
 	f.ended = f.newEngine(endedStore{f.store})
 	return f

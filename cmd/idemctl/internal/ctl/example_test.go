@@ -20,7 +20,7 @@ import (
 func Example() {
 	clock := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	now := func() time.Time { return clock }
-	store := memstore.New(memstore.WithClock(now))
+	store := memstore.MustNew(memstore.WithClock(now))
 	engine, _ := idem.New(idem.Config{FingerprintKey: []byte("example only: read yours from a secret store"), Store: store})
 
 	// An attempt claims the key, then its process dies: nothing settles
