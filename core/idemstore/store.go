@@ -77,6 +77,12 @@ var (
 	// key: it keeps it (Store.Keep), and the record stays in progress,
 	// Uncertain, until Config.Reconcile or an operator resolves it.
 	ErrTxEnded = errors.New("idem: the transaction ended outside the store's control")
+	// ErrTxAborted is wrapped by the error a store returns when a statement
+	// in the handler's transaction failed (or was refused) and left it
+	// aborted: every later statement on the handle fails with it, and
+	// Settle stores nothing, so the engine releases the key. A rollback to
+	// a savepoint taken before the failure recovers, as in PostgreSQL.
+	ErrTxAborted = errors.New("idem: the transaction is aborted: a statement in it failed; nothing more runs in it and nothing is stored")
 )
 
 // Lease identifies one holder's claim on a key. Settle and Release are

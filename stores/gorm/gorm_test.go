@@ -102,7 +102,7 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if err := insertEffect(db, f, req.Key); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.Commit().Error; !errors.Is(err, idemgorm.ErrTxOwned) {
+		if err := db.Commit().Error; !errors.Is(err, idemstore.ErrTxOwned) {
 			t.Fatalf("Commit = %v, want ErrTxOwned", err)
 		}
 		if _, ok := db.Statement.ConnPool.(*sql.Tx); ok {
@@ -111,7 +111,7 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if _, ok := db.Statement.ConnPool.(gorm.TxBeginner); ok {
 			t.Fatal("the handle's ConnPool can begin transactions")
 		}
-		if sqlDB, err := db.DB(); err == nil || sqlDB != nil || !errors.Is(err, idemgorm.ErrTxOwned) {
+		if sqlDB, err := db.DB(); err == nil || sqlDB != nil || !errors.Is(err, idemstore.ErrTxOwned) {
 			t.Fatalf("db.DB() = %v, %v; want no *sql.DB and ErrTxOwned", sqlDB, err)
 		}
 		if err := db.Connection(func(*gorm.DB) error { return nil }); err == nil {
@@ -138,7 +138,7 @@ func TestHandleCannotEndTheTransaction(t *testing.T) {
 		if err := insertEffect(db2, f, req2.Key); err != nil {
 			t.Fatal(err)
 		}
-		if err := db2.Rollback().Error; !errors.Is(err, idemgorm.ErrTxOwned) {
+		if err := db2.Rollback().Error; !errors.Is(err, idemstore.ErrTxOwned) {
 			t.Fatalf("Rollback = %v, want ErrTxOwned", err)
 		}
 		if n := count(t, f, req2.Key); n != 0 {
@@ -280,7 +280,7 @@ func TestPrepareStmtSessionOnTheHandleIsRefused(t *testing.T) {
 		}
 		req, _, tx, db := begin(t, f)
 		err := db.Session(&gorm.Session{PrepareStmt: true}).Exec(q, req.Key).Error
-		if !errors.Is(err, idemgorm.ErrTxOwned) {
+		if !errors.Is(err, idemstore.ErrTxOwned) {
 			t.Fatalf("Exec through a PrepareStmt session of the handle = %v, want ErrTxOwned", err)
 		}
 		if n := count(t, f, req.Key); n != 0 {

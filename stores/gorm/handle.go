@@ -8,29 +8,15 @@ import (
 	"fmt"
 	"sync"
 
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 	idemsql "github.com/idemgo/idem/stores/sql"
 	"gorm.io/gorm"
 )
 
-// ErrTxOwned is idem.ErrTxOwned: the transaction refuses Commit, Rollback
-// and transaction-control statements with an error wrapping it.
-var ErrTxOwned = idem.ErrTxOwned
-
-// ErrTxEnded is idemstore.ErrTxEnded (see idemsql.ErrTxEnded).
-var ErrTxEnded = idemstore.ErrTxEnded
-
-// ErrTxAborted is idemsql.ErrTxAborted: every statement after a failed one
-// fails with it, and nothing is stored. A ROLLBACK TO SAVEPOINT to a
-// savepoint taken before the failure recovers (GORM's nested Transaction
-// relies on it).
-var ErrTxAborted = idemsql.ErrTxAborted
-
 var (
-	errCommitRefused   = fmt.Errorf("idemgorm: Commit refused: %w", ErrTxOwned)
-	errNoDB            = fmt.Errorf("idemgorm: the idempotency transaction has no *sql.DB to hand out: %w", ErrTxOwned)
-	errPreparedRefused = fmt.Errorf("idemgorm: prepared statements (gorm.Session{PrepareStmt: true}) are refused on the idempotency transaction: the store must see each statement run in it: %w", ErrTxOwned)
+	errCommitRefused   = fmt.Errorf("idemgorm: Commit refused: %w", idemstore.ErrTxOwned)
+	errNoDB            = fmt.Errorf("idemgorm: the idempotency transaction has no *sql.DB to hand out: %w", idemstore.ErrTxOwned)
+	errPreparedRefused = fmt.Errorf("idemgorm: prepared statements (gorm.Session{PrepareStmt: true}) are refused on the idempotency transaction: the store must see each statement run in it: %w", idemstore.ErrTxOwned)
 )
 
 // pool is the gorm.ConnPool under the *gorm.DB a handler gets: idemsql's
@@ -90,16 +76,16 @@ func (p *pool) GetDBConn() (*sql.DB, error) { return nil, errNoDB }
 // in the store's transaction instead of GORM's ErrInvalidTransaction.
 // Nothing is begun: its Commit does nothing (the work commits with the
 // stored outcome after the handler returns), and its Rollback, which
-// cannot undo part of the store's transaction, is refused with ErrTxOwned
+// cannot undo part of the store's transaction, is refused with idemstore.ErrTxOwned
 // and makes the settle store nothing, as Rollback on the transaction does;
 // after a failed statement it does nothing more, since the failure aborted
 // the transaction already. For nested work that may roll back on its own,
 // db.Transaction sets a savepoint. Options the store's transaction cannot
-// honour (an isolation level, read only) are refused with ErrTxOwned.
+// honour (an isolation level, read only) are refused with idemstore.ErrTxOwned.
 func (p *pool) BeginTx(_ context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
 	if opts != nil && (opts.Isolation != sql.LevelDefault || opts.ReadOnly) {
 		return nil, fmt.Errorf("idemgorm: Begin with isolation %v, read only %v, refused: the handler runs in the idempotency transaction, whose isolation is the store's: %w",
-			opts.Isolation, opts.ReadOnly, ErrTxOwned)
+			opts.Isolation, opts.ReadOnly, idemstore.ErrTxOwned)
 	}
 	return &begun{p}, nil
 }
@@ -117,7 +103,7 @@ func (b *begun) Commit() error { return nil }
 // unless a statement already failed and aborted the transaction.
 func (b *begun) Rollback() error {
 	err := b.pool.Rollback()
-	if errors.Is(err, ErrTxAborted) {
+	if errors.Is(err, idemstore.ErrTxAborted) {
 		return nil
 	}
 	return err

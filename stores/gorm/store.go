@@ -8,7 +8,7 @@
 // transaction, the dialects — is idemsql's (see its documentation); this
 // package gives GORM a session whose connection pool is idemsql's handle,
 // and keeps GORM's habits working on it: Begin and Transaction nest as
-// savepoints, Commit and Rollback are refused with ErrTxOwned.
+// savepoints, Commit and Rollback are refused with idemstore.ErrTxOwned.
 package idemgorm
 
 import (

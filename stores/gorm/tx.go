@@ -22,9 +22,9 @@ type sessionKey struct{}
 // Handlers write through it so that their effects commit together with the
 // stored response, or not at all. The transaction is sealed as
 // idemsql.Handle is: statements that would end or implicitly commit it are
-// refused with an error wrapping ErrTxOwned, and so are Commit and
+// refused with an error wrapping idemstore.ErrTxOwned, and so are Commit and
 // Rollback on it (Rollback also makes the settle store nothing); after a
-// statement fails, every later one is refused with ErrTxAborted and
+// statement fails, every later one is refused with idemstore.ErrTxAborted and
 // nothing is stored, except that ROLLBACK TO SAVEPOINT to an earlier
 // savepoint recovers. GORM's Transaction method on it nests with a
 // SAVEPOINT; Begin gives a *gorm.DB in the same transaction (see

@@ -299,7 +299,7 @@ func runOurs(ctx context.Context, t *testing.T, e *env, tbl string, steps []stri
 	switch err := stx.Settle(ctx, okResponse("ok")); {
 	case err == nil:
 		return got, "committed"
-	case errors.Is(err, idempgx.ErrTxAborted):
+	case errors.Is(err, idemstore.ErrTxAborted):
 		return got, "rolled back"
 	default:
 		return got, "commit error " + describeErr(err) + ": " + err.Error()
@@ -421,7 +421,7 @@ func TestBehaviourIntendedDifferences(t *testing.T) {
 			if _, err := tx.Exec(txCtx, "SELECT 1"); sqlStateOf(err) != "25P02" {
 				t.Fatalf("a statement after %s: %v; want 25P02 (aborted)", c.name, err)
 			}
-			if err := stx.Settle(ctx, okResponse("ok")); !errors.Is(err, idempgx.ErrTxAborted) {
+			if err := stx.Settle(ctx, okResponse("ok")); !errors.Is(err, idemstore.ErrTxAborted) {
 				t.Fatalf("settle after %s = %v, want ErrTxAborted", c.name, err)
 			}
 			if n := e.mustCount(t, req.Key); n != 0 {

@@ -12,12 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrTxAborted is wrapped by the error Settle returns when a statement in
-// the handler's transaction failed (or was refused) and the transaction
-// was left aborted: PostgreSQL would answer COMMIT with ROLLBACK, so
-// nothing is stored and the engine releases the key.
-var ErrTxAborted = errors.New("idempgx: the transaction was aborted by a failed statement; nothing was stored")
-
 // errConnClosed and errConnBusy say why the store could not use the
 // transaction's connection; nothing was stored. A closed connection is
 // transient: the next attempt gets another one.

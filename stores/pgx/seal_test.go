@@ -109,7 +109,7 @@ func TestRefusedStatements(t *testing.T) {
 			if sqlStateOf(err) != "25P02" {
 				t.Fatalf("%s(%q): the next statement answered %v, want 25P02 (aborted)", way, stmt, err)
 			}
-			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) || errors.Is(err, idemstore.ErrTxEnded) {
+			if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idemstore.ErrTxAborted) || errors.Is(err, idemstore.ErrTxEnded) {
 				t.Fatalf("%s(%q): settle = %v, want ErrTxAborted", way, stmt, err)
 			}
 			if n := e.mustCount(t, req.Key); n != 0 {
@@ -213,7 +213,7 @@ func TestTxEndedOnTheRawConnection(t *testing.T) {
 			if got := errors.Is(err, idemstore.ErrTxEnded); got != c.ended {
 				t.Fatalf("%q (settle %v): %v; want ErrTxEnded %v", c.raw, settle, err, c.ended)
 			}
-			if settle && !c.ended && c.effects == 0 && !errors.Is(err, idempgx.ErrTxAborted) {
+			if settle && !c.ended && c.effects == 0 && !errors.Is(err, idemstore.ErrTxAborted) {
 				t.Fatalf("%q: settle = %v, want ErrTxAborted", c.raw, err)
 			}
 			wantEffects := c.effects
@@ -399,7 +399,7 @@ func TestBatchReadAsJoined(t *testing.T) {
 	if err := htx.SendBatch(txCtx, b).Close(); !errors.Is(err, idemstore.ErrTxOwned) {
 		t.Fatalf("a batch whose joined text holds COMMIT = %v, want ErrTxOwned", err)
 	}
-	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idempgx.ErrTxAborted) {
+	if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idemstore.ErrTxAborted) {
 		t.Fatalf("settle = %v, want ErrTxAborted", err)
 	}
 	if n := e.mustCount(t, req.Key); n != 0 {

@@ -141,7 +141,7 @@ func (t *storeTx) Used() bool {
 //
 //   - idemstore.ErrLeaseLost when the fence missed (the UPDATE raises, so the
 //     server skips the queued COMMIT);
-//   - an error wrapping ErrTxAborted when a statement failed (or was
+//   - an error wrapping idemstore.ErrTxAborted when a statement failed (or was
 //     refused) and left the transaction aborted;
 //   - an error wrapping idemstore.ErrTxEnded when the transaction ended behind
 //     the handle (TxStatus idle, or another transaction with another
@@ -172,9 +172,9 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		case f.refused:
 			// The handler tried to end the store's transaction: its doing,
 			// which a retry repeats (idemstore.ErrTxOwned), not a failed commit.
-			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, idemstore.ErrTxOwned)
+			return fmt.Errorf("idempgx: settle: %w: %w", idemstore.ErrTxAborted, idemstore.ErrTxOwned)
 		case status == 'E':
-			return fmt.Errorf("idempgx: settle: %w", ErrTxAborted)
+			return fmt.Errorf("idempgx: settle: %w", idemstore.ErrTxAborted)
 		}
 		return wrap("settle", err)
 	}
@@ -224,7 +224,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		case hasMarker(updErr, pgsql.LeaseLostMarker):
 			return idemstore.ErrLeaseLost
 		case sqlState(updErr) == "25P02":
-			return fmt.Errorf("idempgx: settle: %w: %w", ErrTxAborted, updErr)
+			return fmt.Errorf("idempgx: settle: %w: %w", idemstore.ErrTxAborted, updErr)
 		}
 		return wrap("settle", updErr)
 	case commitErr != nil:
@@ -336,7 +336,7 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 		h.state.ended = true
 		return false, fmt.Errorf("idempgx: sync: %w", errTxEnded)
 	case pg.TxStatus() != 'T':
-		return false, fmt.Errorf("idempgx: sync: %w", ErrTxAborted)
+		return false, fmt.Errorf("idempgx: sync: %w", idemstore.ErrTxAborted)
 	}
 	sctx, cancel := h.detached(ctx)
 	defer cancel()

@@ -177,8 +177,8 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 	}
 	htx, _ := Tx(txCtx)
 	_ = execOn(htx, "SELECT 1/0")
-	if err := tx.(idemstore.Syncer).Sync(ctx); !errors.Is(err, ErrTxAborted) {
-		t.Fatalf("Sync after a failed statement = %v, want ErrTxAborted", err)
+	if err := tx.(idemstore.Syncer).Sync(ctx); !errors.Is(err, idemstore.ErrTxAborted) {
+		t.Fatalf("Sync after a failed statement = %v, want idemstore.ErrTxAborted", err)
 	}
 	_ = tx.Rollback(ctx)
 	if err := tx.(idemstore.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {

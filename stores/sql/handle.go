@@ -8,28 +8,11 @@ import (
 	"strings"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 )
 
-// ErrTxOwned is idem.ErrTxOwned: the handle refuses transaction-control
-// statements and PrepareContext with an error wrapping it.
-var ErrTxOwned = idem.ErrTxOwned
-
-// ErrTxEnded is idemstore.ErrTxEnded: Settle returns an error wrapping it when
-// the database ended the handler's transaction by itself (a MySQL
-// deadlock, an interrupted SQLite statement) before the settle.
-var ErrTxEnded = idemstore.ErrTxEnded
-
-// ErrTxAborted is wrapped by the error every statement gets after an
-// earlier statement on the handle failed, as PostgreSQL answers in an
-// aborted transaction, on every dialect: the transaction is aborted and
-// Settle stores nothing. A ROLLBACK TO SAVEPOINT to a savepoint taken
-// before the failure recovers, as in PostgreSQL.
-var ErrTxAborted = errors.New("idemsql: the idempotency transaction is aborted: an earlier statement in it failed; nothing more runs in it and nothing will be stored")
-
 var (
-	errPreparedRefused = fmt.Errorf("idemsql: prepared statements are refused on the idempotency transaction: the store must see each statement run in it: %w", ErrTxOwned)
+	errPreparedRefused = fmt.Errorf("idemsql: prepared statements are refused on the idempotency transaction: the store must see each statement run in it: %w", idemstore.ErrTxOwned)
 	errFinished        = errors.New("idemsql: the idempotency transaction is finished: the handler returned, so nothing more runs in it")
 )
 
@@ -43,10 +26,10 @@ var (
 // after the handler returns; to roll back, return an error (or a 5xx).
 // Statements that would end or implicitly commit the transaction (COMMIT,
 // ROLLBACK, BEGIN, and on MySQL DDL and the other statements that commit
-// implicitly) are refused with an error wrapping ErrTxOwned before they
+// implicitly) are refused with an error wrapping idemstore.ErrTxOwned before they
 // reach the database, and so is PrepareContext: a prepared statement would
 // run later, where the store cannot see it. After a statement fails, every
-// later one is refused with ErrTxAborted and nothing is stored, except
+// later one is refused with idemstore.ErrTxAborted and nothing is stored, except
 // that ROLLBACK TO SAVEPOINT to an earlier savepoint recovers; SAVEPOINT
 // and RELEASE SAVEPOINT run as written. Rows and Row report their errors
 // to the store as the handler reads them. Once the handler has returned,
@@ -93,7 +76,7 @@ func (h *Handle) QueryRowContext(ctx context.Context, query string, args ...any)
 	return relayRow(ctx, rows, err, h.t.seen)
 }
 
-// PrepareContext is refused with an error wrapping ErrTxOwned, and the
+// PrepareContext is refused with an error wrapping idemstore.ErrTxOwned, and the
 // transaction is aborted: a prepared statement would run later without
 // passing the handle. sqlc's generated code prepares only with
 // emit_prepared_queries, on the pool, never on a DBTX it runs through.
@@ -115,13 +98,13 @@ func (t *storeTx) admit(query string) (verdict, error) {
 		if !t.lost && v.single && len(v.ops) == 1 && v.ops[0].kind == stmtRollbackTo && t.hasSavepoint(v.ops[0].name) {
 			return v, nil
 		}
-		return v, fmt.Errorf("%w (first failure: %v)", ErrTxAborted, t.failed)
+		return v, fmt.Errorf("%w (first failure: %v)", idemstore.ErrTxAborted, t.failed)
 	}
 	if v.refused != "" {
-		err := fmt.Errorf("idemsql: refused before it reached the database: %s: %w", v.refused, ErrTxOwned)
+		err := fmt.Errorf("idemsql: refused before it reached the database: %s: %w", v.refused, idemstore.ErrTxOwned)
 		if t.failed != nil {
 			// Already aborted: nothing will be stored either way.
-			return v, fmt.Errorf("%w: %w (first failure: %v)", err, ErrTxAborted, t.failed)
+			return v, fmt.Errorf("%w: %w (first failure: %v)", err, idemstore.ErrTxAborted, t.failed)
 		}
 		t.failLocked(err)
 		return v, err

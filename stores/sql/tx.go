@@ -228,7 +228,7 @@ func (t *storeTx) Used() bool {
 // lease was lost to a takeover: it rolls back (the handler's writes with
 // it) and returns idemstore.ErrLeaseLost. When a statement on the handle failed,
 // or the handler asked for a rollback, it rolls back and stores nothing;
-// the error wraps ErrTxEnded when the database had already ended the
+// the error wraps idemstore.ErrTxEnded when the database had already ended the
 // transaction by itself. After Settle the transaction is finished.
 func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	t.mu.Lock()
@@ -250,11 +250,11 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 		t.endConn(ctx, false)
 		switch {
 		case ended && !errors.Is(failed, driver.ErrBadConn) && !connGone(failed):
-			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself (%v); nothing was stored: %w", failed, ErrTxEnded)
-		case errors.Is(failed, ErrTxOwned):
+			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself (%v); nothing was stored: %w", failed, idemstore.ErrTxEnded)
+		case errors.Is(failed, idemstore.ErrTxOwned):
 			return fmt.Errorf("idemsql: settle: the handler tried to end the transaction; it was rolled back and nothing was stored: %w", failed)
 		default:
-			return fmt.Errorf("idemsql: settle: nothing was stored: %w: %w", ErrTxAborted, failed)
+			return fmt.Errorf("idemsql: settle: nothing was stored: %w: %w", idemstore.ErrTxAborted, failed)
 		}
 	}
 	body := outcome.Response.Body
@@ -291,7 +291,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 		ended := t.serverEnded(ctx)
 		t.endConn(ctx, false)
 		if ended {
-			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", ErrTxEnded)
+			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", idemstore.ErrTxEnded)
 		}
 		return t.store.wrap("settle", err)
 	}
@@ -303,7 +303,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	case n == 0:
 		err := idemstore.ErrLeaseLost
 		if t.marked && t.serverEnded(ctx) {
-			err = fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", ErrTxEnded)
+			err = fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", idemstore.ErrTxEnded)
 		}
 		t.endConn(ctx, false)
 		return err
@@ -507,7 +507,7 @@ func (t pgTx) syncQuery(ctx context.Context, run func(*sql.Conn) error) error {
 	case closed:
 		return t.store.wrap("sync", errFinished)
 	case failed != nil:
-		return t.store.wrap("sync", fmt.Errorf("%w (first failure: %v)", ErrTxAborted, failed))
+		return t.store.wrap("sync", fmt.Errorf("%w (first failure: %v)", idemstore.ErrTxAborted, failed))
 	}
 	if err := run(t.conn); err != nil {
 		t.seen(err)
