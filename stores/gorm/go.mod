@@ -24,6 +24,7 @@ require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/glebarez/go-sqlite v1.21.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemgo/idem/stores/internal v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -46,3 +47,5 @@ replace github.com/idemgo/idem/core => ../../core
 replace github.com/idemgo/idem/stores/sql => ../sql
 
 replace github.com/idemgo/idem/adapters/nethttp => ../../adapters/nethttp
+
+replace github.com/idemgo/idem/stores/internal => ../internal

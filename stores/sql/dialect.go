@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/stores/internal/sqlguard"
 )
 
 // dialect is the SQL flavour of the database behind the *sql.DB.
@@ -480,4 +482,15 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		*p = d.bind(*p)
 	}
 	return q
+}
+
+// guard is d as the shared SQL guard names it.
+func (d dialect) guard() sqlguard.Dialect {
+	switch d {
+	case dialectPostgres:
+		return sqlguard.PostgreSQL
+	case dialectMySQL:
+		return sqlguard.MySQL
+	}
+	return sqlguard.SQLite
 }

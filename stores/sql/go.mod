@@ -6,6 +6,7 @@ require (
 	github.com/glebarez/go-sqlite v1.21.2
 	github.com/go-sql-driver/mysql v1.8.1
 	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/internal v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.12.3
 )
@@ -33,3 +34,5 @@ require (
 replace github.com/idemgo/idem/core => ../../core
 
 replace github.com/idemgo/idem/adapters/nethttp => ../../adapters/nethttp
+
+replace github.com/idemgo/idem/stores/internal => ../internal

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/sqlguard"
 )
 
 var (
@@ -86,22 +87,22 @@ func (h *Handle) PrepareContext(context.Context, string) (*sql.Stmt, error) {
 }
 
 // admit decides whether query may run now.
-func (t *storeTx) admit(query string) (verdict, error) {
+func (t *storeTx) admit(query string) (sqlguard.Verdict, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return verdict{}, errFinished
+		return sqlguard.Verdict{}, errFinished
 	}
 	t.used = true
 	v := t.inspect(query)
-	if t.failed != nil && v.refused == "" {
-		if !t.lost && v.single && len(v.ops) == 1 && v.ops[0].kind == stmtRollbackTo && t.hasSavepoint(v.ops[0].name) {
+	if t.failed != nil && v.Refused == "" {
+		if !t.lost && v.Single && len(v.Ops) == 1 && v.Ops[0].Kind == sqlguard.RollbackTo && t.hasSavepoint(v.Ops[0].Name) {
 			return v, nil
 		}
 		return v, fmt.Errorf("%w (first failure: %v)", idemstore.ErrTxAborted, t.failed)
 	}
-	if v.refused != "" {
-		err := fmt.Errorf("idemsql: refused before it reached the database: %s: %w", v.refused, idemstore.ErrTxOwned)
+	if v.Refused != "" {
+		err := fmt.Errorf("idemsql: refused before it reached the database: %s: %w", v.Refused, idemstore.ErrTxOwned)
 		if t.failed != nil {
 			// Already aborted: nothing will be stored either way.
 			return v, fmt.Errorf("%w: %w (first failure: %v)", err, idemstore.ErrTxAborted, t.failed)
@@ -109,80 +110,80 @@ func (t *storeTx) admit(query string) (verdict, error) {
 		t.failLocked(err)
 		return v, err
 	}
-	if v.dirty {
+	if v.Dirty {
 		t.dirty = true
 	}
 	return v, nil
 }
 
-// inspect is the package's inspect, except that when the readings of
+// inspect is sqlguard.Inspect, except that when the readings of
 // query disagree (MySQL's 'it\'s; COMMIT' is one string, or a string and
 // a COMMIT under NO_BACKSLASH_ESCAPES) it asks the session how it reads
 // quotes now, and follows that reading. A query that may change the
 // reading on its way is refused. Called with t.mu held.
-func (t *storeTx) inspect(query string) verdict {
-	d := t.store.dialect
-	vs := readAll(d, query)
-	if v, ok := agreed(vs); ok {
+func (t *storeTx) inspect(query string) sqlguard.Verdict {
+	d := t.store.dialect.guard()
+	vs := sqlguard.ReadAll(d, query)
+	if v, ok := sqlguard.Agreed(vs); ok {
 		return v
 	}
-	if mentionsQuoting(query) {
-		return inspect(d, query)
+	if sqlguard.MentionsQuoting(query) {
+		return sqlguard.Inspect(d, query)
 	}
 	m, err := t.sessionReading()
 	if err != nil {
-		return verdict{refused: fmt.Sprintf("the statement reads differently under different quoting settings, and the session's could not be read: %v", err)}
+		return sqlguard.Verdict{Refused: fmt.Sprintf("the statement reads differently under different quoting settings, and the session's could not be read: %v", err)}
 	}
-	for i, r := range d.readings() {
+	for i, r := range d.Readings() {
 		if r == m {
 			return vs[i]
 		}
 	}
-	return inspect(d, query)
+	return sqlguard.Inspect(d, query)
 }
 
 // sessionReading asks the transaction's session how it reads quotes.
-func (t *storeTx) sessionReading() (lexMode, error) {
+func (t *storeTx) sessionReading() (sqlguard.Reading, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var v string
 	switch t.store.dialect {
 	case dialectMySQL:
 		if err := t.conn.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode LIMIT 1").Scan(&v); err != nil {
-			return lexMode{}, err
+			return sqlguard.Reading{}, err
 		}
 		v = strings.ToUpper(v)
-		return lexMode{backslash: !strings.Contains(v, "NO_BACKSLASH_ESCAPES"), ansiQuotes: strings.Contains(v, "ANSI_QUOTES")}, nil
+		return sqlguard.Reading{Backslash: !strings.Contains(v, "NO_BACKSLASH_ESCAPES"), ANSIQuotes: strings.Contains(v, "ANSI_QUOTES")}, nil
 	case dialectPostgres:
 		if err := t.conn.QueryRowContext(ctx, "SELECT current_setting('standard_conforming_strings') LIMIT 1").Scan(&v); err != nil {
-			return lexMode{}, err
+			return sqlguard.Reading{}, err
 		}
-		return lexMode{backslash: v != "on"}, nil
+		return sqlguard.Reading{Backslash: v != "on"}, nil
 	}
-	return lexMode{}, nil
+	return sqlguard.Reading{}, nil
 }
 
 // after records how an admitted statement went.
-func (t *storeTx) after(v verdict, err error) {
+func (t *storeTx) after(v sqlguard.Verdict, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
 		t.failLocked(err)
 		return
 	}
-	for _, op := range v.ops {
-		switch op.kind {
-		case stmtSavepoint:
-			t.savepoints = append(t.savepoints, op.name)
-		case stmtRollbackTo:
-			if i := t.lastSavepoint(op.name); i >= 0 {
+	for _, op := range v.Ops {
+		switch op.Kind {
+		case sqlguard.Savepoint:
+			t.savepoints = append(t.savepoints, op.Name)
+		case sqlguard.RollbackTo:
+			if i := t.lastSavepoint(op.Name); i >= 0 {
 				t.savepoints = t.savepoints[:i+1]
-				if v.single {
+				if v.Single {
 					t.failed = nil // recovered, as in PostgreSQL
 				}
 			}
-		case stmtRelease:
-			if i := t.lastSavepoint(op.name); i >= 0 {
+		case sqlguard.Release:
+			if i := t.lastSavepoint(op.Name); i >= 0 {
 				t.savepoints = t.savepoints[:i]
 			}
 		}
