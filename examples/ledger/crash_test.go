@@ -6,17 +6,21 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -94,7 +98,15 @@ func TestLedgerCrashSoak(t *testing.T) {
 		"-request-timeout", "1s", "-lease", "2500ms", "-ack-wait", "3s", "-nak-delay", "100ms",
 		// Most of a handler's time is between its ledger write and its
 		// commit, so most SIGKILLs land there.
-		"-handler-delay", "4ms"}
+		"-handler-delay", "4ms",
+		// Every SIGKILL uses up a delivery of each message the consumer
+		// had fetched and not yet acked (up to a batch of 32), so with
+		// the default -max-deliver a message cut short by ten of the kills
+		// would be dead, reported on MAX_DELIVERIES, and never recorded:
+		// what -max-deliver is for (dead_test.go proves it), but not what
+		// this test is about. More deliveries than kills keeps every
+		// event recordable.
+		"-max-deliver", strconv.Itoa(min(kills, 1000) + defaultMaxDeliver)}
 
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgDSN)
@@ -224,7 +236,8 @@ func TestLedgerCrashSoak(t *testing.T) {
 			break
 		}
 		if time.Now().After(drainBy) {
-			t.Fatalf("not drained: pending %d, ack pending %d, settled %d of %d", info.NumPending, info.NumAckPending, settled, valid+invalid)
+			t.Fatalf("not drained: pending %d, ack pending %d, settled %d of %d; %s",
+				info.NumPending, info.NumAckPending, settled, valid+invalid, unsettled(ctx, pool, js, stream, idemTable, msgs, &logs, &logMu))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -262,6 +275,46 @@ func TestLedgerCrashSoak(t *testing.T) {
 	if float64(dups) < 0.2*float64(events) {
 		t.Fatalf("only %d duplicates", dups)
 	}
+}
+
+// unsettled describes the events without a settled record: each one's
+// record state (none if it was never claimed), the dead-event advisories
+// kept for the stream, and the consumer's log lines that name the event.
+func unsettled(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, stream, idemTable string, msgs []*nats.Msg, logs *strings.Builder, mu *sync.Mutex) string {
+	var b strings.Builder
+	if ds, err := js.Stream(ctx, stream+"_DEAD"); err == nil {
+		if si, err := ds.Info(ctx); err == nil {
+			fmt.Fprintf(&b, "dead-event advisories %d", si.State.Msgs)
+		}
+	}
+	seen, described := map[string]bool{}, 0
+	for _, m := range msgs {
+		id := m.Header.Get(EventIDHeader)
+		if seen[id] || described == 10 {
+			continue
+		}
+		seen[id] = true
+		var state string
+		err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT state::text FROM %s WHERE key = $1`, idemTable), id).Scan(&state)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			state = "none"
+		case err != nil:
+			state = "unread: " + err.Error()
+		case state != "in_progress":
+			continue
+		}
+		described++
+		fmt.Fprintf(&b, "; %s: record %s", id, state)
+		mu.Lock()
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if slices.Contains(strings.Fields(line), "event_id="+id) {
+				fmt.Fprintf(&b, "\n    %s", line)
+			}
+		}
+		mu.Unlock()
+	}
+	return b.String()
 }
 
 func tail(s string, n int) string {
