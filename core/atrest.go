@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
 
@@ -23,12 +22,6 @@ type BodySealer interface {
 	Seal(ctx context.Context, principal, key string, body []byte) ([]byte, error)
 	Open(ctx context.Context, principal, key string, sealed []byte) ([]byte, error)
 }
-
-// ErrSeal is wrapped by the Event's Err when Config.BodySealer failed:
-// Seal at settle (the request is rolled back and answered 500
-// commit-failed, nothing stored) or Open at replay (answered 500
-// replay-unreadable: the stored body is never sent undecrypted).
-var ErrSeal = errors.New("idem: body sealer failed")
 
 // bodyToStore is what settle stores of the handler's body: nothing with
 // Config.OmitStoredBody, the sealed body with Config.BodySealer, the body

@@ -54,7 +54,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 		t.Fatal("Tx found a transaction in a context that carries none")
 	}
 
-	stored := frameworkContext{Context: context.Background(), keys: map[string]any{idem.ContextKey: att.Context()}}
+	stored := frameworkContext{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
 	if ac, ok := idem.AttemptContext(stored); !ok || ac != att.Context() {
 		t.Fatalf("AttemptContext = %v, %v; want the attempt's context", ac, ok)
 	}

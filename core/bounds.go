@@ -4,21 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemgo/idem/core/idemstore"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/core/idemstore"
 )
-
-// ErrStoreTimeout is wrapped by the Event's Err when Claim or BeginTx (and
-// the connection it waits for) did not answer within Config.StoreTimeout:
-// the pool is exhausted or the store is slow. The request is answered 503
-// store-unavailable with a Retry-After, instead of queueing behind the
-// handlers that hold the connections.
-var ErrStoreTimeout = errors.New("idem: store did not answer within StoreTimeout")
-
-// ErrTooManyInFlight is the Event's Err when a principal already has
-// Config.MaxInFlightPerPrincipal idempotent requests in flight.
-var ErrTooManyInFlight = errors.New("idem: too many requests in flight for this principal")
 
 // claimBounded runs Store.Claim bounded by StoreTimeout, on a's claim context: a
 // claim waiting for a pool connection gives up after StoreTimeout rather

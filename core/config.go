@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemgo/idem/core/idemstore"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/core/idemstore"
 )
 
-// Defaults applied by New to zero Config fields.
+// Defaults applied by New to zero Config fields, and the limits New checks.
 const (
 	DefaultHeader           = "Idempotency-Key"
 	DefaultRequestIDHeader  = "X-Request-Id"
@@ -19,17 +20,31 @@ const (
 	DefaultRetention        = 24 * time.Hour
 	DefaultMaxResponseBytes = 1 << 20
 	DefaultStoreTimeout     = 5 * time.Second
+	// DefaultMaxBodyBytes is the largest request body fingerprinted
+	// unless Config says otherwise.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultMaxKeyLength is the longest key accepted unless Config says
+	// otherwise.
+	DefaultMaxKeyLength = 255
+	// MinFingerprintKeyBytes is the shortest Config.FingerprintKey New
+	// accepts: 32 bytes, the strength of HMAC-SHA-256 itself.
+	MinFingerprintKeyBytes = 32
+
+	// ReplayedHeader is set to "true" on every replayed response.
+	ReplayedHeader = "Idempotent-Replayed"
 )
 
-// DefaultStoredHeaders is the response header allow-list used when
-// Config.StoredHeaders is nil. Set-Cookie is deliberately absent: a replay
-// must not hand one client's session to another attempt.
-var DefaultStoredHeaders = []string{"Content-Type", "Location", "Content-Language", "Cache-Control"}
-
-// SensitiveHeaders are the response headers StoredHeaders may name only
-// with Config.AllowSensitiveStoredHeaders: they carry a session or a
-// credential, which a replay would hand to another attempt.
-var SensitiveHeaders = []string{"Set-Cookie", "Authorization", "Proxy-Authorization"}
+// The response headers New knows by name.
+var (
+	// DefaultStoredHeaders is the response header allow-list used when
+	// Config.StoredHeaders is nil. Set-Cookie is deliberately absent: a
+	// replay must not hand one client's session to another attempt.
+	DefaultStoredHeaders = []string{"Content-Type", "Location", "Content-Language", "Cache-Control"}
+	// SensitiveHeaders are the response headers StoredHeaders may name
+	// only with Config.AllowSensitiveStoredHeaders: they carry a session
+	// or a credential, which a replay would hand to another attempt.
+	SensitiveHeaders = []string{"Set-Cookie", "Authorization", "Proxy-Authorization"}
+)
 
 func isSensitiveHeader(name string) bool {
 	for _, s := range SensitiveHeaders {
@@ -39,9 +54,6 @@ func isSensitiveHeader(name string) bool {
 	}
 	return false
 }
-
-// ReplayedHeader is set to "true" on every replayed response.
-const ReplayedHeader = "Idempotent-Replayed"
 
 // Disposition is what happens to a handler's outcome.
 type Disposition int
@@ -282,9 +294,6 @@ type Config struct {
 	// tool that only reads the configuration).
 	SkipStoreCheck bool
 }
-
-// ErrInvalidConfig is wrapped by every error New returns.
-var ErrInvalidConfig = errors.New("idem: invalid config")
 
 func (c *Config) setDefaults() {
 	if c.Header == "" {

@@ -5,27 +5,18 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
+
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/core/internal/wire"
 )
 
 type attemptKey struct{}
 
-// ContextKey is the key, a string, under which an adapter stores the
-// attempt's context in a framework context that does not pass the
-// request's values through: gin's *gin.Context answers Value for a string
-// key from its own keys (c.Set), and for any other key only when the Gin
-// engine's ContextWithFallback is set. With it, the stores' accessors
-// (idempgx.Tx, idemgorm.DB, idemredis.Tx, memstore.Tx), idemadapter.LeaseFrom and
-// DownstreamKey find the attempt whichever context the handler passes: the
-// request's, or the framework's own.
-const ContextKey = "github.com/idemgo/idem/core.AttemptContext"
-
 // AttemptContext returns the context of the attempt that ctx runs in: ctx
 // itself when it carries the attempt (the request's context or one derived
 // from it), or the attempt's context an adapter stored in ctx under
-// ContextKey (a *gin.Context). ok is false outside an attempt, and ctx is
+// idemadapter.ContextKey (a *gin.Context). ok is false outside an attempt, and ctx is
 // then returned as it is. Stores' accessors call it before they look up
 // their transaction, so that a handler never falls back to running outside
 // the transaction because it passed the framework's context.
@@ -40,7 +31,7 @@ func attemptIn(ctx context.Context) (context.Context, *Attempt) {
 	if a, ok := ctx.Value(attemptKey{}).(*Attempt); ok {
 		return ctx, a
 	}
-	if ac, ok := ctx.Value(ContextKey).(context.Context); ok && ac != nil {
+	if ac, ok := ctx.Value(wire.ContextKey).(context.Context); ok && ac != nil {
 		if a, ok := ac.Value(attemptKey{}).(*Attempt); ok {
 			return ac, a
 		}
@@ -62,9 +53,6 @@ func leaseFrom(ctx context.Context) (idemstore.Lease, bool) {
 	}
 	return a.lease, true
 }
-
-// ErrNoAttempt is returned by DownstreamKey outside an idempotent handler.
-var ErrNoAttempt = errors.New("idem: no idempotent attempt in context")
 
 // DownstreamKey returns an idempotency key for an effect outside the
 // database, such as a payment provider call, named by step ("charge",

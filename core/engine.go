@@ -772,16 +772,6 @@ func (a *Attempt) releaseAfterSettle(err error) error {
 	return err
 }
 
-// ErrOutcomeUnknown is the Event's Err when a retry finds a record whose
-// outcome is unknown (Record.Uncertain) and no Config.Reconcile to ask: the
-// request is answered 409 outcome-unknown and nothing runs. An operator
-// resolves the key with idemctl.
-var ErrOutcomeUnknown = errors.New("idem: the outcome of an earlier attempt is unknown")
-
-// ErrResponseInvalid is wrapped by the Event's Err when a handler's response
-// carried a header to be stored whose name or value is not valid HTTP.
-var ErrResponseInvalid = errors.New("idem: response header invalid")
-
 // storeProblem is the answer to a store error before the handler ran, and
 // its Retry-After: retrying is safe unless the store is misconfigured.
 func storeProblem(err error) (ProblemType, int) {

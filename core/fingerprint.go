@@ -14,19 +14,11 @@ import (
 	"github.com/idemgo/idem/core/internal/jsoncanon"
 )
 
-// DefaultMaxBodyBytes is the largest request body fingerprinted unless
-// Config says otherwise.
-const DefaultMaxBodyBytes = 1 << 20
-
 // The fingerprint's input format is versioned by its "idem/fingerprint/v2"
 // prefix and the stored value by its first byte, hooks.FingerprintVersion:
 // changing either changes every fingerprint, so in-flight retries across an
 // upgrade would get 422. Bump both, never edit them in place. (v1 was an
 // unkeyed SHA-256 of the same input, 32 bytes with no version byte.)
-
-// MinFingerprintKeyBytes is the shortest Config.FingerprintKey New accepts:
-// 32 bytes, the strength of HMAC-SHA-256 itself.
-const MinFingerprintKeyBytes = 32
 
 // fingerprintOf is idemadapter.Fingerprint.
 func fingerprintOf(key []byte, method, path, principal, contentType string, body []byte, ignore []string) []byte {

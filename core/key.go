@@ -1,21 +1,7 @@
 package idem
 
 import (
-	"errors"
 	"fmt"
-)
-
-// DefaultMaxKeyLength is the longest key accepted unless Config says otherwise.
-const DefaultMaxKeyLength = 255
-
-// Key parsing errors. parseKey wraps them with the reason.
-var (
-	// ErrKeyMissing means the request carried no idempotency key.
-	ErrKeyMissing = errors.New("idem: idempotency key missing")
-	// ErrKeyInvalid means the key header could not be parsed, is
-	// ambiguous (several keys, parameters), or is not 1 to max visible
-	// ASCII characters.
-	ErrKeyInvalid = errors.New("idem: idempotency key invalid")
 )
 
 // parseKey parses the value of an Idempotency-Key header. The field is one

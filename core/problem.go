@@ -6,8 +6,14 @@ import (
 	"strconv"
 )
 
-// ProblemTypeBase prefixes every problem type URI the library produces.
-const ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
+// The problem responses' media type and type URIs.
+const (
+	// ProblemContentType is the media type of problem responses.
+	ProblemContentType = "application/problem+json"
+	// ProblemTypeBase prefixes every problem type URI the library
+	// produces.
+	ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
+)
 
 // ProblemType names one kind of error response. The values are stable: clients
 // may branch on them.
@@ -45,9 +51,6 @@ type Problem struct {
 	Status int         `json:"status"`
 	Detail string      `json:"detail,omitempty"`
 }
-
-// ProblemContentType is the media type of problem responses.
-const ProblemContentType = "application/problem+json"
 
 // Response renders p as an HTTP response. retryAfter > 0 adds a Retry-After
 // header in whole seconds.

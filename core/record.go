@@ -15,18 +15,3 @@ type Response = idemstore.Response
 // its Response is the stored outcome. Its fields are documented in package
 // idemstore, where stores keep it.
 type Record = idemstore.Record
-
-// Errors of the store that applications branch on, the same values as
-// package idemstore's.
-var (
-	// ErrMisconfigured is wrapped by New's error when the store reports
-	// that retrying cannot fix what is wrong (a missing table, column or
-	// permission), and by the Event's Err of a request answered 500
-	// store-misconfigured.
-	ErrMisconfigured = idemstore.ErrMisconfigured
-	// ErrTxOwned is what a store's transaction handle returns when the
-	// handler tries to end the transaction (Commit, Rollback, COMMIT): the
-	// store commits it together with the stored outcome after the handler
-	// returns. Return an error or a 5xx to abandon the work.
-	ErrTxOwned = idemstore.ErrTxOwned
-)

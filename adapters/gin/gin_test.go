@@ -118,7 +118,7 @@ func TestContextWithFallback(t *testing.T) {
 
 // Without ContextWithFallback (gin's default) *gin.Context passes no
 // request value through: the middleware stores the attempt's context under
-// idem.ContextKey, so a handler that passes c itself to a store's accessor
+// idemadapter.ContextKey, so a handler that passes c itself to a store's accessor
 // or to DownstreamKey still runs in the transaction, never around it.
 func TestContextWithoutFallback(t *testing.T) {
 	f := newFixture(t)

@@ -161,8 +161,8 @@ func New(cfg Config) (gin.HandlerFunc, error) {
 			// context under one, so that a handler passing c itself to a
 			// store's accessor (idemgorm.DB(c, db)) or to DownstreamKey
 			// finds the transaction instead of falling back.
-			c.Set(idem.ContextKey, r2.Context())
-			defer c.Set(idem.ContextKey, nil)
+			c.Set(idemadapter.ContextKey, r2.Context())
+			defer c.Set(idemadapter.ContextKey, nil)
 			// Put the real writer back before anything else happens, a
 			// panic included: a recovery middleware further out must write
 			// to the client, not into this buffer.

@@ -97,7 +97,17 @@ func Fingerprint(key []byte, method, path, principal, contentType string, body [
 	return hooks.Fingerprint(key, method, path, principal, contentType, body, ignore)
 }
 
+// ContextKey is the key, a string, under which an adapter stores the
+// attempt's context in a framework context that does not pass the
+// request's values through: gin's *gin.Context answers Value for a string
+// key from its own keys (c.Set), and for any other key only when the Gin
+// engine's ContextWithFallback is set. With it, the stores' accessors
+// (idempgx.Tx, idemgorm.DB, idemredis.Tx, memstore.Tx), idemadapter.LeaseFrom and
+// idem.DownstreamKey find the attempt whichever context the handler passes: the
+// request's, or the framework's own.
+const ContextKey = wire.ContextKey
+
 // LeaseFrom returns the lease of the attempt running with ctx (the
 // request's context, or a framework context carrying it under
-// idem.ContextKey), if any.
+// ContextKey), if any.
 func LeaseFrom(ctx context.Context) (idemstore.Lease, bool) { return hooks.LeaseFrom(ctx) }

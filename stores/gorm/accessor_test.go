@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
@@ -46,12 +47,12 @@ func beginAttempt(t *testing.T, store idemstore.Store, key string) *idem.Attempt
 
 // TestDBThroughTheFrameworksContext: DB finds the transaction when the
 // handler passes the framework's own context, which the adapter gave the
-// attempt (idem.ContextKey), and never hands out the fallback database
+// attempt (idemadapter.ContextKey), and never hands out the fallback database
 // while an attempt of another store is running: its statements fail.
 func TestDBThroughTheFrameworksContext(t *testing.T) {
 	f := idemgormtest.NewFixture(t, "sqlite")
 	att := beginAttempt(t, f.Store, "k-gin")
-	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idem.ContextKey: att.Context()}}
+	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
 	db := idemgorm.DB(fw, f.DB)
 	if tx, ok := idemgorm.Tx(fw); !ok || db.Statement.ConnPool != tx.Statement.ConnPool {
 		t.Fatal("DB through the framework's context is not the idempotency transaction")
@@ -68,7 +69,7 @@ func TestDBThroughTheFrameworksContext(t *testing.T) {
 	other := beginAttempt(t, memstore.MustNew(), "k-other")
 	for name, ctx := range map[string]context.Context{
 		"request context":   other.Context(),
-		"framework context": stringKeyed{Context: context.Background(), keys: map[string]any{idem.ContextKey: other.Context()}},
+		"framework context": stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: other.Context()}},
 	} {
 		err := idemgorm.DB(ctx, f.DB).Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", "k-other").Error
 		if !errors.Is(err, idemgorm.ErrNoTx) {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
@@ -232,7 +233,7 @@ func (c stringKeyed) Value(key any) any {
 
 // TestTxThroughTheFrameworksContext: Tx finds the transaction when the
 // handler passes the framework's own context, which the adapter gave the
-// attempt (idem.ContextKey), and the write through it commits with the
+// attempt (idemadapter.ContextKey), and the write through it commits with the
 // stored response.
 func TestTxThroughTheFrameworksContext(t *testing.T) {
 	t.Parallel()
@@ -249,7 +250,7 @@ func TestTxThroughTheFrameworksContext(t *testing.T) {
 		t.Fatalf("no claim: %+v", resp)
 	}
 	defer att.Abort()
-	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idem.ContextKey: att.Context()}}
+	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
 	tx, ok := idempgx.Tx(fw)
 	if !ok {
 		t.Fatal("Tx did not find the transaction through the framework's context")

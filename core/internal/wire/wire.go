@@ -15,6 +15,9 @@ import (
 	"github.com/idemgo/idem/core/idemstore"
 )
 
+// ContextKey is idemadapter.ContextKey.
+const ContextKey = "github.com/idemgo/idem/core.AttemptContext"
+
 // ErrBodyTooLarge is returned when a request body exceeds the read limit.
 var ErrBodyTooLarge = errors.New("idem: request body too large")
 
