@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
 	"testing"
 	"time"
 
@@ -352,26 +351,6 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 	closed := sp.LargeObjects()
 	if _, err := closed.Open(ctx, 1, pgx.LargeObjectModeRead); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("LargeObjects on a settled handle: %v", err)
-	}
-}
-
-// TestClaimBounds: the store holds the bounds the table's CHECK constraints
-// used to: an over-long fingerprint or nonce is refused before anything is
-// written. (The request id's bound is core/storetest's RequestIDBound.)
-func TestClaimBounds(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 2, nil))
-	for name, edit := range map[string]func(*idemstore.ClaimRequest){
-		"fingerprint over 255": func(r *idemstore.ClaimRequest) { r.Fingerprint = make([]byte, 256) },
-		"nonce over 64":        func(r *idemstore.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) },
-	} {
-		req := claimReq("alice", "bounds-"+randHex(4), "body", time.Minute)
-		edit(&req)
-		_, err := e.Store.Claim(ctx, req)
-		if _, gerr := e.Store.Get(ctx, req.Principal, req.Key); err == nil || !errors.Is(gerr, idemstore.ErrNotFound) {
-			t.Errorf("%s: claim answered %v, then Get %v; want a refusal that writes nothing", name, err, gerr)
-		}
 	}
 }
 
