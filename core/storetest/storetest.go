@@ -111,6 +111,7 @@ func suite() []suiteCase {
 		{"Misconfigured", testMisconfigured},
 		{"Unreachable", testUnreachable},
 		{"ClaimBounds", testClaimBounds},
+		{"FrameworkContext", testFrameworkContext},
 	}
 }
 

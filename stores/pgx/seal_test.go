@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,7 +33,8 @@ func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, 
 }
 
 // TestRefusedStatements: every way a transaction-control statement can go
-// through the handle is refused before it is sent, with ErrTxOwned, and the
+// through the handle (a QueryRewriter's text and a batch's BeginTx
+// included) is refused before it is sent, with ErrTxOwned, and the
 // transaction is then aborted as after a failed statement: the next
 // statement fails with 25P02 and the settle stores nothing.
 func TestRefusedStatements(t *testing.T) {
@@ -79,6 +81,16 @@ func TestRefusedStatements(t *testing.T) {
 			_, err = sp.Exec(ctx, sql)
 			return err
 		},
+		"a QueryRewriter": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
+			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo(sql))
+			return err
+		},
+		"Batch.BeginTx": func(ctx context.Context, tx *idempgx.Handle, _ string) error {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		},
 		"nested savepoint Query": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
@@ -101,8 +113,8 @@ func TestRefusedStatements(t *testing.T) {
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
-			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) {
-				t.Fatalf("%s(%q) = %v, want ErrTxOwned", way, stmt, err)
+			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) || !strings.HasPrefix(err.Error(), "idempgx: ") {
+				t.Fatalf("%s(%q) = %v, want idempgx: … ErrTxOwned", way, stmt, err)
 			}
 			_, err := htx.Exec(txCtx, "SELECT 1")
 			if sqlStateOf(err) != "25P02" {
