@@ -5,10 +5,12 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
-func benchEnv(b *testing.B) (*env, *counter) {
-	c := &counter{}
+func benchEnv(b *testing.B) (*env, *idempgxtest.Counter) {
+	c := &idempgxtest.Counter{}
 	pool := newPool(b, 1, c)
 	return newEnv(b, pool), c
 }
@@ -38,14 +40,14 @@ func benchmarkFirstRequest(b *testing.B, durable bool) {
 	}
 	run("warm-" + randHex(4))
 	prefix := randHex(4)
-	c.reset()
+	c.Reset()
 	n := 0
 	for b.Loop() {
 		run(prefix + "-" + strconv.Itoa(n))
 		n++
 	}
-	b.ReportMetric(float64(c.roundTrips.Load())/float64(n), "roundtrips/op")
-	b.ReportMetric(float64(c.traced())/float64(n), "traced/op")
+	b.ReportMetric(float64(c.Turns.Load())/float64(n), "roundtrips/op")
+	b.ReportMetric(float64(c.Traced())/float64(n), "traced/op")
 }
 
 // BenchmarkReplay: the claim of a settled key.
@@ -61,7 +63,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.Fatal(err)
 	}
 	_, _ = e.Store.Claim(ctx, claimReq("alice", key, "body", time.Minute))
-	c.reset()
+	c.Reset()
 	n := 0
 	for b.Loop() {
 		n++
@@ -70,6 +72,6 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatalf("replay: %+v %v", res, err)
 		}
 	}
-	b.ReportMetric(float64(c.roundTrips.Load())/float64(n), "roundtrips/op")
-	b.ReportMetric(float64(c.traced())/float64(n), "traced/op")
+	b.ReportMetric(float64(c.Turns.Load())/float64(n), "roundtrips/op")
+	b.ReportMetric(float64(c.Traced())/float64(n), "traced/op")
 }
