@@ -2,12 +2,97 @@ package idempgx_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
 
+	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
+
+// TestReplayStatementWritesNothing: the claim statement, run on a settled
+// key, neither assigns a transaction id nor writes WAL, which no other
+// client of a shared cluster can blur: 200 runs in one transaction leave
+// txid_current_if_assigned() NULL, and EXPLAIN (ANALYZE, WAL) shows no WAL
+// record in any plan node. A control, the locking upsert (ON CONFLICT … DO
+// UPDATE … WHERE false), shows that both see a row lock. (Replays through
+// the store leaving the row untouched are core/storetest's
+// ReplayWritesNothing.)
+func TestReplayStatementWritesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 2, nil))
+	ctx := testCtx(t)
+	req := claimReq("alice", "replay-"+randHex(4), "body", time.Minute)
+	if _, err := e.Store.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.runAttempt(ctx, leaseOf(req), req.Key, "original"); err != nil {
+		t.Fatal(err)
+	}
+	claim := []any{idempgx.ClaimSQL(e.Store), req.Principal, req.Key, fp("body"), randHex(16), "req", int64(3600e6), randHex(16), int64(60e6)}
+	lock := []any{"INSERT INTO " + e.Store.Table() + ` AS t (principal, key, fingerprint, state, lease_token, nonce, lease_expires_at, expires_at)
+		VALUES ($1, $2, $3, 'in_progress', 'x', 'x', now(), now() + interval '1 hour')
+		ON CONFLICT (principal, key) DO UPDATE SET lease_token = EXCLUDED.lease_token
+		WHERE t.state = 'in_progress' AND t.locked_at < now() - interval '1 hour'
+		RETURNING t.state`, req.Principal, req.Key, fp("body")}
+	assigned := func(stmt []any) bool {
+		tx, err := e.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		for range 200 {
+			rows, err := tx.Query(ctx, stmt[0].(string), stmt[1:]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var xid *int64
+		if err := tx.QueryRow(ctx, "SELECT txid_current_if_assigned()").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid != nil
+	}
+	walRecords := func(stmt []any) (n int64) {
+		var plan []byte
+		if err := e.Pool.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+stmt[0].(string), stmt[1:]...).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(any)
+		walk = func(v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				if r, ok := v["WAL Records"].(float64); ok {
+					n += int64(r)
+				}
+				for _, c := range v {
+					walk(c)
+				}
+			case []any:
+				for _, c := range v {
+					walk(c)
+				}
+			}
+		}
+		var doc any
+		if err := json.Unmarshal(plan, &doc); err != nil {
+			t.Fatal(err)
+		}
+		walk(doc)
+		return n
+	}
+	if assigned(claim) || walRecords(claim) != 0 {
+		t.Fatal("the claim statement on a settled key assigned a transaction id or wrote WAL")
+	}
+	if !assigned(lock) || walRecords(lock) == 0 {
+		t.Fatal("control: the locking upsert assigned no transaction id or wrote no WAL; the checks cannot see a write")
+	}
+}
 
 func benchEnv(b *testing.B) (*env, *idempgxtest.Counter) {
 	c := &idempgxtest.Counter{}
