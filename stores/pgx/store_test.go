@@ -115,41 +115,18 @@ func (e *env) storeOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...id
 }
 
 // rowWrites counts the writes to e's table, which no other store uses, by
-// its rows' versions: every write to a row, a lock included, changes its
-// xmin, xmax or ctid. Each call adds the rows that appeared, went or
-// changed since the last.
+// its rows' versions (storetest.VersionCount).
 func rowWrites(t testing.TB, e *env) func() int64 {
-	var (
-		last  map[string]string
-		total int64
-	)
-	return func() int64 {
+	return storetest.VersionCount(t, func() (map[string]string, error) {
 		rows, err := e.Pool.Query(testCtx(t), "SELECT principal || '/' || key, xmin::text || '/' || xmax::text || '/' || ctid::text FROM "+e.Store.Table())
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		now := map[string]string{}
-		for rows.Next() {
-			var k, v string
-			if err := rows.Scan(&k, &v); err != nil {
-				t.Fatal(err)
-			}
-			now[k] = v
-			if last[k] != v {
-				total++
-			}
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		for k := range last {
-			if _, ok := now[k]; !ok {
-				total++
-			}
-		}
-		last = now
-		return total
-	}
+		var k, v string
+		versions := map[string]string{}
+		_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error { versions[k] = v; return nil })
+		return versions, err
+	})
 }
 
 // rawConn is the connection under the handle ctx carries, which only

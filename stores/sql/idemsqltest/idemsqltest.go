@@ -533,42 +533,24 @@ func (f *Fixture) durability(t testing.TB) (storetest.Backend, func() func() boo
 }
 
 // rowWrites counts the writes to a PostgreSQL table no other store uses
-// by its rows' versions: every write to a row, a lock included, changes
-// its xmin, xmax or ctid. Each call adds the rows that appeared, went or
-// changed since the last (storetest.Backend.CountWrites).
+// by its rows' versions (storetest.VersionCount).
 func rowWrites(t testing.TB, db *sql.DB, table string) func() int64 {
-	var (
-		last  map[string]string
-		total int64
-	)
-	return func() int64 {
+	return storetest.VersionCount(t, func() (map[string]string, error) {
 		rows, err := db.Query(`SELECT principal || '/' || "key", xmin::text || '/' || xmax::text || '/' || ctid::text FROM ` + table)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		defer rows.Close()
-		now := map[string]string{}
+		versions := map[string]string{}
 		for rows.Next() {
 			var k, v string
 			if err := rows.Scan(&k, &v); err != nil {
-				t.Fatal(err)
+				return nil, err
 			}
-			now[k] = v
-			if last[k] != v {
-				total++
-			}
+			versions[k] = v
 		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		for k := range last {
-			if _, ok := now[k]; !ok {
-				total++
-			}
-		}
-		last = now
-		return total
-	}
+		return versions, rows.Err()
+	})
 }
 
 // NewBackend returns the storetest.NewBackend of setup (see Setups): each
