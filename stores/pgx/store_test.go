@@ -138,7 +138,8 @@ func rawConn(ctx context.Context) *pgx.Conn {
 
 func TestNewValidatesTable(t *testing.T) {
 	pool := newPool(t, 1, nil)
-	for _, bad := range []string{"", "1abc", "a-b", `a"b`, "a.b.c", "a b", "x;drop table y", strings.Repeat("t", 41), ".t", "s."} {
+	// Which names are valid is pgsql.ParseTable's (its TestParseTable).
+	for _, bad := range []string{"", "a.b.c", "x;drop table y"} {
 		if _, err := idempgx.New(pool, idempgx.WithTable(bad)); err == nil {
 			t.Errorf("WithTable(%q) accepted", bad)
 		}
@@ -293,8 +294,8 @@ func TestTakeoverRechecksTheRow(t *testing.T) {
 }
 
 // TestHandlerTx: the handler's view of the transaction runs in it at read
-// committed, nests with savepoints as in pgx, and is closed once settled,
-// savepoints included.
+// committed and is closed once settled, savepoints included. (Savepoints
+// behaving as pgx's is TestBehaviourSameAsPgxTx.)
 func TestHandlerTx(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 4, nil))
@@ -323,17 +324,6 @@ func TestHandlerTx(t *testing.T) {
 	if err := htx.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil || iso != "read committed" {
 		t.Fatalf("isolation %q %v, want read committed", iso, err)
 	}
-	// A savepoint works as in pgx.
-	sp, err := htx.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sp.Exec(ctx, "INSERT INTO "+e.EffectsTable()+" VALUES ('undone')"); err != nil {
-		t.Fatal(err)
-	}
-	if err := sp.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
 	leaked, err := htx.Begin(ctx) // a savepoint the handler keeps past settle
 	if err != nil {
 		t.Fatal(err)
@@ -344,8 +334,8 @@ func TestHandlerTx(t *testing.T) {
 	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
 		t.Fatal(err)
 	}
-	if e.mustCount(t, "committed-early") != 1 || e.mustCount(t, "undone") != 0 {
-		t.Fatal("settle did not commit exactly the handler's surviving writes")
+	if e.mustCount(t, "committed-early") != 1 {
+		t.Fatal("settle did not commit the handler's write")
 	}
 	if _, err := htx.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("Exec after settle = %v, want ErrTxClosed", err)
