@@ -8,13 +8,11 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/glebarez/sqlite"
 	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -24,75 +22,14 @@ import (
 	"gorm.io/gorm/logger"
 
 	idemgorm "github.com/idemgo/idem/stores/gorm"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
-// Counter counts what goes to PostgreSQL twice: statements and batches
-// through pgx's tracer (which sees the pgx pool and, under database/sql,
-// GORM's connections alike), and request/response turns on the socket (the
-// first bytes read after a write), which is what a round trip is.
-type Counter struct {
-	Queries, Batches, Turns atomic.Int64
-}
-
-// TraceQueryStart implements pgx.QueryTracer.
-func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.Queries.Add(1)
-	return ctx
-}
-
-// TraceQueryEnd implements pgx.QueryTracer.
-func (c *Counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// TraceBatchStart implements pgx.BatchTracer.
-func (c *Counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.Batches.Add(1)
-	return ctx
-}
-
-// TraceBatchQuery implements pgx.BatchTracer.
-func (c *Counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-
-// TraceBatchEnd implements pgx.BatchTracer.
-func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-// Traced is statements sent as queries plus batches.
-func (c *Counter) Traced() int64 { return c.Queries.Load() + c.Batches.Load() }
-
-// Reset zeroes every count.
-func (c *Counter) Reset() {
-	c.Queries.Store(0)
-	c.Batches.Store(0)
-	c.Turns.Store(0)
-}
-
-type countingConn struct {
-	net.Conn
-	c       *Counter
-	mu      sync.Mutex
-	waiting bool // written since the last read
-}
-
-func (cc *countingConn) Write(p []byte) (int, error) {
-	cc.mu.Lock()
-	cc.waiting = true
-	cc.mu.Unlock()
-	return cc.Conn.Write(p)
-}
-
-// Read counts a turn when the first bytes after a write arrive: a message
-// that gets no answer (MySQL's COM_STMT_CLOSE) rides in the next turn.
-func (cc *countingConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	if n > 0 {
-		cc.mu.Lock()
-		if cc.waiting {
-			cc.c.Turns.Add(1)
-		}
-		cc.waiting = false
-		cc.mu.Unlock()
-	}
-	return n, err
-}
+// Counter counts what goes to a server: statements and batches through
+// pgx's tracer (which sees the pgx pool and, under database/sql, GORM's
+// connections alike), and request/response turns on the socket, which is
+// what a round trip is. It is idempgx's tests' counter.
+type Counter = idempgxtest.Counter
 
 // connConfig parses DSN() and, with c, installs the tracer and the
 // counting dialer.
@@ -102,21 +39,9 @@ func connConfig(c *Counter) (*pgxpool.Config, error) {
 		return nil, err
 	}
 	if c != nil {
-		cfg.ConnConfig.Tracer = c
-		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		cfg.ConnConfig.DialFunc = c.dial
+		c.Count(cfg)
 	}
 	return cfg, nil
-}
-
-// dial connects to addr with its turns counted by c.
-func (c *Counter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	d := net.Dialer{KeepAlive: 5 * time.Minute}
-	conn, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: conn, c: c}, nil
 }
 
 // OpenPool opens a pgx pool of at most maxConns connections, counted by c
@@ -186,7 +111,7 @@ func OpenMySQL(ctx context.Context, maxConns int, c *Counter) (*sql.DB, error) {
 	if c != nil {
 		cfg.Net = "idembench" + strconv.FormatInt(mysqlNets.Add(1), 10)
 		mysql.RegisterDialContext(cfg.Net, func(ctx context.Context, addr string) (net.Conn, error) {
-			return c.dial(ctx, "tcp", addr)
+			return c.Dial(ctx, "tcp", addr)
 		})
 	}
 	conn, err := mysql.NewConnector(cfg)
@@ -226,7 +151,7 @@ func pingDB(ctx context.Context, db *sql.DB, maxConns int) (*sql.DB, error) {
 func OpenRedis(ctx context.Context, maxConns int, c *Counter) (*redis.Client, error) {
 	opts := &redis.Options{Addr: envOr("IDEM_REDIS_ADDR", DefaultRedisAddr), PoolSize: maxConns}
 	if c != nil {
-		opts.Dialer = c.dial
+		opts.Dialer = c.Dial
 	}
 	rdb := redis.NewClient(opts)
 	if err := rdb.Ping(ctx).Err(); err != nil {

@@ -6,6 +6,7 @@ package storetest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem/core/idemstore"
 )
@@ -101,7 +102,9 @@ type Backend struct {
 	Trips Trips
 	// CountWrites returns a fresh Backend and a count its server raises
 	// with every write it makes, seen by that store alone (Redis:
-	// rdb_changes_since_last_save on a server of the test's own). The
+	// rdb_changes_since_last_save on a server of the test's own;
+	// PostgreSQL: the versions of its table's rows, which any write or
+	// lock changes), or at least between two reads that saw one. The
 	// ReplayWritesNothing case then checks that replays, claims of a held
 	// key or with another fingerprint, Get and ListStale write nothing,
 	// while claims and a settle do. Nil when the store's writes cannot be
@@ -127,6 +130,38 @@ type Backend struct {
 	// pg_terminate_backend). Nil when the store's transaction holds no
 	// connection of its own.
 	DropConn func(ctx context.Context) error
+
+	// The capabilities below reach a store's server from outside, to hold
+	// a record, weaken its durability or point a store at nothing. Nil
+	// means the store's server has no such lever: the case that needs it
+	// is reported as skipped with the reason.
+
+	// HoldRecord locks principal's record of key in a transaction of its
+	// own that does not commit, as a settle that has run its UPDATE and
+	// not yet committed holds it, until release is called or the test
+	// ends. Nil for a store without row locks (memstore, Redis) or with
+	// one writer (SQLite).
+	HoldRecord func(t testing.TB, principal, key string) (release func())
+	// LockBounded returns a store on the Backend's table whose waits for a
+	// held record (HoldRecord) are bounded by bound, its lock timeout.
+	// With HoldRecord, the BoundedWaits case checks that every call that
+	// meets a held record answers idemstore.ErrTransient within it.
+	LockBounded func(t testing.TB, bound time.Duration) idemstore.Store
+	// Durability returns a fresh Backend whose sessions start with the
+	// server's wait for durability turned off (PostgreSQL's
+	// synchronous_commit), as a handler may leave a pooled session, and
+	// mark, which notes the server's write position (the WAL insert
+	// position) and returns a func that reports whether the server's
+	// durable storage (the flushed WAL) has passed it. The Durable case
+	// then checks that a Durable claim, a Keep, a settle and an attempt's
+	// first DownstreamKey return only once what came before is durable.
+	// Nil for a server without such a position (memstore, Redis, MySQL).
+	Durability func(t testing.TB) (b Backend, mark func() (flushedPast func() bool))
+	// Misconfigured returns a store on the Backend's server whose table
+	// does not exist; Unreachable, one on a server that does not answer.
+	// The Misconfigured and Unreachable cases check how their errors
+	// classify, through the store and through the engine.
+	Misconfigured, Unreachable func(t testing.TB) idemstore.Store
 }
 
 // Trips is what each Store call costs in round trips to the server, once

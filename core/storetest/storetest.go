@@ -105,6 +105,13 @@ func suite() []suiteCase {
 		{"RoundTrips", testRoundTrips},
 		{"ReplayWritesNothing", testReplayWritesNothing},
 		{"Pool", testPool},
+		{"AbandonedHolder", testAbandonedHolder},
+		{"BoundedWaits", testBoundedWaits},
+		{"Durable", testDurable},
+		{"Misconfigured", testMisconfigured},
+		{"Unreachable", testUnreachable},
+		{"ClaimBounds", testClaimBounds},
+		{"FrameworkContext", testFrameworkContext},
 	}
 }
 

@@ -27,7 +27,7 @@ import (
 // has them. The plain transaction ends with Commit, ours with Settle; a
 // plain COMMIT answered with ROLLBACK must be a settle that stores nothing.
 // The intended differences are checked separately: transaction-control
-// statements answer ErrTxOwned (TestBehaviourIntendedDifferences), nothing
+// statements answer ErrTxOwned (TestRefusedStatements), nothing
 // hands out the connection (TestNoRouteToTheConnection), and Commit,
 // Rollback, Conn, Prepare and LargeObjects do not compile on the handle
 // (TestHandleHabitsDoNotCompile).
@@ -352,80 +352,6 @@ func TestBehaviourSameAsPgxTx(t *testing.T) {
 				if testing.Verbose() {
 					t.Logf("%s: %s, rows %q, same in both", sc.name, plainCommit, plainRows)
 				}
-			}
-		})
-	}
-}
-
-// TestBehaviourIntendedDifferences: where the handle differs from a pgx.Tx
-// on purpose, at run time. Each transaction-control statement is refused
-// with ErrTxOwned; the refused statement, like a failed one, aborts the
-// transaction, and the settle then stores nothing.
-func TestBehaviourIntendedDifferences(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 4, nil))
-	owned := func(err error) bool {
-		return errors.Is(err, idemstore.ErrTxOwned) && strings.HasPrefix(err.Error(), "idempgx: ")
-	}
-	inSavepoint := func(do func(ctx context.Context, sp pgx.Tx) error) func(ctx context.Context, tx *idempgx.Handle) error {
-		return func(ctx context.Context, tx *idempgx.Handle) error {
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			return do(ctx, sp)
-		}
-	}
-	cases := []struct {
-		name string
-		do   func(ctx context.Context, tx *idempgx.Handle) error
-	}{
-		{"Exec COMMIT", func(ctx context.Context, tx *idempgx.Handle) error { _, err := tx.Exec(ctx, "COMMIT"); return err }},
-		{"Query ROLLBACK", func(ctx context.Context, tx *idempgx.Handle) error { _, err := tx.Query(ctx, "ROLLBACK"); return err }},
-		{"QueryRow BEGIN", func(ctx context.Context, tx *idempgx.Handle) error { return tx.QueryRow(ctx, "BEGIN").Scan() }},
-		{"SendBatch with END", func(ctx context.Context, tx *idempgx.Handle) error {
-			b := &pgx.Batch{}
-			b.Queue("SELECT 1")
-			b.Queue("END")
-			return tx.SendBatch(ctx, b).Close()
-		}},
-		{"Batch.BeginTx", func(ctx context.Context, tx *idempgx.Handle) error {
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			b.Queue("SELECT 1")
-			return tx.SendBatch(ctx, b).Close()
-		}},
-		{"savepoint Exec COMMIT AND CHAIN", inSavepoint(func(ctx context.Context, sp pgx.Tx) error {
-			_, err := sp.Exec(ctx, "COMMIT AND CHAIN")
-			return err
-		})},
-		{"savepoint Prepare COMMIT", inSavepoint(func(ctx context.Context, sp pgx.Tx) error {
-			_, err := sp.Prepare(ctx, "c", "COMMIT")
-			return err
-		})},
-		{"named args rewritten to COMMIT", func(ctx context.Context, tx *idempgx.Handle) error {
-			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo("COMMIT"))
-			return err
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			req, txCtx, stx, tx := e.begin(t, ctx)
-			if err := e.WriteEffect(txCtx, req.Key); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.do(txCtx, tx); !owned(err) {
-				t.Fatalf("%s = %v, want ErrTxOwned", c.name, err)
-			}
-			if _, err := tx.Exec(txCtx, "SELECT 1"); sqlStateOf(err) != "25P02" {
-				t.Fatalf("a statement after %s: %v; want 25P02 (aborted)", c.name, err)
-			}
-			if err := stx.Settle(ctx, okResponse("ok")); !errors.Is(err, idemstore.ErrTxAborted) {
-				t.Fatalf("settle after %s = %v, want ErrTxAborted", c.name, err)
-			}
-			if n := e.mustCount(t, req.Key); n != 0 {
-				t.Fatalf("%d effects committed after %s, want 0", n, c.name)
 			}
 		})
 	}

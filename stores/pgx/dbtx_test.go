@@ -3,17 +3,11 @@ package idempgx_test
 import (
 	"context"
 	"errors"
-	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/idemadapter"
-	"github.com/idemgo/idem/core/storetest"
-	idempgx "github.com/idemgo/idem/stores/pgx"
 )
 
 // The code below is written the way sqlc (sql_package pgx/v5) generates it
@@ -214,60 +208,5 @@ func TestBeginFuncOnTheHandle(t *testing.T) {
 	}
 	if n, err := New(e.Pool, e.effects()).CountEffects(ctx, p); err != nil || n != int64(len(want)) {
 		t.Fatalf("%d rows committed (%v), want %d", n, err, len(want))
-	}
-}
-
-// stringKeyed is a context as gin's *gin.Context is one by default: it
-// answers Value for string keys only.
-type stringKeyed struct {
-	context.Context
-	keys map[string]any
-}
-
-func (c stringKeyed) Value(key any) any {
-	if s, ok := key.(string); ok {
-		return c.keys[s]
-	}
-	return nil
-}
-
-// TestTxThroughTheFrameworksContext: Tx finds the transaction when the
-// handler passes the framework's own context, which the adapter gave the
-// attempt (idemadapter.ContextKey), and the write through it commits with the
-// stored response.
-func TestTxThroughTheFrameworksContext(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 2, nil))
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: e.Store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := "fw-" + randHex(4)
-	att, resp := eng.Begin(ctx, idem.Request{Method: http.MethodPost, Path: "/payments", Principal: "alice",
-		Key: key, ContentType: "application/json", Body: strings.NewReader(`{}`)})
-	if att == nil {
-		t.Fatalf("no claim: %+v", resp)
-	}
-	defer att.Abort()
-	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
-	tx, ok := idempgx.Tx(fw)
-	if !ok {
-		t.Fatal("Tx did not find the transaction through the framework's context")
-	}
-	if direct, _ := idempgx.Tx(att.Context()); direct != tx {
-		t.Fatal("Tx through the framework's context is not the attempt's handle")
-	}
-	if _, ok := idempgx.Tx(stringKeyed{Context: context.Background()}); ok {
-		t.Fatal("Tx found a transaction in a framework context without an attempt")
-	}
-	if err := New(tx, e.effects()).InsertEffect(fw, key); err != nil {
-		t.Fatal(err)
-	}
-	if got := att.Finish(idem.Result{Status: http.StatusCreated, Body: []byte("ok")}); got.Status != http.StatusCreated {
-		t.Fatalf("finish: %d %s", got.Status, got.Body)
-	}
-	if n := e.mustCount(t, key); n != 1 {
-		t.Fatalf("%d effects committed, want 1", n)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idempgx "github.com/idemgo/idem/stores/pgx"
-	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // TestOnlyTheClaimCommitsWithoutFlush: the claim (its prelude) turns
@@ -106,7 +105,7 @@ func TestOnlyTheClaimCommitsWithoutFlush(t *testing.T) {
 
 // flushedUpTo reports whether PostgreSQL's WAL is flushed up to at least
 // pos, asked on pool.
-func flushedUpTo(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pos string) bool {
+func flushedUpTo(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pos string) bool {
 	t.Helper()
 	return flushed(t, ctx, pool, ">=", pos)
 }
@@ -115,12 +114,12 @@ func flushedUpTo(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pos stri
 // asked on pool: pos read before a commit, the commit was flushed. (Up to
 // pos would hold without any flush when nothing was written since the
 // last one.)
-func flushedPast(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pos string) bool {
+func flushedPast(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pos string) bool {
 	t.Helper()
 	return flushed(t, ctx, pool, ">", pos)
 }
 
-func flushed(t *testing.T, ctx context.Context, pool *pgxpool.Pool, op, pos string) bool {
+func flushed(t testing.TB, ctx context.Context, pool *pgxpool.Pool, op, pos string) bool {
 	t.Helper()
 	var ok bool
 	if err := pool.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_flush_lsn() "+op+" $1::pg_lsn", pos).Scan(&ok); err != nil {
@@ -130,7 +129,7 @@ func flushed(t *testing.T, ctx context.Context, pool *pgxpool.Pool, op, pos stri
 }
 
 // walInsert returns the WAL insert position, read through q.
-func walInsert(t *testing.T, ctx context.Context, q interface {
+func walInsert(t testing.TB, ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) string {
 	t.Helper()
@@ -139,82 +138,4 @@ func walInsert(t *testing.T, ctx context.Context, q interface {
 		t.Fatal(err)
 	}
 	return pos
-}
-
-// durableRounds is how often the durability tests below repeat: each
-// round a commit that did not wait for its flush is caught unless
-// something else on the server flushed the WAL in the few hundred
-// microseconds between the commit and the check, which on a shared server
-// happens now and then, never every time.
-const durableRounds = 20
-
-// TestDurableClaimAndKeepAreFlushed: a Durable claim (ClaimRequest.Durable,
-// Config.DurableClaims) and a Keep commit durably, even on pooled sessions
-// a handler left with synchronous_commit off: when the call returns, the
-// WAL is flushed past the position read right before it. A commit that did
-// not wait for the flush leaves it to the WAL writer, up to
-// wal_writer_delay later.
-func TestDurableClaimAndKeepAreFlushed(t *testing.T) {
-	cfg := idempgxtest.PoolConfig(t, 2)
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET synchronous_commit = off")
-		return err
-	}
-	pool := idempgxtest.OpenPool(t, cfg)
-	e := newEnv(t, pool)
-	ctx := testCtx(t)
-	for i := range durableRounds {
-		before := walInsert(t, ctx, pool)
-		req := claimReq("alice", "durable-"+randHex(6), "body", time.Minute)
-		req.Durable = true
-		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-			t.Fatalf("round %d: claim: %+v %v", i, res, err)
-		}
-		if !flushedPast(t, ctx, pool, before) {
-			t.Fatalf("round %d: a Durable claim returned before the WAL was flushed past %s, read before it", i, before)
-		}
-		before = walInsert(t, ctx, pool)
-		if err := e.Store.Keep(ctx, leaseOf(req)); err != nil {
-			t.Fatal(err)
-		}
-		if !flushedPast(t, ctx, pool, before) {
-			t.Fatalf("round %d: Keep returned before the WAL was flushed past %s, read before it", i, before)
-		}
-	}
-}
-
-// TestSettleCommitsDurably: the settle's commit waits for its WAL flush
-// however the handler set synchronous_commit, for its transaction or for
-// the session it leaves in the pool: right after Settle returns, the WAL
-// is flushed past the position the handler read after its writes.
-func TestSettleCommitsDurably(t *testing.T) {
-	pool := newPool(t, 2, nil)
-	e := newEnv(t, pool)
-	ctx := testCtx(t)
-	for _, set := range []string{"SET LOCAL synchronous_commit = off", "SET synchronous_commit = off", "SET LOCAL synchronous_commit = local"} {
-		for i := range durableRounds {
-			req := claimReq("alice", "settle-"+randHex(6), "body", time.Minute)
-			if _, err := e.Store.Claim(ctx, req); err != nil {
-				t.Fatal(err)
-			}
-			txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
-			if err != nil {
-				t.Fatal(err)
-			}
-			htx, _ := idempgx.Tx(txCtx)
-			if _, err := htx.Exec(txCtx, set); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.WriteEffect(txCtx, req.Key); err != nil {
-				t.Fatal(err)
-			}
-			written := walInsert(t, txCtx, htx)
-			if err := stx.Settle(ctx, okResponse("ok")); err != nil {
-				t.Fatal(err)
-			}
-			if !flushedPast(t, ctx, pool, written) {
-				t.Fatalf("%s, round %d: Settle returned before the WAL was flushed past the handler's writes (%s)", set, i, written)
-			}
-		}
-	}
 }

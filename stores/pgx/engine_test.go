@@ -2,56 +2,12 @@ package idempgx_test
 
 import (
 	"fmt"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 
-	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
-	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 )
-
-// TestDownstreamKeyMakesTheClaimDurable: a claim commits without waiting
-// for its WAL flush, so a database crash could still take it back with its
-// nonce. The first DownstreamKey of an attempt waits for the flush (the
-// Tx's Sync), so a key never goes to a provider while the nonce it is
-// derived from can be lost: right after it returns, PostgreSQL's flushed
-// WAL reaches past the position read right before the claim. Attempts in
-// a row, each checked within milliseconds of its claim, well inside the
-// WAL writer's 200 ms delay, half of them after the handler's own write.
-func TestDownstreamKeyMakesTheClaimDurable(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, newPool(t, 4, nil))
-	ctx := testCtx(t)
-	engine, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: e.Store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		key := "durable-" + randHex(4)
-		before := walInsert(t, ctx, e.Pool) // before the claim's commit record
-		att, resp := engine.Begin(ctx, idem.Request{Method: "POST", Path: "/payments", Principal: "alice",
-			Key: key, ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`)})
-		if att == nil {
-			t.Fatalf("attempt %d: %d %s", i, resp.Status, resp.Body)
-		}
-		t.Cleanup(att.Abort) // a no-op once finished; an open transaction would block the pool's Close
-		if i%2 == 1 {
-			if err := e.WriteEffect(att.Context(), key); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := idem.DownstreamKey(att.Context(), "charge"); err != nil {
-			t.Fatal(err)
-		}
-		if !flushedPast(t, ctx, e.Pool, before) {
-			t.Fatalf("attempt %d: DownstreamKey returned before the WAL was flushed past %s, read before the claim", i, before)
-		}
-		att.Finish(idem.Result{Status: http.StatusCreated})
-	}
-}
 
 // TestSyncWaitsForTheClaimOnly: the position the Tx's Sync waits for is
 // taken when the transaction begins: past the claim's commit record,

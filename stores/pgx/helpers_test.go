@@ -2,15 +2,11 @@ package idempgx_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
@@ -22,82 +18,15 @@ import (
 // dsn is the database the tests use: IDEM_PG_DSN or idempgxtest's default.
 var dsn = idempgxtest.DSN
 
-// counter counts what the store sends: queries and batches through pgx's
-// tracer, and network round trips (a write that follows a read, or the
-// first write) on the wire, so the two can be compared.
-type counter struct {
-	queries, batches, roundTrips atomic.Int64
-}
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.queries.Add(1)
-	return ctx
-}
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.batches.Add(1)
-	return ctx
-}
-func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// traced is the tracer's view: statements sent as queries plus batches,
-// each of which is one round trip once pgx has the statement prepared.
-func (c *counter) traced() int64 { return c.queries.Load() + c.batches.Load() }
-
-func (c *counter) reset() {
-	c.queries.Store(0)
-	c.batches.Store(0)
-	c.roundTrips.Store(0)
-}
-
-type countingConn struct {
-	net.Conn
-	c        *counter
-	mu       sync.Mutex
-	lastRead bool
-	wrote    bool
-}
-
-func (cc *countingConn) Write(p []byte) (int, error) {
-	cc.mu.Lock()
-	if !cc.wrote || cc.lastRead {
-		cc.c.roundTrips.Add(1)
-	}
-	cc.wrote, cc.lastRead = true, false
-	cc.mu.Unlock()
-	return cc.Conn.Write(p)
-}
-
-func (cc *countingConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	if n > 0 {
-		cc.mu.Lock()
-		cc.lastRead = true
-		cc.mu.Unlock()
-	}
-	return n, err
-}
-
 // newPool opens a pool on the test database, through idempgxtest.OpenPool
 // (which fails the test loudly when the database is unreachable, and checks
 // in cleanup that every connection came back). With c, it counts what the
 // pool sends.
-func newPool(t testing.TB, maxConns int32, c *counter) *pgxpool.Pool {
+func newPool(t testing.TB, maxConns int32, c *idempgxtest.Counter) *pgxpool.Pool {
 	t.Helper()
 	cfg := idempgxtest.PoolConfig(t, maxConns)
 	if c != nil {
-		cfg.ConnConfig.Tracer = c
-		// A ping after an idle second would be counted as a round trip.
-		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		d := &net.Dialer{KeepAlive: 5 * time.Minute}
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countingConn{Conn: conn, c: c}, nil
-		}
+		c.Count(cfg)
 	}
 	return idempgxtest.OpenPool(t, cfg)
 }

@@ -33,7 +33,8 @@ func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, 
 }
 
 // TestRefusedStatements: every way a transaction-control statement can go
-// through the handle is refused before it is sent, with ErrTxOwned, and the
+// through the handle (a QueryRewriter's text and a batch's BeginTx
+// included) is refused before it is sent, with ErrTxOwned, and the
 // transaction is then aborted as after a failed statement: the next
 // statement fails with 25P02 and the settle stores nothing.
 func TestRefusedStatements(t *testing.T) {
@@ -80,6 +81,16 @@ func TestRefusedStatements(t *testing.T) {
 			_, err = sp.Exec(ctx, sql)
 			return err
 		},
+		"a QueryRewriter": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
+			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo(sql))
+			return err
+		},
+		"Batch.BeginTx": func(ctx context.Context, tx *idempgx.Handle, _ string) error {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		},
 		"nested savepoint Query": func(ctx context.Context, tx *idempgx.Handle, sql string) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
@@ -102,8 +113,8 @@ func TestRefusedStatements(t *testing.T) {
 			if err := e.WriteEffect(txCtx, req.Key); err != nil {
 				t.Fatal(err)
 			}
-			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) {
-				t.Fatalf("%s(%q) = %v, want ErrTxOwned", way, stmt, err)
+			if err := do(txCtx, htx, stmt); !errors.Is(err, idemstore.ErrTxOwned) || !strings.HasPrefix(err.Error(), "idempgx: ") {
+				t.Fatalf("%s(%q) = %v, want idempgx: … ErrTxOwned", way, stmt, err)
 			}
 			_, err := htx.Exec(txCtx, "SELECT 1")
 			if sqlStateOf(err) != "25P02" {
@@ -352,26 +363,6 @@ func TestLargeObjectsNeverPanic(t *testing.T) {
 	closed := sp.LargeObjects()
 	if _, err := closed.Open(ctx, 1, pgx.LargeObjectModeRead); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("LargeObjects on a settled handle: %v", err)
-	}
-}
-
-// TestClaimBounds: the store holds the bounds the table's CHECK constraints
-// used to: an over-long fingerprint or nonce is refused before anything is
-// written. (The request id's bound is core/storetest's RequestIDBound.)
-func TestClaimBounds(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 2, nil))
-	for name, edit := range map[string]func(*idemstore.ClaimRequest){
-		"fingerprint over 255": func(r *idemstore.ClaimRequest) { r.Fingerprint = make([]byte, 256) },
-		"nonce over 64":        func(r *idemstore.ClaimRequest) { r.Nonce = strings.Repeat("n", 65) },
-	} {
-		req := claimReq("alice", "bounds-"+randHex(4), "body", time.Minute)
-		edit(&req)
-		_, err := e.Store.Claim(ctx, req)
-		if _, gerr := e.Store.Get(ctx, req.Principal, req.Key); err == nil || !errors.Is(gerr, idemstore.ErrNotFound) {
-			t.Errorf("%s: claim answered %v, then Get %v; want a refusal that writes nothing", name, err, gerr)
-		}
 	}
 }
 

@@ -2,8 +2,10 @@ package idemsql
 
 import (
 	"errors"
+	"net"
 	"reflect"
 	"strings"
+	"syscall"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
@@ -34,10 +36,16 @@ func errorClass(err error) idemstore.ErrorClass {
 }
 
 // isTransient reports whether err is a serialization failure, a deadlock,
-// a lock or statement timeout or a busy database: the same statement may
-// succeed if it runs again.
+// a lock or statement timeout, a busy database or a server that could not
+// be reached: the same statement may succeed if it runs again.
 func isTransient(err error) bool {
 	if errors.Is(err, errGateTimeout) {
+		return true
+	}
+	// A connection that could not be made: nothing reached the server,
+	// which may be back for the retry.
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED) {
 		return true
 	}
 	// PostgreSQL (pgx's *pgconn.PgError and lib/pq's *pq.Error both have

@@ -24,6 +24,7 @@ import (
 
 	"github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/sql/idemsqltest"
@@ -258,12 +259,19 @@ func (f *Fixture) primary(t testing.TB) *sql.DB {
 
 // Backend returns the suites' view of f: idemsqltest's business table,
 // written through the *gorm.DB of idemgorm.Tx, and GORM's Commit and
-// Rollback as EndHandle.
+// Rollback as EndHandle, and a store on a missing table as Misconfigured.
 func (f *Fixture) Backend() storetest.Backend {
 	sqlDB, _ := f.DB.DB() // as primary: NewFixtureOn checked it
 	e := idemsqltest.Effects{DB: sqlDB, Dialect: f.Dialect, Table: f.Effects, Exec: Exec}
 	b := storetest.Backend{Store: f.Store, EndHandle: EndHandle}
 	e.Fill(&b)
+	b.Misconfigured = func(t testing.TB) idemstore.Store {
+		s, err := idemgorm.New(f.DB, idemgorm.WithTable("idem_missing_"+RandSuffix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
 	return b
 }
 

@@ -12,7 +12,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,6 +86,93 @@ func OpenPool(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	return OpenPool(t, PoolConfig(t, maxConns))
+}
+
+// Counter counts what a pool sends to PostgreSQL twice: statements and
+// batches through pgx's tracer, and request/response turns on the socket
+// (the first bytes read after a write), which is what a round trip is. A
+// message that gets no answer rides in the next turn. Install it with
+// Count; its Dial counts the turns of any other client too.
+type Counter struct {
+	Queries, Batches, Turns atomic.Int64
+}
+
+// Count makes cfg's connections counted by c: its tracer, its dialer, and
+// no ping before a connection is handed out (an idle second's ping would
+// count as a turn).
+func (c *Counter) Count(cfg *pgxpool.Config) {
+	cfg.ConnConfig.Tracer = c
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	cfg.ConnConfig.DialFunc = c.Dial
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.Queries.Add(1)
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (c *Counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchStart implements pgx.BatchTracer.
+func (c *Counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.Batches.Add(1)
+	return ctx
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (c *Counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// Traced is statements sent as queries plus batches: one round trip each
+// once pgx has the statement prepared.
+func (c *Counter) Traced() int64 { return c.Queries.Load() + c.Batches.Load() }
+
+// Reset zeroes every count.
+func (c *Counter) Reset() {
+	c.Queries.Store(0)
+	c.Batches.Store(0)
+	c.Turns.Store(0)
+}
+
+// Dial connects to addr with its turns counted by c.
+func (c *Counter) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{KeepAlive: 5 * time.Minute}
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: conn, c: c}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	c       *Counter
+	mu      sync.Mutex
+	waiting bool // written since the last read
+}
+
+func (cc *countingConn) Write(p []byte) (int, error) {
+	cc.mu.Lock()
+	cc.waiting = true
+	cc.mu.Unlock()
+	return cc.Conn.Write(p)
+}
+
+func (cc *countingConn) Read(p []byte) (int, error) {
+	n, err := cc.Conn.Read(p)
+	if n > 0 {
+		cc.mu.Lock()
+		if cc.waiting {
+			cc.c.Turns.Add(1)
+		}
+		cc.waiting = false
+		cc.mu.Unlock()
+	}
+	return n, err
 }
 
 // RandHex returns n random bytes in hex, for names no other test uses.

@@ -27,6 +27,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemredis "github.com/idemgo/idem/stores/redis"
 )
@@ -212,7 +213,19 @@ func (e *Env) Backend() storetest.Backend {
 		NoSharedTx:   true,
 		SelfExpiring: true,
 		NoNonce:      true,
+		Unreachable:  unreachable,
 	}
+}
+
+// unreachable is a store on a port where no server listens.
+func unreachable(t testing.TB) idemstore.Store {
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = down.Close() })
+	s, err := idemredis.New(down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // NewBackend is a storetest.NewBackend on the standalone server.

@@ -22,18 +22,23 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	_ "github.com/glebarez/go-sqlite" // database/sql driver "sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
-	_ "github.com/lib/pq"              // database/sql driver "postgres"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "github.com/lib/pq"            // database/sql driver "postgres"
 
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
+	"github.com/idemgo/idem/core/storetest/faultproxy"
 	idemsql "github.com/idemgo/idem/stores/sql"
 )
 
@@ -334,6 +339,8 @@ type Fixture struct {
 	Setup string
 	// Effects is the business table, written through idemsql.Tx.
 	Effects Effects
+
+	table string // the store's table, unquoted
 }
 
 // NewFixture creates a store on a fresh table of setup's database (opts
@@ -366,7 +373,7 @@ func NewFixtureOn(t testing.TB, db *sql.DB, setup string, opts ...idemsql.Option
 			}
 		})
 	}
-	f := &Fixture{DB: db, Store: store, Setup: setup,
+	f := &Fixture{DB: db, Store: store, Setup: setup, table: table,
 		Effects: Effects{DB: db, Dialect: dialect, Table: table + "_effects", Exec: Exec}}
 	CreateEffects(t, db, dialect, f.Effects.Table)
 	return f
@@ -383,11 +390,167 @@ func Exec(ctx context.Context, query string, args ...any) error {
 	return err
 }
 
-// Backend returns the suites' view of f.
+// Backend returns the suites' view of f: the business table's fields
+// (Effects.Fill) and what the server lets the suite do from outside: a
+// store on a missing table; on the servers, a held record, a store whose
+// lock waits are bounded and one on a port where nothing listens; on
+// PostgreSQL, sessions without synchronous_commit and the row versions
+// as a write count.
 func (f *Fixture) Backend() storetest.Backend {
 	b := storetest.Backend{Store: f.Store}
 	f.Effects.Fill(&b)
+	b.Misconfigured = func(t testing.TB) idemstore.Store { return storeOn(t, f.DB, "idem_missing_"+RandSuffix()) }
+	if f.Effects.Dialect == "sqlite" {
+		return b // one writer: a held record would block every other call
+	}
+	b.HoldRecord = f.holdRecord
+	b.LockBounded = func(t testing.TB, bound time.Duration) idemstore.Store {
+		return storeOn(t, f.DB, f.table, idemsql.WithLockTimeout(bound))
+	}
+	b.Unreachable = f.unreachable
+	if f.Effects.Dialect == "postgres" {
+		b.CountWrites = func(t testing.TB) (storetest.Backend, func() int64) {
+			g := NewFixture(t, f.Setup)
+			return g.Backend(), rowWrites(t, g.DB, g.table)
+		}
+		b.Durability = f.durability
+	}
 	return b
+}
+
+// unreachable is a store whose server goes away after New, which asks
+// it for its dialect: its connections run through a proxy that is closed
+// before the store is returned.
+func (f *Fixture) unreachable(t testing.TB) idemstore.Store {
+	t.Helper()
+	var (
+		addr, dsn string
+		pg        *pgx.ConnConfig
+		my        *mysqldriver.Config
+		err       error
+	)
+	if f.Effects.Dialect == "mysql" {
+		if my, err = mysqldriver.ParseDSN(MySQLDSN()); err == nil {
+			addr = my.Addr
+		}
+	} else if pg, err = pgx.ParseConfig(PostgresDSN()); err == nil {
+		addr = net.JoinHostPort(pg.Host, strconv.Itoa(int(pg.Port)))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	switch f.Setup {
+	case "mysql":
+		my.Addr = proxy.Addr()
+		dsn = my.FormatDSN()
+	default:
+		dsn = fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable connect_timeout=2", host, port, pg.User, pg.Database)
+		if pg.Password != "" {
+			dsn += " password=" + pg.Password
+		}
+	}
+	db, err := sql.Open(map[string]string{"pgx": "pgx", "pq": "postgres", "mysql": "mysql"}[f.Setup], dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	s := storeOn(t, db, "idem_unreachable")
+	if err := proxy.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxIdleConns(0) // the connection New used goes with the proxy
+	return s
+}
+
+// storeOn is a store on db and table, not migrated.
+func storeOn(t testing.TB, db *sql.DB, table string, opts ...idemsql.Option) *idemsql.Store {
+	t.Helper()
+	s, err := idemsql.New(db, append([]idemsql.Option{idemsql.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// holdRecord locks the store's row for principal's key in a transaction
+// of its own, as a settle that has run its UPDATE and not yet committed
+// holds it (storetest.Backend.HoldRecord).
+func (f *Fixture) holdRecord(t testing.TB, principal, key string) func() {
+	t.Helper()
+	other, err := f.DB.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := "UPDATE " + f.table + ` SET state = state WHERE principal = $1 AND "key" = $2`
+	if f.Effects.Dialect == "mysql" {
+		q = "UPDATE " + f.table + " SET state = state WHERE principal = ? AND `key` = ?"
+	}
+	res, err := other.Exec(q, principal, key)
+	if err != nil {
+		_ = other.Rollback()
+		t.Fatalf("hold the record: %v", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 && f.Effects.Dialect != "mysql" { // MySQL counts changed rows only
+		_ = other.Rollback()
+		t.Fatalf("hold the record: %d rows", n)
+	}
+	var once sync.Once
+	end := func() { once.Do(func() { _ = other.Rollback() }) }
+	t.Cleanup(end)
+	return end
+}
+
+// durability is storetest.Backend.Durability on PostgreSQL: a fixture
+// whose sessions start with synchronous_commit off (through pgx's stdlib,
+// whatever the set-up), and the WAL positions, read on f's database.
+func (f *Fixture) durability(t testing.TB) (storetest.Backend, func() func() bool) {
+	cfg, err := pgx.ParseConfig(PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["synchronous_commit"] = "off"
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { _ = db.Close() })
+	g := NewFixtureOn(t, db, "pgx")
+	return g.Backend(), func() func() bool {
+		var pos string
+		if err := f.DB.QueryRow("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&pos); err != nil {
+			t.Fatal(err)
+		}
+		return func() bool {
+			var past bool
+			if err := f.DB.QueryRow("SELECT pg_catalog.pg_current_wal_flush_lsn() > $1::pg_lsn", pos).Scan(&past); err != nil {
+				t.Fatal(err)
+			}
+			return past
+		}
+	}
+}
+
+// rowWrites counts the writes to a PostgreSQL table no other store uses
+// by its rows' versions (storetest.VersionCount).
+func rowWrites(t testing.TB, db *sql.DB, table string) func() int64 {
+	return storetest.VersionCount(t, func() (map[string]string, error) {
+		rows, err := db.Query(`SELECT principal || '/' || "key", xmin::text || '/' || xmax::text || '/' || ctid::text FROM ` + table)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		versions := map[string]string{}
+		for rows.Next() {
+			var k, v string
+			if err := rows.Scan(&k, &v); err != nil {
+				return nil, err
+			}
+			versions[k] = v
+		}
+		return versions, rows.Err()
+	})
 }
 
 // NewBackend returns the storetest.NewBackend of setup (see Setups): each
