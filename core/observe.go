@@ -2,12 +2,11 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"github.com/idemgo/idem/core/idemstore"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/core/idemstore"
 )
 
 // OutcomeLabel names one request's fate. The values are stable and are meant as
@@ -180,11 +179,4 @@ func logPath(p string) string {
 // keyHash is the key as logged unless Config.LogKeys: the first 16 hex
 // digits of SHA-256 over the principal, a NUL and the key. It lets an
 // operator correlate the lines of one key without the log holding it.
-func keyHash(principal, key string) string {
-	h := sha256.New()
-	h.Write([]byte(principal))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
-}
+func keyHash(principal, key string) string { return idemstore.NotifyID(principal, key) }
