@@ -68,9 +68,9 @@ func RunFaults(t *testing.T, target FaultTarget) {
 		pattern func(FaultTarget) []byte
 		when    faultproxy.When
 		// ambiguous: the COMMIT reached the server, and its answer is
-		// lost. Whether it ran depends on the server (one that finds the
-		// client gone before it reaches the COMMIT of a query string
-		// aborts instead). A key whose record is completed right after
+		// lost. Whether it ran depends on the server (PostgreSQL does not
+		// always run a query string to its COMMIT once the client is
+		// gone). A key whose record is completed right after
 		// the attempt committed: the attempt cannot know that, so it is
 		// answered 500 commit-failed, its release (fenced on the record
 		// being in progress) must leave the completed record alone, and
