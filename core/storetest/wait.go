@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-		"sync"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
