@@ -36,15 +36,8 @@ type realDeadline struct {
 	cancel context.CancelFunc
 }
 
-// init (re)starts the context with parent and deadline. A context that
-// was cancelled or materialised before starts afresh: the claim context is
-// used once per claim, and a request that waits for its key's holder
-// claims more than once. It must not be called while the context is in
-// use.
 func (c *deadlineCtx) init(parent context.Context, deadline time.Time) {
 	c.parent, c.deadline = parent, deadline
-	c.real.Store(nil)
-	c.canceled.Store(false)
 }
 
 // materialize returns the real context, creating it on first use.

@@ -561,7 +561,8 @@ type Attempt struct {
 	ctx         context.Context // &hctx once the transaction has begun
 	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
 	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
-	cctx        deadlineCtx     // the claim's: StoreTimeout (see Engine.claim)
+	cctx        deadlineCtx     // the first claim's: StoreTimeout (see Engine.claimBounded)
+	claims      int             // the claims made for this call (see Engine.claimBounded)
 	endBegin    func(error)     // releases beginTx's context (see Attempt.leave)
 	inFlight    bool            // holds its principal's in-flight slot
 	resp        Response        // the handler's response, as Finish returns it
