@@ -129,13 +129,13 @@ func (s *starting) wait(ctx context.Context, a *Attempt, c *Call, key string, an
 	}()
 	interval, waiting := pollFirst, false
 	for {
-		// Armed before the claim: a settle after the claim's read closes
-		// this channel, so no wake-up falls between the two.
 		if err := context.Cause(ctx); err != nil {
 			// Gone while woken: no claim on its behalf.
 			s.ev.Wait, s.waitErr = WaitCancelled, err
 			return ans
 		}
+		// Armed before the claim: a settle after the claim's read closes
+		// this channel, so no wake-up falls between the two.
 		var wake <-chan struct{}
 		wake, poller = e.waits.arm(kw, poller, polls)
 		claimedAt := time.Now()
