@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,7 +87,8 @@ func TestWaitBoundPrecedence(t *testing.T) {
 // stored reply, Replayed, and fn runs once.
 func TestWaitCallReplays(t *testing.T) {
 	t.Parallel()
-	e := newCallEngine(t, idem.Config{WaitInFlight: 5 * time.Second})
+	var logged syncBuffer
+	e := newCallEngine(t, idem.Config{WaitInFlight: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	var effects atomic.Int64
 	held, release := make(chan struct{}), make(chan struct{})
 	done := make(chan idem.CallResult, 1)
@@ -107,5 +109,8 @@ func TestWaitCallReplays(t *testing.T) {
 	}
 	if n := effects.Load(); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
+	}
+	if !logged.contains("outcome=replayed") || !logged.contains(" wait=replayed waited=") {
+		t.Fatal("the waited call's log line does not say it waited")
 	}
 }
