@@ -140,6 +140,12 @@ func (s *starting) wait(ctx context.Context, a *Attempt, c *Call, key string, an
 		wake, poller = e.waits.arm(kw, poller, polls)
 		claimedAt := time.Now()
 		if ans = s.claim(ctx, a, c, key); !ans.inFlight() {
+			if !ans.res.Claimed {
+				// The holder is done, as this claim learnt (a poll, or a
+				// wake-up by another instance's notification): the key's
+				// other waiters in this engine learn it too, now.
+				e.waits.wake(id)
+			}
 			s.ev.Wait = waitOutcome(&ans)
 			return ans
 		}
