@@ -3,9 +3,13 @@ package idem_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
 
@@ -84,4 +88,38 @@ func TestWaitNotified(t *testing.T) {
 		b.Store = &notifyingStore{Store: b.Store}
 		return b
 	}, "WaitInFlight")
+}
+
+// TestWaitNotificationLost: a store whose notifications never arrive (the
+// subscription succeeds, nothing is delivered) costs a waiter on another
+// instance latency, not its answer: its poll finds the settle.
+func TestWaitNotificationLost(t *testing.T) {
+	t.Parallel()
+	store := &notifyingStore{Store: memstore.MustNew()}
+	one := newCallEngine(t, idem.Config{Store: store, WaitInFlight: 5 * time.Second})
+	two := newCallEngine(t, idem.Config{Store: store, WaitInFlight: 5 * time.Second})
+	t.Cleanup(func() { _ = one.Close(); _ = two.Close() })
+	store.mu.Lock()
+	clear(store.subs) // every notification lost from here on
+	store.mu.Unlock()
+	var effects atomic.Int64
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = one.Do(context.Background(), call("k", `{}`), func(ctx context.Context) (idem.Response, error) {
+			close(held)
+			<-release
+			return effectFn(&effects, 201, "paid")(ctx)
+		})
+	}()
+	<-held
+	time.AfterFunc(200*time.Millisecond, func() { close(release) })
+	start := time.Now()
+	res, err := two.Do(context.Background(), call("k", `{}`), effectFn(&effects, 201, "twice"))
+	if err != nil || !res.Replayed || string(res.Body) != "paid" || time.Since(start) > 2*time.Second {
+		t.Fatalf("the waiter on the other instance, its notification lost: %+v, %v after %v; want the replay by polling",
+			res, err, time.Since(start))
+	}
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
 }
