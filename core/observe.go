@@ -82,6 +82,12 @@ type Event struct {
 	// released outcome, if any, and the principal function's error behind
 	// an unauthenticated one.
 	Err error
+	// Wait is how the request's wait for the attempt holding its key ended
+	// (see Config.WaitInFlight), and Waited how long it took; "" and 0 when
+	// the request did not wait. A request that claimed the key after the
+	// holder released it and ran carries its wait too.
+	Wait   WaitOutcome
+	Waited time.Duration
 	// TxUsed reports whether the handler ran anything through the store's
 	// transaction. It is false when no handler ran. A 2xx with TxUsed
 	// false means the handler's writes, if any, went around the guarantee.
@@ -160,6 +166,9 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	if ev.ClaimLatency > 0 {
 		attrs = append(attrs, slog.Duration("claim_latency", ev.ClaimLatency))
+	}
+	if ev.Wait != "" {
+		attrs = append(attrs, slog.String("wait", string(ev.Wait)), slog.Duration("waited", ev.Waited))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))

@@ -370,6 +370,12 @@ func (r *recorder) Observe(_ context.Context, ev idem.Event) {
 	r.evs = append(r.evs, ev)
 }
 
+func (r *recorder) all() []idem.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]idem.Event(nil), r.evs...)
+}
+
 func (r *recorder) last() idem.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -385,7 +391,12 @@ func (r *recorder) last() idem.Event {
 // returns what the client gets. Store tests that drive the engine
 // themselves use it.
 func Serve(eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
-	att, resp := eng.Begin(context.Background(), idem.Request{
+	return ServeContext(context.Background(), eng, principal, key, handler)
+}
+
+// ServeContext is Serve with the request's context.
+func ServeContext(ctx context.Context, eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
+	att, resp := eng.Begin(ctx, idem.Request{
 		Method: http.MethodPost, Path: "/payments", Principal: principal, Key: key,
 		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`),
 	})
