@@ -49,8 +49,8 @@ func Tx(ctx context.Context) (*Handle, bool) {
 // runs on a context detached from ctx's cancellation; both are bounded by
 // WithTxTimeout. A
 // connection found broken is replaced, at most twice. BEGIN also sets, for
-// this transaction only, a random marker Settle checks and the TCP
-// keepalive settings of DeadPeerTimeout. It returns a context carrying the
+// this transaction only, a random marker Settle checks, and for the
+// session the TCP keepalive settings of DeadPeerTimeout. It returns a context carrying the
 // transaction for Tx.
 func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)

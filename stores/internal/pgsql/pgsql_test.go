@@ -116,7 +116,7 @@ func TestStatements(t *testing.T) {
 	begin := bin.BeginQuery("00ff")
 	if !strings.HasPrefix(begin, "begin isolation level read committed read write;") ||
 		!strings.HasSuffix(begin, "set local "+pgsql.LeaseSetting+" = '00ff'") ||
-		!strings.Contains(begin, "set local tcp_user_timeout = 15000;") || !strings.Contains(begin, pgsql.SyncSetting) {
+		!strings.Contains(begin, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") || !strings.Contains(begin, pgsql.SyncSetting) {
 		t.Errorf("BeginQuery: %s", begin)
 	}
 	if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, begin); !bad {

@@ -105,7 +105,8 @@ func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 // in the handler's transaction: keepalive probes after Idle seconds of
 // silence, every Interval seconds, Count of them unanswered; and
 // tcp_user_timeout (UserTimeout, milliseconds) for data the client never
-// acknowledges. BeginPrefix sets them for the transaction only.
+// acknowledges. BeginPrefix and SettleCheck set them for the session
+// (Pins).
 type DeadPeer struct {
 	Idle, Interval, Count int64 // seconds, seconds, probes
 	UserTimeout           int64 // milliseconds
@@ -123,6 +124,23 @@ func DeadPeerFor(statementTimeout time.Duration) DeadPeer {
 // Total is how long, at most, the server keeps the transaction of a client
 // that stopped answering.
 func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * time.Millisecond }
+
+// Pins returns the set_config calls that put p into force for the session
+// (is_local false), for a SELECT list. They are set for the session, not
+// the transaction, because a transaction-local value is taken back when
+// the transaction ends and the server applies each change with a
+// setsockopt call: about nine socket calls per transaction that way. A
+// session-level set_config to the value already in force makes no socket
+// call, so running Pins in every transaction costs four function calls
+// and asserts the bound again over whatever a handler, or other code on
+// the same pooled connection, set before: a handler's SET or SET LOCAL of
+// them lasts only until the store's next statement that runs Pins.
+func (p DeadPeer) Pins() string {
+	return fmt.Sprintf(`pg_catalog.set_config('tcp_keepalives_idle', '%d', false),
+	pg_catalog.set_config('tcp_keepalives_interval', '%d', false),
+	pg_catalog.set_config('tcp_keepalives_count', '%d', false),
+	pg_catalog.set_config('tcp_user_timeout', '%d', false)`, p.Idle, p.Interval, p.Count, p.UserTimeout)
+}
 
 // LeaseSetting is the transaction-local setting BeginQuery puts a random
 // marker into. SettleCheck checks it in the same transaction: a different value
@@ -178,26 +196,22 @@ func New(t Table, o Options) Statements {
 	// READ COMMITTED is explicit, as the claim's concurrency argument needs
 	// it whatever the server's default; READ WRITE too, whatever a handler
 	// left in default_transaction_read_only. The keepalive settings bound
-	// how long the server keeps this transaction, and the row lock a
-	// half-sent settle took, for a client that went away (see
-	// DeadPeerTimeout). They are local: the pooled session keeps its own.
-	// pgx sends BeginQuery as one simple-protocol query, which the server
-	// parses anew on every call. The settings are SET LOCAL, utility
-	// statements with nothing to plan or execute; a SELECT is planned and
-	// run through the executor each time (bench/pgbench/callgrind.sh
-	// -variants), so the query has one only for what just a function can
-	// tell: the WAL insert position Sync waits for (SyncSetting). It is read
-	// here, in the first statement on the transaction's connection after
-	// the claim returned: later, the handler's own writes would be past it,
-	// and those are not flushed before some commit follows them (see
-	// SyncSQL).
+	// how long the server keeps this transaction for a client that went
+	// away (see DeadPeerTimeout). They are set for the session
+	// (DeadPeer.Pins), which keeps them. pgx sends BeginQuery as one
+	// simple-protocol query, which the server parses anew on every call.
+	// The marker is a SET LOCAL, a utility statement with nothing to plan or
+	// execute; a SELECT is planned and run through the executor each time
+	// (bench/pgbench/callgrind.sh -variants), so the query has one, for what
+	// only functions do: the keepalive settings, and the WAL insert
+	// position Sync waits for (SyncSetting). That is read here, in the
+	// first statement on the transaction's connection after the claim
+	// returned: later, the handler's own writes would be past it, and those
+	// are not flushed before some commit follows them (see SyncSQL).
 	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
-set local tcp_keepalives_idle = %d;
-set local tcp_keepalives_interval = %d;
-set local tcp_keepalives_count = %d;
-set local tcp_user_timeout = %d;
-select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
-set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, LeaseSetting)
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
+	%s;
+set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
 	// '1ms' included). It is its own statement because a timeout set in a
@@ -205,12 +219,17 @@ set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, Lease
 	// with them (DurableCommit): the response goes to the client once the
 	// COMMIT returns, so the commit must be durable by then even if the
 	// handler turned synchronous_commit off, for its transaction or for
-	// the session; the claim's durability rides on it too.
+	// the session; the claim's durability rides on it too. The keepalive
+	// settings are put into force again (DeadPeer.Pins), over whatever the
+	// handler set, before the settle's UPDATE takes the row lock: a client
+	// that goes silent in the middle of its settle is dropped within
+	// DeadPeerTimeout too.
 	s.SettleCheck = fmt.Sprintf(`SELECT %s,
+	%s,
 	%s,
 	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
 	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
-		pins, DurableCommit, LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
+		pins, DurableCommit, p.Pins(), LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
 	// The claim, two statements pipelined behind ClaimPrelude in one
 	// implicit transaction. The INSERT either inserts the caller's row
 	// (rows affected 1) or finds the conflicting row and does nothing: no
