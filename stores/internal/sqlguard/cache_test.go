@@ -152,3 +152,12 @@ func TestCacheConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkTxControlLexed is BenchmarkTxControl's statement without the
+// cache: what every call cost when each was lexed.
+func BenchmarkTxControlLexed(b *testing.B) {
+	q := "INSERT INTO payments (id, account, amount, currency, description) VALUES ($1, $2, $3, $4, $5)"
+	for b.Loop() {
+		sqlguard.TxControlUncached(sqlguard.PostgreSQL, q)
+	}
+}
