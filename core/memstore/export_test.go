@@ -6,3 +6,10 @@ func (s *Store) QueueLen() int {
 	defer s.mu.Unlock()
 	return len(s.expiries)
 }
+
+// Bytes returns what the store counts its records as costing.
+func (s *Store) Bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bytes
+}
