@@ -46,8 +46,9 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('tcp_keepalives_interval', '1', false),
 	pg_catalog.set_config('tcp_keepalives_count', '4', false),
 	pg_catalog.set_config('tcp_user_timeout', '8000', false),
-	CASE WHEN pg_catalog.current_setting('idem.lease', true) IS NOT DISTINCT FROM '0123456789abcdef0123456789abcdef' THEN 1
-	ELSE ('idempgx transaction ended: idem.lease is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::int END;
+	CASE WHEN pg_catalog.current_setting('idem.lease', true) OPERATOR(pg_catalog.=) '0123456789abcdef0123456789abcdef'::pg_catalog.text THEN 1
+	ELSE ('idempgx transaction ended: idem.lease is '::pg_catalog.text OPERATOR(pg_catalog.||)
+		pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::pg_catalog.int4 END;
 WITH u AS (
 	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201, uncertain = false,
 		headers = '\x01020c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e084c6f636174696f6e011e2f7061796d656e74732f7061795f30313233343536373839616263646566'::bytea,

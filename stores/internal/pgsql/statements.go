@@ -219,7 +219,14 @@ set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
 	// with them (DurableCommit): the response goes to the client once the
 	// COMMIT returns, so the commit must be durable by then even if the
 	// handler turned synchronous_commit off, for its transaction or for
-	// the session; the claim's durability rides on it too. The keepalive
+	// the session; the claim's durability rides on it too. Its operators
+	// and types are named with their schema: the statement is parsed, and
+	// planned again whenever the search_path changed, under the handler's
+	// search_path, and its own pin applies only once it runs, so a
+	// handler's schema put before pg_catalog could otherwise supply an =
+	// or a || that makes the check pass in another transaction
+	// (IS NOT DISTINCT FROM cannot name its operator; a NULL marker, no
+	// marker set at all, fails the = and raises). The keepalive
 	// settings are put into force again (DeadPeer.Pins), over whatever the
 	// handler set, before the settle's UPDATE takes the row lock: a client
 	// that goes silent in the middle of its settle is dropped within
@@ -227,8 +234,9 @@ set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
 	s.SettleCheck = fmt.Sprintf(`SELECT %s,
 	%s,
 	%s,
-	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
-	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
+	CASE WHEN pg_catalog.current_setting('%s', true) OPERATOR(pg_catalog.=) $1::pg_catalog.text THEN 1
+	ELSE ('%s: %s is '::pg_catalog.text OPERATOR(pg_catalog.||)
+		pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::pg_catalog.int4 END`,
 		pins, DurableCommit, p.Pins(), LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
 	// The claim, two statements pipelined behind ClaimPrelude in one
 	// implicit transaction. The INSERT either inserts the caller's row
