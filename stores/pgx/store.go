@@ -66,6 +66,7 @@ type Store struct {
 	maxAttempts int
 	timeouts    timeouts
 	sql         pgsql.Statements
+	deadPeer    pgsql.DeadPeer // the settings BeginTx and Settle put into force (DeadPeerTimeout)
 
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
@@ -205,7 +206,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
-		timeouts: c.timeouts,
+		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement),
 		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
 			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
 }
@@ -228,8 +229,8 @@ func currentSchema(pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 // handler's transaction open for a client that stopped answering (a
 // crashed host, a network partition): the TCP keepalive idle time plus its
 // probes, which BeginTx sets, with tcp_user_timeout, for the
-// connection's session: the pooled connection keeps them, and the settle
-// sets them again over whatever the handler set. It is derived from the statement timeout: about twice it. Without
+// connection's session: every settle sets them again, over whatever the
+// handler set, and the pooled connection keeps them. It is derived from the statement timeout: about twice it. Without
 // it the operating system's defaults (often 2 h 11 min) would hold the
 // transaction, and any row lock a half-sent settle took, that long.
 // Connections over a Unix socket ignore these settings.

@@ -58,8 +58,10 @@ type Statements struct {
 
 	// BeginPrefix begins the handler's transaction, one simple-protocol
 	// query; the lease marker follows it as a quoted literal (see
-	// BeginQuery).
-	BeginPrefix string
+	// BeginQuery). BeginPeerPrefix is BeginPrefix that also sets the
+	// dead-peer settings for the session (DeadPeer.Pins), for a
+	// connection not known to have them.
+	BeginPrefix, BeginPeerPrefix string
 	// SettleCheck ($1 marker) and Settle ($1 principal, $2 key,
 	// $3 token, $4 state, $5 status, $6 headers, $7 body) are the
 	// settle's statements, pipelined with COMMIT: SettleCheck raises
@@ -68,9 +70,15 @@ type Statements struct {
 	SettleCheck, Settle string
 }
 
-// BeginQuery returns BeginPrefix followed by marker, which must be the
-// hexadecimal marker the store made (no quote can be in it).
-func (s Statements) BeginQuery(marker string) string { return s.BeginPrefix + "'" + marker + "'" }
+// BeginQuery returns BeginPrefix, or with peer BeginPeerPrefix, followed
+// by marker, which must be the hexadecimal marker the store made (no quote
+// can be in it).
+func (s Statements) BeginQuery(marker string, peer bool) string {
+	if peer {
+		return s.BeginPeerPrefix + "'" + marker + "'"
+	}
+	return s.BeginPrefix + "'" + marker + "'"
+}
 
 // pinnedSettings are the session settings the store's statements depend
 // on, pinned with set_config(…, true) for the statement's transaction only:
@@ -105,8 +113,8 @@ func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 // in the handler's transaction: keepalive probes after Idle seconds of
 // silence, every Interval seconds, Count of them unanswered; and
 // tcp_user_timeout (UserTimeout, milliseconds) for data the client never
-// acknowledges. BeginPrefix and SettleCheck set them for the session
-// (Pins).
+// acknowledges. SettleCheck, and BeginPeerPrefix on a connection not
+// known to have them, set them for the session (Pins).
 type DeadPeer struct {
 	Idle, Interval, Count int64 // seconds, seconds, probes
 	UserTimeout           int64 // milliseconds
@@ -131,10 +139,13 @@ func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * 
 // the transaction ends and the server applies each change with a
 // setsockopt call: about nine socket calls per transaction that way. A
 // session-level set_config to the value already in force makes no socket
-// call, so running Pins in every transaction costs four function calls
-// and asserts the bound again over whatever a handler, or other code on
-// the same pooled connection, set before: a handler's SET or SET LOCAL of
-// them lasts only until the store's next statement that runs Pins.
+// call. Set inside a transaction, they last only if it commits.
+//
+// How a store uses them: SettleCheck runs them in every settle, over
+// whatever the handler set, and the settle's COMMIT keeps them for the
+// session; a transaction that does not end in that COMMIT takes back the
+// handler's changes with it. A connection is known to have them once a
+// settle on it committed; until then its BEGIN is BeginPeerPrefix.
 func (p DeadPeer) Pins() string {
 	return fmt.Sprintf(`pg_catalog.set_config('tcp_keepalives_idle', '%d', false),
 	pg_catalog.set_config('tcp_keepalives_interval', '%d', false),
@@ -197,18 +208,22 @@ func New(t Table, o Options) Statements {
 	// it whatever the server's default; READ WRITE too, whatever a handler
 	// left in default_transaction_read_only. The keepalive settings bound
 	// how long the server keeps this transaction for a client that went
-	// away (see DeadPeerTimeout). They are set for the session
-	// (DeadPeer.Pins), which keeps them. pgx sends BeginQuery as one
-	// simple-protocol query, which the server parses anew on every call.
-	// The marker is a SET LOCAL, a utility statement with nothing to plan or
-	// execute; a SELECT is planned and run through the executor each time
-	// (bench/pgbench/callgrind.sh -variants), so the query has one, for what
-	// only functions do: the keepalive settings, and the WAL insert
-	// position Sync waits for (SyncSetting). That is read here, in the
+	// away (see DeadPeerTimeout). They are session settings (DeadPeer.Pins),
+	// which SettleCheck sets in every settle, so only the first BEGIN on a
+	// connection sets them (BeginPeerPrefix): in a query the server parses
+	// anew on every call, as pgx sends BeginQuery, each function call costs
+	// more to look up, plan and run than a SET LOCAL
+	// (bench/pgbench/callgrind.sh -variants). The marker is a SET LOCAL, a
+	// utility statement with nothing to plan or execute, and the SELECT is
+	// there for what only a function can tell: the WAL insert position
+	// Sync waits for (SyncSetting). That is read here, in the
 	// first statement on the transaction's connection after the claim
 	// returned: later, the handler's own writes would be past it, and those
 	// are not flushed before some commit follows them (see SyncSQL).
 	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
+set local %s = `, SyncSetting, LeaseSetting)
+	s.BeginPeerPrefix = fmt.Sprintf(`begin isolation level read committed read write;
 select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
 	%s;
 set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
