@@ -39,7 +39,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 		t.Fatal("Tx found a transaction in a context that carries none")
 	}
 
-	stored := storetest.FrameworkContext(att.Context())
+	stored := storetest.FrameworkContext(att)
 	if ac, ok := idem.AttemptContext(stored); !ok || ac != att.Context() {
 		t.Fatalf("AttemptContext = %v, %v; want the attempt's context", ac, ok)
 	}

@@ -13,15 +13,15 @@ import (
 
 // FrameworkContext returns a context as gin's *gin.Context is one by
 // default: it answers Value for string keys only, and passes no other key
-// through. When attempt is not nil, the context holds it under
+// through. When att is not nil, the context holds att's context under
 // idemadapter.ContextKey, as an adapter stores the attempt's context in
 // its framework's context; with nil it holds nothing. Tests of a store's
 // accessor use it to show that a handler passing its framework's context
 // finds the transaction, and that one without an attempt finds none.
-func FrameworkContext(attempt context.Context) context.Context {
+func FrameworkContext(att *idem.Attempt) context.Context {
 	keys := map[string]any{}
-	if attempt != nil {
-		keys[idemadapter.ContextKey] = attempt
+	if att != nil {
+		keys[idemadapter.ContextKey] = att.Context()
 	}
 	return stringKeyed{Context: context.Background(), keys: keys}
 }
@@ -58,7 +58,7 @@ func testFrameworkContext(t *testing.T, b Backend) {
 	if err := b.WriteEffect(FrameworkContext(nil), key+"/none"); err == nil {
 		t.Fatal("WriteEffect found a transaction in a framework context without an attempt")
 	}
-	fw := FrameworkContext(att.Context())
+	fw := FrameworkContext(att)
 	if err := b.WriteEffect(fw, key); err != nil {
 		t.Fatalf("WriteEffect through the framework's context: %v", err)
 	}

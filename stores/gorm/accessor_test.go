@@ -37,7 +37,7 @@ func beginAttempt(t *testing.T, store idemstore.Store, key string) *idem.Attempt
 func TestDBThroughTheFrameworksContext(t *testing.T) {
 	f := idemgormtest.NewFixture(t, "sqlite")
 	att := beginAttempt(t, f.Store, "k-gin")
-	fw := storetest.FrameworkContext(att.Context())
+	fw := storetest.FrameworkContext(att)
 	db := idemgorm.DB(fw, f.DB)
 	if tx, ok := idemgorm.Tx(fw); !ok || db.Statement.ConnPool != tx.Statement.ConnPool {
 		t.Fatal("DB through the framework's context is not the idempotency transaction")
@@ -54,7 +54,7 @@ func TestDBThroughTheFrameworksContext(t *testing.T) {
 	other := beginAttempt(t, memstore.MustNew(), "k-other")
 	for name, ctx := range map[string]context.Context{
 		"request context":   other.Context(),
-		"framework context": storetest.FrameworkContext(other.Context()),
+		"framework context": storetest.FrameworkContext(other),
 	} {
 		err := idemgorm.DB(ctx, f.DB).Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", "k-other").Error
 		if !errors.Is(err, idemgorm.ErrNoTx) {
