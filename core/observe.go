@@ -135,6 +135,11 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		}
 		logger = slog.Default()
 	}
+	// Most requests log at INFO, which production loggers often leave
+	// out: build the line only for a level that is written.
+	if !logger.Enabled(ctx, level) {
+		return
+	}
 	msg := "idempotency"
 	switch {
 	case unusedTx:
