@@ -26,6 +26,10 @@ const (
 	// DefaultMaxKeyLength is the longest key accepted unless Config says
 	// otherwise.
 	DefaultMaxKeyLength = 255
+	// DefaultMaxWaiters and DefaultMaxWaitersPerPrincipal cap the
+	// requests that wait for their key's holder (Config.WaitInFlight).
+	DefaultMaxWaiters             = 1000
+	DefaultMaxWaitersPerPrincipal = 100
 	// MinFingerprintKeyBytes is the shortest Config.FingerprintKey New
 	// accepts: 32 bytes, the strength of HMAC-SHA-256 itself.
 	MinFingerprintKeyBytes = 32

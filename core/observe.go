@@ -40,14 +40,21 @@ const (
 	OutcomeTxOwned             OutcomeLabel = "tx_owned"          // the handler called Commit or Rollback on the handle: rolled back
 )
 
-// Outcomes lists every label, for observers that pre-register metrics.
-var Outcomes = []OutcomeLabel{
-	OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
-	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
-	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
-	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown, OutcomeTxOwned,
-}
+// Every label, for observers that pre-register metrics.
+var (
+	// Outcomes lists every OutcomeLabel.
+	Outcomes = []OutcomeLabel{
+		OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
+		OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
+		OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
+		OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
+		OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown, OutcomeTxOwned,
+	}
+	// WaitOutcomes lists every WaitOutcome.
+	WaitOutcomes = []WaitOutcome{
+		WaitReplayed, WaitClaimedAfterRelease, WaitTimedOut, WaitCancelled, WaitRefused, WaitAnswered,
+	}
+)
 
 // Event describes one request's passage through the engine. It carries the
 // full data (the path with its query string, the raw key, the principal):

@@ -13,12 +13,6 @@ import (
 	"github.com/idemgo/idem/core/internal/hooks"
 )
 
-// The waiter caps New applies to zero Config fields.
-const (
-	DefaultMaxWaiters             = 1000
-	DefaultMaxWaitersPerPrincipal = 100
-)
-
 // A waiter that polls claims again after pollFirst, then after intervals
 // doubling up to pollMax, each with ±25 % jitter so that the pollers of many
 // instances spread out.
@@ -55,12 +49,6 @@ const (
 	// record under the key (422).
 	WaitAnswered WaitOutcome = "answered"
 )
-
-// WaitOutcomes lists every WaitOutcome, for observers that pre-register
-// metrics.
-var WaitOutcomes = []WaitOutcome{
-	WaitReplayed, WaitClaimedAfterRelease, WaitTimedOut, WaitCancelled, WaitRefused, WaitAnswered,
-}
 
 // waitBound is how long call c may wait for its key's holder: the call's
 // own bound (Call.WaitInFlight, at most the lease), else its route's
