@@ -77,6 +77,12 @@ type Backend struct {
 	// server resolves by rolling the transaction back), so the store can
 	// only notice afterwards. Nil when the store has no such route.
 	EndTxAround func(ctx context.Context) error
+	// ReplaceTxAround ends the transaction by a route around the handle and
+	// begins another on the same connection, which the handle cannot tell
+	// from its own (idempgx: COMMIT; BEGIN through the raw connection), so
+	// only the settle's own check can find out. Nil when the store has no
+	// such route.
+	ReplaceTxAround func(ctx context.Context) error
 
 	// The capabilities below tell the suite what a store can be measured
 	// or starved by. Each zero value means "the store cannot": the cases

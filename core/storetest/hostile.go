@@ -129,6 +129,53 @@ var handlerBounds = map[string][]string{
 
 const heldFor = 300 * time.Millisecond
 
+// hijackSchema creates a schema whose look-alikes would defeat the store's
+// statements if its search_path reached them: an = for text and one for
+// bigint and integer that are always true, a || for text that answers '1',
+// a now() from the year 2000 and a count(*) that always answers 1.
+var hijackSchema = []string{
+	"CREATE SCHEMA %[1]s",
+	"CREATE FUNCTION %[1]s.t(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'",
+	"CREATE OPERATOR %[1]s.= (LEFTARG = text, RIGHTARG = text, FUNCTION = %[1]s.t)",
+	"CREATE FUNCTION %[1]s.i(bigint, integer) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'",
+	"CREATE OPERATOR %[1]s.= (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = %[1]s.i)",
+	"CREATE FUNCTION %[1]s.c(text, text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT ''1'''",
+	"CREATE OPERATOR %[1]s.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = %[1]s.c)",
+	"CREATE FUNCTION %[1]s.now() RETURNS timestamptz LANGUAGE sql AS 'SELECT ''2000-01-01 00:00:00+00''::timestamptz'",
+	"CREATE FUNCTION %[1]s.one(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'",
+	"CREATE AGGREGATE %[1]s.count(*) (sfunc = %[1]s.one, stype = bigint, initcond = '1')",
+}
+
+// hijackKey is the context key under which a hijack case's handler finds
+// its schema's name.
+type hijackKey struct{}
+
+// withHijackSchema creates a schema of look-alikes (hijackSchema) through
+// a well-behaved request, and returns a context carrying its name and a
+// func that drops it, again through a request.
+func withHijackSchema(t *testing.T, b Backend) (context.Context, func()) {
+	t.Helper()
+	eng := hostileEngineWithout(t, b)
+	schema := strings.ReplaceAll(uniq("idem_hijack"), "-", "_")
+	through := func(stmts ...string) {
+		t.Helper()
+		resp := Serve(eng, "alice", uniq("hijack-ddl"), func(ctx context.Context) (int, []byte) {
+			for _, stmt := range stmts {
+				if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
+					t.Errorf("Exec(%q): %v", stmt, err)
+					return http.StatusInternalServerError, nil
+				}
+			}
+			return http.StatusCreated, []byte(`{}`)
+		})
+		if resp.Status != http.StatusCreated {
+			t.Fatalf("the request that runs %q answered %d %s", stmts[0], resp.Status, resp.Body)
+		}
+	}
+	through(hijackSchema...)
+	return context.WithValue(ctxT(t), hijackKey{}, schema), func() { through("DROP SCHEMA %s CASCADE") }
+}
+
 // sessionChanges are session or transaction settings a handler may change;
 // the store's own statements must not depend on them, now or on a later
 // request that gets the same pooled connection.
@@ -155,7 +202,7 @@ type hostileHandler func(ctx context.Context, b Backend, id string) (status int,
 // hostileCase is one scenario with what the client must get first.
 type hostileCase struct {
 	name       string
-	needs      string // "" none, "sql", "endhandle", "endaround"
+	needs      string // "" none, "sql", "endhandle", "endaround", "replacearound"
 	handler    hostileHandler
 	wantStatus int
 	wantType   idem.ProblemType // "" when the handler's own response is expected
@@ -171,6 +218,10 @@ type hostileCase struct {
 	// key instead and pass the handler's own answer on; a released key
 	// must then have no business write.
 	mayRelease bool
+	// hijack: the handler's search_path puts a schema of look-alikes
+	// (hijackSchema) before pg_catalog, and another principal's key is in
+	// progress while the settle runs; its record must stay so.
+	hijack bool
 }
 
 // RunHostile runs the hostile-handler section on the Backends newBackend
@@ -192,6 +243,8 @@ func RunHostile(t *testing.T, newBackend NewBackend) {
 					t.Skip("not applicable: the backend cannot hold a record from outside (Backend.HoldRecord)")
 				case tc.needs == "endaround" && b.EndTxAround == nil:
 					t.Skip("not applicable: the backend knows no route around the handle that ends the transaction")
+				case tc.needs == "replacearound" && b.ReplaceTxAround == nil:
+					t.Skip("not applicable: the backend knows no route around the handle that begins another transaction")
 				}
 				runHostileCase(t, b, tc)
 			})
@@ -308,6 +361,34 @@ func hostileCases(dialect string) []hostileCase {
 				return nil
 			})})
 	}
+	if dialect == "postgres" {
+		// The store's statements are parsed under the handler's
+		// search_path: the settle's fence and its check that the
+		// transaction is still the one it began must name pg_catalog's
+		// operators and functions, whether the handler sets the path for
+		// its transaction or, before replacing it behind the store, for
+		// the session.
+		hijack := func(stmt string) func(ctx context.Context, b Backend) error {
+			return func(ctx context.Context, b Backend) error {
+				schema, _ := ctx.Value(hijackKey{}).(string)
+				if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
+					return fmt.Errorf("Exec(%q): %w", stmt, err)
+				}
+				return nil
+			}
+		}
+		cases = append(cases,
+			hostileCase{name: "HijackedSearchPath", needs: "sql", wantStatus: 201, hijack: true,
+				handler: writeThen(201, hijack("SET LOCAL search_path = %s, pg_catalog"))},
+			hostileCase{name: "ReplaceTxAroundUnderHijackedSearchPath", needs: "replacearound", ended: true, wantStatus: 500,
+				wantType: idem.ProblemTxEnded, hijack: true,
+				handler: writeThen(201, func(ctx context.Context, b Backend) error {
+					if err := hijack("SET search_path = %s, pg_catalog")(ctx, b); err != nil {
+						return err
+					}
+					return b.ReplaceTxAround(ctx)
+				})})
+	}
 	for _, stmt := range sessionChanges[dialect] {
 		// The write goes first, so a timeout the handler sets cannot fail
 		// the handler's own statement: only the store's.
@@ -412,9 +493,16 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 	rec := &recorder{}
 	eng := hostileEngine(t, b, rec)
 	key := uniq("hostile")
+	ctx, unhijack := ctxT(t), func() {}
+	var bystander idemstore.ClaimRequest
+	if tc.hijack {
+		ctx, unhijack = withHijackSchema(t, b)
+		bystander = claimReq("bob", uniq("bystander"), "body")
+		mustClaim(t, b.Store, bystander)
+	}
 	var violation error
 	unheld := make(chan struct{}) // the record's hold (holdFor) has ended
-	first := Serve(eng, "alice", key, func(ctx context.Context) (int, []byte) {
+	first := ServeContext(ctx, eng, "alice", key, func(ctx context.Context) (int, []byte) {
 		status, v := tc.handler(ctx, b, key)
 		violation = v
 		if tc.holdFor > 0 {
@@ -426,6 +514,14 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 		return status, fmt.Appendf(nil, `{"id":%q,"first":true}`, key)
 	})
 	<-unheld
+	if tc.hijack {
+		// Dropped before anything is observed: the tests' own queries on
+		// a session the handler left with the look-alikes would be fooled.
+		unhijack()
+		if r := get(t, b, "bob", bystander.Key); r.State != idemstore.StateInProgress {
+			t.Errorf("another principal's record in progress during the settle is now %s", r.State)
+		}
+	}
 	if violation != nil {
 		t.Errorf("the store let the handler through: %v", violation)
 	}

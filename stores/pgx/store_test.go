@@ -40,6 +40,10 @@ func pgxBackend(t testing.TB) storetest.Backend {
 		_, err := rawConn(ctx).Exec(ctx, "COMMIT")
 		return err
 	}
+	b.ReplaceTxAround = func(ctx context.Context) error {
+		_, err := rawConn(ctx).Exec(ctx, "COMMIT; BEGIN")
+		return err
+	}
 	b.DropConn = func(ctx context.Context) error {
 		h, _ := idempgx.Tx(ctx)
 		var pid int32
