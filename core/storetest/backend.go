@@ -168,6 +168,12 @@ type Backend struct {
 	// The Misconfigured and Unreachable cases check how their errors
 	// classify, through the store and through the engine.
 	Misconfigured, Unreachable func(t testing.TB) idemstore.Store
+	// Session returns a fresh Backend on the Backend's table and business
+	// table whose every connection runs session when it opens, as the
+	// sessions a handler left in the pool would be. The SessionLeftBehind
+	// case then runs claims, replays, the fence, the stale listing and
+	// purges on it. Nil when the store cannot start its sessions so.
+	Session func(t testing.TB, session []string) Backend
 }
 
 // Trips is what each Store call costs in round trips to the server, once

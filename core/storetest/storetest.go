@@ -110,6 +110,7 @@ func suite() []suiteCase {
 		{"Durable", testDurable},
 		{"Misconfigured", testMisconfigured},
 		{"Unreachable", testUnreachable},
+		{"SessionLeftBehind", testSessionLeftBehind},
 		{"ClaimBounds", testClaimBounds},
 		{"FrameworkContext", testFrameworkContext},
 		{"WaitInFlight", testWaitInFlight},

@@ -13,94 +13,9 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
-	"github.com/idemgo/idem/core/storetest"
 	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
-
-// TestSessionChangesDoNotReachTheStore: every connection of the store's
-// pool carries session settings a handler may have left behind: a
-// search_path that puts a schema of look-alikes before pg_catalog (a now()
-// from the year 2000 and a count(*) that always answers 1, which would
-// defeat the settle's fence), another TimeZone, DateStyle, IntervalStyle
-// and bytea_output, and short lock and statement timeouts. Under both the
-// extended and the simple protocol (where results are text), core/storetest's
-// claim, replay, fence, stale listing and purge cases pass as on a clean
-// session, and the session's lock and statement timeouts do not apply.
-func TestSessionChangesDoNotReachTheStore(t *testing.T) {
-	t.Parallel()
-	base := newPool(t, 4, nil)
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
-		t.Run(mode.String(), func(t *testing.T) {
-			storetest.RunCases(t, func(t testing.TB) storetest.Backend {
-				clean, polluted := pollutedEnv(t, base, mode)
-				b := polluted.Backend()
-				b.CountEffects = clean.CountEffects // on a clean session: count(*) has a look-alike
-				return b
-			}, "ClaimNewKey", "ResponseRoundTrip", "StaleHolderSettleIsFenced", "ListStale", "PurgeExpired")
-
-			// The session's 10 ms lock timeout and 150 ms statement
-			// timeout do not apply: a release waits for a row held 400
-			// ms, as the store's own timeouts allow.
-			ctx := testCtx(t)
-			clean, polluted := pollutedEnv(t, base, mode)
-			held := claimReq("alice", "held-"+randHex(4), "body", time.Minute)
-			if _, err := polluted.Store.Claim(ctx, held); err != nil {
-				t.Fatal(err)
-			}
-			locker := holdRow(t, ctx, base, clean.Store.Table(), held.Principal, held.Key)
-			unlocked := make(chan struct{})
-			go func() {
-				defer close(unlocked)
-				time.Sleep(400 * time.Millisecond)
-				_ = locker.Rollback(context.Background())
-			}()
-			start := time.Now()
-			err := polluted.Store.Release(ctx, leaseOf(held))
-			<-unlocked
-			if err != nil {
-				t.Fatalf("release behind a row lock held 400 ms: %v", err)
-			}
-			if waited := time.Since(start); waited < 300*time.Millisecond {
-				t.Fatalf("release returned after %v: the row lock was not held?", waited)
-			}
-		})
-	}
-}
-
-// pollutedEnv makes a fresh schema through base (clean) and a store on it
-// whose own pool of 3 connections, in mode, starts every session with the
-// settings TestSessionChangesDoNotReachTheStore describes (polluted).
-func pollutedEnv(t testing.TB, base *pgxpool.Pool, mode pgx.QueryExecMode) (clean, polluted *env) {
-	t.Helper()
-	ctx := testCtx(t)
-	clean = newEnv(t, base)
-	shadow := pgx.Identifier{clean.Schema + "_shadow"}.Sanitize()
-	if _, err := base.Exec(ctx, `CREATE SCHEMA `+shadow+`;
-		CREATE FUNCTION `+shadow+`.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01 00:00:00+00'::timestamptz$$;
-		CREATE FUNCTION `+shadow+`.one(bigint) RETURNS bigint LANGUAGE sql AS $$SELECT 1::bigint$$;
-		CREATE AGGREGATE `+shadow+`.count(*) (sfunc = `+shadow+`.one, stype = bigint, initcond = '1')`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = base.Exec(context.Background(), "DROP SCHEMA "+shadow+" CASCADE") })
-	session := "SET search_path TO " + shadow + ", pg_catalog; SET TIME ZONE 'Pacific/Kiritimati'; SET DateStyle = 'SQL, DMY'; " +
-		"SET IntervalStyle = 'iso_8601'; SET bytea_output = 'escape'; SET lock_timeout = '10ms'; SET statement_timeout = '150ms'"
-	cfg := idempgxtest.PoolConfig(t, 3)
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, session); return err }
-	pool := idempgxtest.OpenPool(t, cfg)
-	// The look-alikes answer where the session's search_path reaches them.
-	var year int
-	var one int64
-	if err := pool.QueryRow(ctx, "SELECT extract(year FROM now())::int, (SELECT count(*) FROM generate_series(1, 0))").Scan(&year, &one); err != nil || year != 2000 || one != 1 {
-		t.Fatalf("look-alikes on the polluted session: year %d, count %d, %v", year, one, err)
-	}
-	s, err := idempgx.New(pool, idempgx.WithTable(clean.Schema+".idempotency_keys"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return clean, &env{&idempgxtest.Env{Pool: pool, Schema: clean.Schema, Store: s}}
-}
 
 // holdRow begins a transaction on pool that updates the row, and so holds
 // it as an uncommitted settle would. The caller ends it; cleanup rolls it

@@ -68,10 +68,7 @@ func pgxBackend(t testing.TB) storetest.Backend {
 		e := newEnv(t, newPool(t, 4, nil))
 		return e.Backend(), rowWrites(t, e)
 	}
-	b.HoldRecord = func(t testing.TB, principal, key string) func() {
-		tx := holdRow(t, testCtx(t), e.Pool, e.Store.Table(), principal, key)
-		return func() { _ = tx.Rollback(context.Background()) }
-	}
+	b.HoldRecord = e.holdRecord
 	b.LockBounded = func(t testing.TB, bound time.Duration) idemstore.Store {
 		return e.storeOn(t, e.Pool, e.Schema+".idempotency_keys", idempgx.WithLockTimeout(bound))
 	}
@@ -92,6 +89,12 @@ func pgxBackend(t testing.TB) storetest.Backend {
 	// A qualified name: New asks the server nothing.
 	b.Unreachable = func(t testing.TB) idemstore.Store { return e.storeOn(t, deadPool(t), "public.idempotency_keys") }
 	return b
+}
+
+// holdRecord is a storetest.Backend.HoldRecord on e's table.
+func (e *env) holdRecord(t testing.TB, principal, key string) func() {
+	tx := holdRow(t, testCtx(t), e.Pool, e.Store.Table(), principal, key)
+	return func() { _ = tx.Rollback(context.Background()) }
 }
 
 // deadPool is a pool on a port where no server listens.
@@ -423,11 +426,12 @@ func TestNoClaimRerunsUnderContention(t *testing.T) {
 	}
 }
 
-// TestQueryExecModes runs the claim, replay, fence, poisoned-transaction
-// and contention cases of core/storetest under every pgx query execution
-// mode (the simple protocol is what PgBouncer users configure) and with a
-// server default isolation of SERIALIZABLE, where the claim's snapshot race
-// surfaces as 40001 instead of an empty result.
+// TestQueryExecModes runs the claim, replay, fence, poisoned-transaction,
+// contention and left-behind session cases of core/storetest under every
+// pgx query execution mode (the simple protocol, where results are text,
+// is what PgBouncer users configure) and with a server default isolation
+// of SERIALIZABLE, where the claim's snapshot race surfaces as 40001
+// instead of an empty result.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
 	modes := map[string]func(*pgxpool.Config){
@@ -446,11 +450,12 @@ func TestQueryExecModes(t *testing.T) {
 			storetest.RunCases(t, func(t testing.TB) storetest.Backend {
 				cfg := idempgxtest.PoolConfig(t, 6)
 				mutate(cfg)
-				b := newEnv(t, idempgxtest.OpenPool(t, cfg)).Backend()
-				b.Rounds = 30
+				e := newEnv(t, idempgxtest.OpenPool(t, cfg))
+				b := e.Backend()
+				b.Rounds, b.HoldRecord = 30, e.holdRecord
 				return b
 			}, "ClaimExistingWritesNothing", "ResponseRoundTrip", "StaleHolderSettleIsFenced", "FailedCommitStoresNothing",
-				"ConcurrentClaimsExactlyOnce")
+				"ConcurrentClaimsExactlyOnce", "SessionLeftBehind")
 		})
 	}
 }

@@ -271,6 +271,24 @@ func (e *Env) Backend() storetest.Backend {
 			_, err := tx.Exec(ctx, sql, args...)
 			return err
 		},
+		Session: func(t testing.TB, session []string) storetest.Backend {
+			cfg := e.Pool.Config()
+			cfg.MaxConns = 3
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+				for _, stmt := range session {
+					if _, err := c.Exec(ctx, stmt); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			pool := OpenPool(t, cfg)
+			s, err := idempgx.New(pool, idempgx.WithTable(e.Schema+".idempotency_keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return (&Env{Pool: pool, Schema: e.Schema, Store: s}).Backend()
+		},
 		// EndHandle and EndTxAround stay nil: the handle has no Commit or
 		// Rollback, and no route to the connection. (idempgx's own tests
 		// set EndTxAround through a hook to the raw connection that only
