@@ -40,6 +40,12 @@ type FaultTarget struct {
 	// claim and the takeover are the caller's, a release that had run
 	// answers idemstore.ErrLeaseLost and the key is free either way.
 	Takeover, Release []byte
+	// Begin is a byte pattern unique to the statement that begins the
+	// handler's transaction. With it set, RunFaults also cuts the
+	// connection as it goes out, before the server received it, and
+	// checks that BeginTx begins on another connection: the attempt then
+	// settles as usual, with one effect.
+	Begin []byte
 }
 
 // FaultLease is the lease RunFaults runs the engine with: a key whose
@@ -85,6 +91,9 @@ func RunFaults(t *testing.T, target FaultTarget) {
 	}
 	if target.Release != nil {
 		t.Run("Resent", func(t *testing.T) { testResent(t, target) })
+	}
+	if target.Begin != nil {
+		t.Run("BeginOnAnotherConnection", func(t *testing.T) { testBeginResent(t, target) })
 	}
 	for _, m := range moments {
 		t.Run(m.name, func(t *testing.T) {
@@ -226,6 +235,37 @@ func checkLanded(t *testing.T, key string, first, final *idem.Response) {
 	if final.Header.Get(idem.ReplayedHeader) != "true" {
 		t.Fatalf("%s: the retry after a COMMIT that landed answered %d %s without %s: it ran the request again instead of replaying it",
 			key, final.Status, final.Body, idem.ReplayedHeader)
+	}
+}
+
+// testBeginResent: see FaultTarget.Begin.
+func testBeginResent(t *testing.T, target FaultTarget) {
+	proxy, err := faultproxy.New(target.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	b := target.Connect(t, proxy.Addr())
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("begin"), "body")
+	mustClaim(t, b.Store, req)
+	var txCtx context.Context
+	var tx idemstore.Tx
+	if !proxy.CutWhile(target.Begin, faultproxy.Before, time.Second, func() { txCtx, tx, err = b.Store.BeginTx(ctx, leaseOf(req)) }) {
+		t.Fatalf("the cut on %q never fired", target.Begin)
+	}
+	if err != nil {
+		t.Fatalf("BeginTx over a connection cut as BEGIN went out: %v", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := b.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("ok")}); err != nil {
+		t.Fatalf("settle after BeginTx replaced its connection: %v", err)
+	}
+	if n := effects(t, b, req.Key); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
 	}
 }
 

@@ -1,19 +1,15 @@
 package idempgx_test
 
 import (
-	"context"
 	"net"
 	"net/url"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
-	"github.com/idemgo/idem/core/storetest/faultproxy"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
@@ -23,7 +19,7 @@ import (
 // UPDATE and COMMIT travel in one write, so "COMMIT not received" means the
 // fenced UPDATE was not received either. A claim, a takeover or a release
 // whose connection broke runs again on another connection and recognises
-// its own token.
+// its own token, and a BEGIN whose connection broke begins on another.
 func TestFaults(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, newPool(t, 4, nil))
@@ -41,6 +37,7 @@ func TestFaults(t *testing.T) {
 		Effect:   []byte("INSERT INTO " + e.EffectsTable()),
 		Takeover: []byte("SET lease_token = $4, request_id = $5, locked_at = now()"),
 		Release:  []byte("UPDATE " + e.Store.Table() + " SET state = 'released'"),
+		Begin:    []byte("begin isolation level read committed"),
 	})
 }
 
@@ -72,48 +69,4 @@ func proxiedPool(t testing.TB, proxyAddr string, maxConns int32) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-// TestBrokenConnectionIsRetried: a connection found broken when BEGIN goes
-// out is replaced, and the transaction begins on another one; the request
-// then runs and settles as usual, with one effect. (A connection that
-// breaks under the handler is core/storetest's ConnectionLost; claims,
-// takeovers and releases sent again after a cut are RunFaults' Resent
-// case.)
-func TestBrokenConnectionIsRetried(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, newPool(t, 4, nil))
-	proxy, err := faultproxy.New(serverAddr(e.Pool))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	ctx := testCtx(t)
-	s := e.storeOn(t, proxiedPool(t, proxy.Addr(), 4), e.Schema+".idempotency_keys")
-	req := claimReq("alice", "begin-"+randHex(4), "body", time.Minute)
-	if _, err := s.Claim(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	var (
-		txCtx context.Context
-		tx    idemstore.Tx
-	)
-	if !proxy.CutWhile([]byte("begin isolation level read committed"), faultproxy.Before, time.Second, func() {
-		txCtx, tx, err = s.BeginTx(ctx, leaseOf(req))
-	}) {
-		t.Fatal("the cut under BEGIN never fired")
-	}
-	if err != nil {
-		t.Fatalf("BeginTx over a connection cut under BEGIN: %v", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := e.WriteEffect(txCtx, req.Key); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Settle(ctx, okResponse("ok")); err != nil {
-		t.Fatalf("settle after BeginTx replaced its connection: %v", err)
-	}
-	if got := e.mustCount(t, req.Key); got != 1 {
-		t.Fatalf("%d effects, want 1", got)
-	}
 }
