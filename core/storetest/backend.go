@@ -153,6 +153,11 @@ type Backend struct {
 	// With HoldRecord, the BoundedWaits case checks that every call that
 	// meets a held record answers idemstore.ErrTransient within it.
 	LockBounded func(t testing.TB, bound time.Duration) idemstore.Store
+	// StatementBounded returns a store on the Backend's table whose
+	// statements are bounded by bound, its statement timeout, while its
+	// lock timeout is longer; BoundedWaits then checks the same calls
+	// under it. Nil when the store has no such second bound.
+	StatementBounded func(t testing.TB, bound time.Duration) idemstore.Store
 	// Durability returns a fresh Backend whose sessions start with the
 	// server's wait for durability turned off (PostgreSQL's
 	// synchronous_commit), as a handler may leave a pooled session, and

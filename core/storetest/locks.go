@@ -16,13 +16,24 @@ const lockBound = 300 * time.Millisecond
 // lock timeout with an error wrapping idemstore.ErrTransient, instead of
 // waiting for that transaction: a claim of a key in progress, the takeover
 // of a stale one, the replay of a completed one, a release, a Keep and a
-// settle, which then commits nothing. Get does not wait at all.
+// settle, which then commits nothing. Get does not wait at all. With
+// Backend.StatementBounded, the same holds for a store whose statement
+// timeout is the bound and whose lock timeout is longer.
 func testBoundedWaits(t *testing.T, b Backend) {
 	if b.HoldRecord == nil || b.LockBounded == nil {
 		t.Skip("not applicable: the backend cannot hold a record from outside or bound a store's lock waits (Backend.HoldRecord, Backend.LockBounded)")
 	}
+	t.Run("LockTimeout", func(t *testing.T) { boundedWaits(t, b, b.LockBounded(t, lockBound)) })
+	t.Run("StatementTimeout", func(t *testing.T) {
+		if b.StatementBounded == nil {
+			t.Skip("not applicable: the store has no statement timeout apart from its lock timeout (Backend.StatementBounded)")
+		}
+		boundedWaits(t, b, b.StatementBounded(t, lockBound))
+	})
+}
+
+func boundedWaits(t *testing.T, b Backend, s idemstore.Store) {
 	ctx := ctxT(t)
-	s := b.LockBounded(t, lockBound)
 	claim := func(req idemstore.ClaimRequest) error {
 		next := claimReq(req.Principal, req.Key, "body")
 		next.Lease = time.Hour
@@ -78,7 +89,7 @@ func testBoundedWaits(t *testing.T, b Backend) {
 		case !errors.Is(err, idemstore.ErrTransient):
 			t.Fatalf("%s behind a held record: %v after %v, want an error wrapping ErrTransient", o.name, err, took)
 		case took < lockBound/2 || took > lockBound+2*time.Second:
-			t.Fatalf("%s behind a held record answered after %v, want about the lock timeout %v", o.name, took, lockBound)
+			t.Fatalf("%s behind a held record answered after %v, want about the bound %v", o.name, took, lockBound)
 		}
 		if n := effects(t, b, req.Key); n != 0 {
 			t.Fatalf("%s: %d business writes committed", o.name, n)

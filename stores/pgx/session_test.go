@@ -34,28 +34,6 @@ func holdRow(t testing.TB, ctx context.Context, pool *pgxpool.Pool, table, princ
 	return tx
 }
 
-// TestStatementTimeoutBoundsWaits: with a lock timeout longer than the
-// statement timeout, the statement timeout bounds a call that meets a held
-// row, with a transient 57014. (The lock timeout's bound, for every call,
-// is core/storetest's BoundedWaits.)
-func TestStatementTimeoutBoundsWaits(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	e := newEnv(t, newPool(t, 4, nil))
-	const bound = 200 * time.Millisecond
-	s := e.storeOn(t, e.Pool, e.Schema+".idempotency_keys", idempgx.WithLockTimeout(5*time.Second), idempgx.WithStatementTimeout(bound))
-	req := claimReq("alice", "wait-"+randHex(6), "body", time.Hour)
-	if _, err := e.Store.Claim(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	holdRow(t, ctx, e.Pool, e.Store.Table(), req.Principal, req.Key)
-	start := time.Now()
-	err := s.Release(ctx, leaseOf(req))
-	if waited := time.Since(start); !errors.Is(err, idemstore.ErrTransient) || sqlStateOf(err) != "57014" || waited < bound/2 || waited > bound+2*time.Second {
-		t.Fatalf("release behind a held row: %v after %v, want a transient 57014 after about %v", err, waited, bound)
-	}
-}
-
 // TestDeadPeerSettings: the handler's transaction runs with TCP keepalives
 // and tcp_user_timeout derived from the statement timeout, so that the
 // server drops a client that went silent mid-transaction (a half-sent

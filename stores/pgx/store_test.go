@@ -72,6 +72,9 @@ func pgxBackend(t testing.TB) storetest.Backend {
 	b.LockBounded = func(t testing.TB, bound time.Duration) idemstore.Store {
 		return e.storeOn(t, e.Pool, e.Schema+".idempotency_keys", idempgx.WithLockTimeout(bound))
 	}
+	b.StatementBounded = func(t testing.TB, bound time.Duration) idemstore.Store {
+		return e.storeOn(t, e.Pool, e.Schema+".idempotency_keys", idempgx.WithLockTimeout(5*time.Second), idempgx.WithStatementTimeout(bound))
+	}
 	b.Durability = func(t testing.TB) (storetest.Backend, func() func() bool) {
 		// Every session starts with synchronous_commit off, as a handler
 		// may leave a pooled one.
