@@ -52,6 +52,16 @@ func TestSchemaSQL(t *testing.T) {
 	if def != want {
 		t.Errorf("the default table's schema is not the migration file with its names quoted:\n%s", def)
 	}
+	for _, want := range []string{"PRIMARY KEY (principal, key)", "headers     bytea", "WHERE state = 'in_progress'"} {
+		if !strings.Contains(def, want) {
+			t.Errorf("the default table's schema lacks %q", want)
+		}
+	}
+	// PostgreSQL parses each CHECK anew on every INSERT and UPDATE; Claim
+	// holds the bounds instead (storetest's ClaimBounds).
+	if strings.Contains(def, "CHECK (") {
+		t.Error("the schema has a CHECK constraint")
+	}
 	ddl := pgsql.Table{Schema: "billing", Name: "keys"}.SchemaSQL()
 	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "billing"."keys" (`, `"keys_lease_expires_at_idx"`,
 		`"keys_expires_at_idx"`, `ON "billing"."keys" (expires_at)`} {
