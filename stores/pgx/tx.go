@@ -191,6 +191,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	b.Queue(t.store.sql.SettleCheck, t.marker)
 	b.Queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
 		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
+	notified := t.store.queueNotify(b, t.lease.Principal, t.lease.Key)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	_, checkErr := br.Exec()
@@ -201,6 +202,9 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if checkErr == nil {
 		var one int
 		updErr = br.QueryRow().Scan(&one)
+	}
+	if checkErr == nil && updErr == nil && notified {
+		_, updErr = br.Exec()
 	}
 	if checkErr == nil && updErr == nil {
 		commitTag, commitErr = br.Exec()
