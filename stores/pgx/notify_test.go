@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgo/idem/core/idemstore"
 
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
@@ -76,4 +79,63 @@ func eavesdrop(t testing.TB, e *env) func() []string {
 		defer mu.Unlock()
 		return append([]string(nil), heard...)
 	}
+}
+
+// TestNotifyStatements counts what each store call sends, statement by
+// statement: without a subscription a first request and a replay cost
+// what they cost a store that cannot notify; with one, settle and release
+// each carry one statement more (the pg_notify) in the batch they send
+// anyway, and nothing else changes.
+func TestNotifyStatements(t *testing.T) {
+	t.Parallel()
+	c := &idempgxtest.Counter{}
+	e := newEnv(t, newPool(t, 1, c))
+	ctx := testCtx(t)
+	cost := func(fn func() error) int64 {
+		t.Helper()
+		before := c.Statements.Load()
+		if err := fn(); err != nil {
+			t.Fatal(err)
+		}
+		return c.Statements.Load() - before
+	}
+	type costs struct{ claim, begin, settle, replay, release int64 }
+	measure := func() costs {
+		var got costs
+		for range 2 { // the first pass warms the statement cache
+			req := claimReq("alice", "st-"+randHex(4), "body", time.Minute)
+			got.claim = cost(func() error { _, err := e.Store.Claim(ctx, req); return err })
+			var tx idemstore.Tx
+			got.begin = cost(func() (err error) { _, tx, err = e.Store.BeginTx(ctx, leaseOf(req)); return err })
+			got.settle = cost(func() error { return tx.Settle(ctx, okResponse("{}")) })
+			got.replay = cost(func() error {
+				_, err := e.Store.Claim(ctx, claimReq("alice", req.Key, "body", time.Minute))
+				return err
+			})
+			rel := claimReq("alice", "st-"+randHex(4), "body", time.Minute)
+			if _, err := e.Store.Claim(ctx, rel); err != nil {
+				t.Fatal(err)
+			}
+			got.release = cost(func() error { return e.Store.Release(ctx, leaseOf(rel)) })
+		}
+		return got
+	}
+	quiet := measure()
+	stop, err := e.Store.Subscribe(func(string) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loud := measure()
+	stop()
+	after := measure()
+	want := quiet
+	want.settle++
+	want.release++
+	if loud != want {
+		t.Errorf("subscribed: statements %+v, want %+v (unsubscribed %+v plus one pg_notify in settle and release)", loud, want, quiet)
+	}
+	if after != quiet {
+		t.Errorf("after the last stop: statements %+v, want %+v as before any subscription", after, quiet)
+	}
+	t.Logf("statements per call: unsubscribed %+v, subscribed %+v", quiet, loud)
 }
