@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem/core/idemstore"
-
 	"github.com/idemgo/idem/core/storetest"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
@@ -138,4 +137,49 @@ func TestNotifyStatements(t *testing.T) {
 		t.Errorf("after the last stop: statements %+v, want %+v as before any subscription", after, quiet)
 	}
 	t.Logf("statements per call: unsubscribed %+v, subscribed %+v", quiet, loud)
+}
+
+// BenchmarkSettleNotify measures a first request's store calls (claim,
+// begin, settle) from parallel goroutines, on a store with no
+// subscription and on one with a subscription, whose settles NOTIFY:
+// PostgreSQL serialises notifying commits on one lock, which is the
+// cost measured.
+func BenchmarkSettleNotify(b *testing.B) {
+	for _, subscribed := range []bool{false, true} {
+		name := "quiet"
+		if subscribed {
+			name = "notify"
+		}
+		b.Run(name, func(b *testing.B) {
+			e := newEnv(b, newPool(b, 8, nil))
+			if subscribed {
+				stop, err := e.Store.Subscribe(func(string) {})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer stop()
+			}
+			ctx := testCtx(b)
+			b.SetParallelism(4)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req := claimReq("alice", "b-"+randHex(8), "body", time.Minute)
+					if _, err := e.Store.Claim(ctx, req); err != nil {
+						b.Error(err)
+						return
+					}
+					_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if err := tx.Settle(ctx, okResponse("{}")); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
