@@ -4,26 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/fanout"
 )
 
 // maxChannel is the longest channel name PostgreSQL keeps (NAMEDATALEN-1):
 // LISTEN truncates longer identifiers, pg_notify refuses them.
 const maxChannel = 63
-
-// The backoff between the listener's attempts to reconnect: doubled from
-// the first up to the last.
-const (
-	listenBackoffMin = 50 * time.Millisecond
-	listenBackoffMax = 5 * time.Second
-)
 
 // notifySQL publishes a notification; it goes into the batch of a settle
 // or release, so it costs no round trip and is delivered when that
@@ -47,24 +37,6 @@ func channelName(ident string) string {
 // at most 63 bytes.
 func (s *Store) Channel() string { return s.channel }
 
-// listener is a Store's one listening connection and its subscriptions.
-type listener struct {
-	publishing atomic.Bool // a subscription exists: settle and release notify
-
-	mu     sync.Mutex
-	subs   map[*subscription]struct{}
-	cancel context.CancelFunc // stops the running listener, nil when none
-	done   chan struct{}      // closed when the last listener has stopped
-}
-
-// subscription is one Subscribe's fn; mu is held while fn runs, so that
-// stop returns only once no call of fn is in progress.
-type subscription struct {
-	mu      sync.Mutex
-	stopped bool
-	fn      func(id string)
-}
-
 // Subscribe implements idemstore.Notifier with PostgreSQL's LISTEN/NOTIFY.
 // The first subscription opens one listening connection from the pool's
 // connection settings (pool.Config().ConnConfig), outside the pool, so it
@@ -82,50 +54,19 @@ type subscription struct {
 // (WithTxTimeout). stop waits for a call of fn in progress to return, so
 // fn must not call it.
 func (s *Store) Subscribe(fn func(id string)) (stop func(), err error) {
-	if fn == nil {
-		return nil, errors.New("idempgx: subscribe: nil func")
-	}
-	sub := &subscription{fn: fn}
-	l := &s.listener
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.cancel == nil {
-		if l.done != nil {
-			<-l.done // the previous listener's connection is closed first
-		}
+	stop, err = s.hub.Subscribe(fn, func() (fanout.Listen, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.txTimeout)
+		defer cancel()
 		conn, err := s.listenConn(ctx)
-		cancel()
 		if err != nil {
-			return nil, wrap("subscribe", err)
+			return nil, err
 		}
-		ctx, l.cancel = context.WithCancel(context.Background())
-		l.done = make(chan struct{})
-		go s.listen(ctx, conn, l.done)
+		return func(ctx context.Context, deliver func(string)) { s.listen(ctx, conn, deliver) }, nil
+	})
+	if err != nil {
+		return nil, wrap("subscribe", err)
 	}
-	if l.subs == nil {
-		l.subs = make(map[*subscription]struct{})
-	}
-	l.subs[sub] = struct{}{}
-	l.publishing.Store(true)
-	var once sync.Once
-	return func() { once.Do(func() { s.unsubscribe(sub) }) }, nil
-}
-
-// unsubscribe removes sub, and stops the listener with the last one.
-func (s *Store) unsubscribe(sub *subscription) {
-	l := &s.listener
-	l.mu.Lock()
-	delete(l.subs, sub)
-	if len(l.subs) == 0 {
-		l.publishing.Store(false)
-		l.cancel()
-		l.cancel = nil
-	}
-	l.mu.Unlock()
-	sub.mu.Lock()
-	sub.stopped = true
-	sub.mu.Unlock()
+	return stop, nil
 }
 
 // listenConn opens a connection outside the pool and LISTENs on the
@@ -142,11 +83,10 @@ func (s *Store) listenConn(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// listen delivers the notifications conn receives to the subscriptions,
-// one at a time, and reconnects when conn breaks, until ctx ends.
-func (s *Store) listen(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
-	defer close(done)
-	backoff := listenBackoffMin
+// listen hands the notifications conn receives to deliver, and opens
+// another connection when conn breaks, until ctx ends.
+func (s *Store) listen(ctx context.Context, conn *pgx.Conn, deliver func(string)) {
+	var backoff fanout.Backoff
 	for {
 		if conn != nil {
 			for {
@@ -154,53 +94,30 @@ func (s *Store) listen(ctx context.Context, conn *pgx.Conn, done chan struct{}) 
 				if err != nil {
 					break
 				}
-				s.deliver(n.Payload)
+				deliver(n.Payload)
 			}
 			closeCtx, cancel := context.WithTimeout(context.Background(), s.txTimeout)
 			_ = conn.Close(closeCtx)
 			cancel()
 			conn = nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !backoff.Wait(ctx) {
 			return
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, listenBackoffMax)
 		cctx, cancel := context.WithTimeout(ctx, s.txTimeout)
 		c, err := s.listenConn(cctx)
 		cancel()
 		if err == nil {
-			conn, backoff = c, listenBackoffMin
+			conn = c
+			backoff.Reset()
 		}
-	}
-}
-
-// deliver calls every subscription's fn with id.
-func (s *Store) deliver(id string) {
-	l := &s.listener
-	l.mu.Lock()
-	subs := make([]*subscription, 0, len(l.subs))
-	for sub := range l.subs {
-		subs = append(subs, sub)
-	}
-	l.mu.Unlock()
-	for _, sub := range subs {
-		sub.mu.Lock()
-		if !sub.stopped {
-			sub.fn(id)
-		}
-		sub.mu.Unlock()
 	}
 }
 
 // queueNotify adds the notification of principal's key to b when the
 // store has a subscription, and reports whether it did.
 func (s *Store) queueNotify(b *pgx.Batch, principal, key string) bool {
-	if !s.listener.publishing.Load() {
+	if !s.hub.Publishing() {
 		return false
 	}
 	b.Queue(notifySQL, s.channel, idemstore.NotifyID(principal, key))

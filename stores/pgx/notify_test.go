@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,46 +141,56 @@ func TestNotifyStatements(t *testing.T) {
 }
 
 // BenchmarkSettleNotify measures a first request's store calls (claim,
-// begin, settle) from parallel goroutines, on a store with no
+// begin, settle) from one goroutine and from eight, on a store with no
 // subscription and on one with a subscription, whose settles NOTIFY:
-// PostgreSQL serialises notifying commits on one lock, which is the
-// cost measured.
+// PostgreSQL serialises notifying commits on one lock, held until the
+// commit is flushed, which is the cost measured.
 func BenchmarkSettleNotify(b *testing.B) {
-	for _, subscribed := range []bool{false, true} {
-		name := "quiet"
-		if subscribed {
-			name = "notify"
-		}
-		b.Run(name, func(b *testing.B) {
-			e := newEnv(b, newPool(b, 8, nil))
+	for _, par := range []int{1, 8} {
+		for _, subscribed := range []bool{false, true} {
+			name := fmt.Sprintf("par=%d/quiet", par)
 			if subscribed {
-				stop, err := e.Store.Subscribe(func(string) {})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer stop()
+				name = fmt.Sprintf("par=%d/notify", par)
 			}
-			ctx := testCtx(b)
-			b.SetParallelism(4)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					req := claimReq("alice", "b-"+randHex(8), "body", time.Minute)
-					if _, err := e.Store.Claim(ctx, req); err != nil {
-						b.Error(err)
-						return
-					}
-					_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					if err := tx.Settle(ctx, okResponse("{}")); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		})
+			b.Run(name, func(b *testing.B) { benchSettle(b, par, subscribed) })
+		}
 	}
+}
+
+func benchSettle(b *testing.B, par int, subscribed bool) {
+	e := newEnv(b, newPool(b, 8, nil))
+	if subscribed {
+		stop, err := e.Store.Subscribe(func(string) {})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer stop()
+	}
+	ctx := testCtx(b)
+	var next atomic.Int64
+	n := int64(b.N)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= n {
+				req := claimReq("alice", "b-"+randHex(8), "body", time.Minute)
+				if _, err := e.Store.Claim(ctx, req); err != nil {
+					b.Error(err)
+					return
+				}
+				_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
+				if err == nil {
+					err = tx.Settle(ctx, okResponse("{}"))
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -53,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgo/idem/stores/internal/fanout"
 	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
@@ -67,8 +68,8 @@ type Store struct {
 	timeouts    timeouts
 	sql         pgsql.Statements
 
-	channel  string   // the notification channel (channelName)
-	listener listener // Subscribe's listening connection
+	channel string     // the notification channel (channelName)
+	hub     fanout.Hub // Subscribe's subscriptions and listener
 
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
