@@ -579,7 +579,8 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 
 // Release implements idemstore.Store: an UPDATE to 'released' fenced by the
 // lease token and the in_progress state, clearing Uncertain; the row keeps
-// its nonce until it expires. It returns idemstore.ErrLeaseLost when the row is
+// its nonce until it expires; a store with a subscription (Subscribe) sends
+// its pg_notify in the same batch. It returns idemstore.ErrLeaseLost when the row is
 // gone, settled, released or held by another token. An UPDATE whose
 // connection broke is sent again on another connection; if the lost one
 // did release the row, the second matches nothing and reports

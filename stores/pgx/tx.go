@@ -135,7 +135,8 @@ func (t *storeTx) Used() bool {
 // fenced UPDATE and COMMIT go to the server as one pipelined batch: one
 // round trip. The COMMIT waits for its WAL flush whatever the handler set
 // synchronous_commit to (see settleCheck), so a stored outcome is durable
-// once the client is answered. It never reports success unless the server
+// once the client is answered. A store with a subscription (Subscribe)
+// queues its pg_notify in the same batch, before the COMMIT. It never reports success unless the server
 // confirmed the COMMIT after the UPDATE changed exactly one row in the
 // transaction BeginTx began. Otherwise nothing is stored and it returns:
 //
