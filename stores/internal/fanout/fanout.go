@@ -51,10 +51,20 @@ func (h *Hub) Subscribe(fn func(id string), open func() (Listen, error)) (stop f
 	s := &sub{fn: fn}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.cancel == nil {
-		if h.done != nil {
-			<-h.done
+	// A stopped listener may still be delivering, which takes h.mu: wait
+	// for it without holding h.mu.
+	for h.cancel == nil && h.done != nil {
+		done := h.done
+		select {
+		case <-done:
+			h.done = nil
+		default:
+			h.mu.Unlock()
+			<-done
+			h.mu.Lock()
 		}
+	}
+	if h.cancel == nil {
 		listen, err := open()
 		if err != nil {
 			return nil, err
