@@ -148,9 +148,9 @@ func TestNotifyStatements(t *testing.T) {
 func BenchmarkSettleNotify(b *testing.B) {
 	for _, par := range []int{1, 8} {
 		for _, subscribed := range []bool{false, true} {
-			name := fmt.Sprintf("par=%d/quiet", par)
+			name := fmt.Sprintf("par=%d/mode=quiet", par)
 			if subscribed {
-				name = fmt.Sprintf("par=%d/notify", par)
+				name = fmt.Sprintf("par=%d/mode=notify", par)
 			}
 			b.Run(name, func(b *testing.B) { benchSettle(b, par, subscribed) })
 		}
