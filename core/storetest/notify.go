@@ -122,7 +122,7 @@ func trySettleOn(ctx context.Context, s idemstore.Store, principal string, relea
 	res, err := s.Claim(ctx, req)
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("Claim: %w", err)
+		return "", fmt.Errorf("claim: %w", err)
 	case !res.Claimed:
 		return "", fmt.Errorf("claim of a fresh key: %+v", res)
 	case release:
