@@ -190,6 +190,10 @@ type Peer struct {
 	// Acquired returns how many connections of the peer's pool are in
 	// use. Nil when the pool cannot say.
 	Acquired func() int
+	// Listening returns how many listening connections of the peer the
+	// server has (LISTENing or SUBSCRIBEd). Nil when the server cannot
+	// say.
+	Listening func() int
 }
 
 // Trips is what each Store call costs in round trips to the server, once

@@ -192,16 +192,22 @@ func testNotifyWakesPeers(t *testing.T, b Backend) {
 
 // testNotifyStop: after stop, a subscription's fn is not called again,
 // while another subscription on the same store still gets every
-// notification.
+// notification; a store keeps one listening connection however many
+// subscriptions it has, and none once the last one stopped.
 func testNotifyStop(t *testing.T, b Backend) {
 	a, p := peers(t, b)
 	subscribe(t, a.Store, newInbox())
 	stopped, live := newInbox(), newInbox()
 	stop := subscribe(t, p.Store, stopped)
-	subscribe(t, p.Store, live)
+	stopLive := subscribe(t, p.Store, live)
 	first := settleOn(t, a.Store, "alice", false)
 	stopped.await(t, NotifyBound, first)
 	live.await(t, NotifyBound, first)
+	if p.Listening != nil {
+		if n := p.Listening(); n != 1 {
+			t.Errorf("a store with two subscriptions has %d listening connections, want 1", n)
+		}
+	}
 	stop()
 	stop() // a second stop does nothing
 	before := stopped.count()
@@ -210,6 +216,17 @@ func testNotifyStop(t *testing.T, b Backend) {
 	time.Sleep(100 * time.Millisecond) // a stray call would have arrived with the live one's
 	if got := stopped.count(); got != before {
 		t.Fatalf("fn called %d more time(s) after stop", got-before)
+	}
+	if p.Listening == nil {
+		return
+	}
+	stopLive()
+	deadline := time.Now().Add(NotifyBound)
+	for p.Listening() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the store still has %d listening connection(s) %v after its last subscription stopped", p.Listening(), NotifyBound)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -37,6 +37,14 @@ func notifyPeer(t testing.TB, e *env) storetest.Peer {
 			return err
 		},
 		Acquired: func() int { return int(pool.Stat().AcquiredConns()) },
+		Listening: func() int {
+			var n int
+			if err := e.Pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = $1 AND query LIKE 'LISTEN %'`, app).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
 	}
 }
 

@@ -34,8 +34,21 @@ func (e *Env) Peer(t testing.TB) storetest.Peer {
 		t.Fatal(err)
 	}
 	return storetest.Peer{
-		Store:        s,
-		KillListener: func() error { return killSubscribed(e.Client, name) },
+		Store: s,
+		KillListener: func() error {
+			n, err := subscribed(e.Client, name, true)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("found %d subscribed connections named %s, want 1", n, name)
+			}
+			return err
+		},
+		Listening: func() int {
+			n, err := subscribed(e.Client, name, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
 		Acquired: func() int {
 			st := c.PoolStats()
 			return int(st.TotalConns) - int(st.IdleConns)
@@ -43,16 +56,16 @@ func (e *Env) Peer(t testing.TB) storetest.Peer {
 	}
 }
 
-// killSubscribed kills, on every primary, the connections named name that
-// are subscribed to a channel, and fails unless it found exactly one.
-func killSubscribed(client redis.UniversalClient, name string) error {
+// subscribed counts, on every primary, the connections named name that
+// are subscribed to a channel, and with kill kills them.
+func subscribed(client redis.UniversalClient, name string, kill bool) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var (
-		mu     sync.Mutex
-		killed int
+		mu sync.Mutex
+		n  int
 	)
-	kill := func(ctx context.Context, c *redis.Client) error {
+	each := func(ctx context.Context, c *redis.Client) error {
 		list, err := c.ClientList(ctx).Result()
 		if err != nil {
 			return err
@@ -66,11 +79,13 @@ func killSubscribed(client redis.UniversalClient, name string) error {
 			if f["name"] != name || f["sub"] == "" || f["sub"] == "0" {
 				continue
 			}
-			if err := c.ClientKillByFilter(ctx, "ID", f["id"]).Err(); err != nil {
-				return err
+			if kill {
+				if err := c.ClientKillByFilter(ctx, "ID", f["id"]).Err(); err != nil {
+					return err
+				}
 			}
 			mu.Lock()
-			killed++
+			n++
 			mu.Unlock()
 		}
 		return nil
@@ -78,14 +93,11 @@ func killSubscribed(client redis.UniversalClient, name string) error {
 	var err error
 	switch c := client.(type) {
 	case *redis.ClusterClient:
-		err = c.ForEachShard(ctx, kill)
+		err = c.ForEachShard(ctx, each)
 	case *redis.Client:
-		err = kill(ctx, c)
+		err = each(ctx, c)
 	}
-	if err == nil && killed != 1 {
-		err = fmt.Errorf("found %d subscribed connections named %s, want 1", killed, name)
-	}
-	return err
+	return n, err
 }
 
 // Eavesdrop subscribes to e's channel on a connection of the test's own
