@@ -117,6 +117,7 @@ func suite() []suiteCase {
 		{"NotifyListenerOutsidePool", testNotifyOutsidePool},
 		{"NotifyAfterReconnect", testNotifyReconnect},
 		{"NotifyOnlyWhenSubscribed", testNotifyOnlyWhenSubscribed},
+		{"WaitInFlight", testWaitInFlight},
 	}
 }
 

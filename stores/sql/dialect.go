@@ -218,8 +218,10 @@ type queries struct {
 // syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
 // commit must be durable: on, or remote_apply when the session asks for
 // that, which is stronger. Any other value (off, local, remote_write, which
-// a handler may have set) is weaker than on, and becomes on.
-const syncOnPG = "CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
+// a handler may have set) is weaker than on, and becomes on. Its function
+// and operator name their schema, as the statements it goes into may be
+// parsed under a handler's search_path.
+const syncOnPG = "CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
 
 // mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
 // run time; "" for MySQL, where Store.mysqlSession sets the session
@@ -369,7 +371,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// over is durable when Claim returns, and so is a Keep.
 	pgCfg, pgFrom := "", ""
 	if d == dialectPostgres {
-		pgCfg = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
+		pgCfg = "WITH cfg AS (SELECT pg_catalog.set_config('lock_timeout', ?, true) AS lt, pg_catalog.set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
 		pgFrom = " FROM cfg"
 	}
 	// The takeovers are fenced by the token the caller saw and re-check
@@ -423,8 +425,17 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		// for its WAL flush (syncOnPG) even when the handler turned it off:
 		// the outcome, and every asynchronously committed claim before it,
 		// is durable when Settle returns.
-		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)," +
-			" set_config('synchronous_commit', " + syncOnPG + ", true)"
+		//
+		// search_path is pinned with them, so that the settle's statements,
+		// which the server parses after this one ran, resolve their
+		// operators (the fence's =, the count's =) in pg_catalog: a
+		// handler's schema put first with an = that is always true would
+		// otherwise make the settle update other principals' records. This
+		// statement itself is parsed under the handler's search_path, so
+		// it names the schema of everything in it.
+		q.settlePins = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)," +
+			" pg_catalog.set_config('lock_timeout', ?, true), pg_catalog.set_config('statement_timeout', ?, true)," +
+			" pg_catalog.set_config('synchronous_commit', " + syncOnPG + ", true)"
 		q.settle = settle
 		// The same, for a batch with COMMIT behind it: a missed fence must
 		// abort the transaction, not merely report zero rows, or the COMMIT
