@@ -87,7 +87,7 @@ var (
 	// something, so a store may leave them to an option): waiters then
 	// poll, and the engine says nothing of it.
 	ErrNotificationsOff = errors.New("idem: the store's notifications are off")
-	ErrTxAborted = errors.New("idem: the transaction is aborted: a statement in it failed; nothing more runs in it and nothing is stored")
+	ErrTxAborted        = errors.New("idem: the transaction is aborted: a statement in it failed; nothing more runs in it and nothing is stored")
 )
 
 // Lease identifies one holder's claim on a key. Settle and Release are

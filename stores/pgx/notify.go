@@ -2,9 +2,9 @@ package idempgx
 
 import (
 	"context"
-	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
