@@ -113,6 +113,11 @@ func suite() []suiteCase {
 		{"SessionLeftBehind", testSessionLeftBehind},
 		{"ClaimBounds", testClaimBounds},
 		{"FrameworkContext", testFrameworkContext},
+		{"NotifyWakesPeers", testNotifyWakesPeers},
+		{"NotifyStop", testNotifyStop},
+		{"NotifyListenerOutsidePool", testNotifyOutsidePool},
+		{"NotifyAfterReconnect", testNotifyReconnect},
+		{"NotifyOnlyWhenSubscribed", testNotifyOnlyWhenSubscribed},
 		{"WaitInFlight", testWaitInFlight},
 	}
 }

@@ -34,7 +34,7 @@ func TestConformance(t *testing.T) {
 // pgxBackend is idempgxtest's Backend with what only these tests can
 // reach: the raw connection, the pool's size, a counting dialer.
 func pgxBackend(t testing.TB) storetest.Backend {
-	e := newEnv(t, newPool(t, 8, nil))
+	e := newEnv(t, newPool(t, 8, nil), idempgx.WithNotifications())
 	b := e.Backend()
 	b.Rounds = envInt("IDEM_PGX_ROUNDS", 0)
 	b.EndTxAround = func(ctx context.Context) error {
@@ -62,7 +62,7 @@ func pgxBackend(t testing.TB) storetest.Backend {
 	b.HandlerHoldsConn, b.Syncer = true, true
 	b.CountTrips = func(t testing.TB) (storetest.Backend, func() int64) {
 		c := &idempgxtest.Counter{}
-		return newEnv(t, newPool(t, 1, c)).Backend(), c.Turns.Load
+		return newEnv(t, newPool(t, 1, c), idempgx.WithNotifications()).Backend(), c.Turns.Load
 	}
 	b.Trips = storetest.Trips{Claim: 1, Begin: 1, Settle: 1, Replay: 1, Conflict: 1, Takeover: 2, Release: 1, Keep: 1, Get: 1, DurableClaim: 1}
 	b.CountWrites = func(t testing.TB) (storetest.Backend, func() int64) {
@@ -89,6 +89,8 @@ func pgxBackend(t testing.TB) storetest.Backend {
 			return func() bool { return flushedPast(t, testCtx(t), e.Pool, pos) }
 		}
 	}
+	b.Peer = func(t testing.TB) storetest.Peer { return notifyPeer(t, e) }
+	b.Eavesdrop = func(t testing.TB) func() []string { return eavesdrop(t, e) }
 	b.Misconfigured = func(t testing.TB) idemstore.Store { return e.storeOn(t, e.Pool, e.Schema+".missing") }
 	// A qualified name: New asks the server nothing.
 	b.Unreachable = func(t testing.TB) idemstore.Store { return e.storeOn(t, deadPool(t), "public.idempotency_keys") }
