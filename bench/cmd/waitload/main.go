@@ -2,7 +2,7 @@
 // duplicates of one request whose handler holds its key for -hold, on
 // -store, across -instances engines sharing one table or key prefix (the
 // holder on the first), each instance with its own pool. It reports how
-// many got the replay and how long after the holder's settle, and the
+// many got the replay and how long after the holder's handler returned (its settle included), and the
 // connections in use meanwhile, sampled every 5 ms: the pools' connections
 // in use and, on PostgreSQL, this program's backends in pg_stat_activity,
 // on Redis its connections in CLIENT LIST.
@@ -41,12 +41,7 @@ import (
 	idemsql "github.com/idemgo/idem/stores/sql"
 )
 
-const (
-	appName = "idem_waitload"
-	// arrival is how long after the duplicates are sent their first claims
-	// are counted as arriving, not waiting.
-	arrival = 250 * time.Millisecond
-)
+const appName = "idem_waitload"
 
 // stores are the values of -store.
 var stores = []string{"pgx", "redis", "sql-postgres", "sql-mysql", "memory"}
@@ -59,13 +54,17 @@ func main() {
 	wait := flag.Duration("wait", 5*time.Second, "Config.WaitInFlight")
 	instances := flag.Int("instances", 1, "engines (instances) sharing the table, each with its own pool; the duplicates are spread over them")
 	poolSize := flag.Int("pool", 10, "connections per instance's pool")
+	arrival := flag.Duration("arrival", 500*time.Millisecond, "how long after the duplicates are sent their first claims count as arriving, not waiting (less than -hold)")
 	flag.Parse()
+	if *arrival >= *hold {
+		log.Fatalf("-arrival %v must be less than -hold %v", *arrival, *hold)
+	}
 	notifySet := false
 	flag.Visit(func(f *flag.Flag) { notifySet = notifySet || f.Name == "notify" })
 	if *store == "redis" && !notifySet {
 		*notify = true
 	}
-	if err := run(*store, *notify, *n, *hold, *wait, *instances, *poolSize); err != nil {
+	if err := run(*store, *notify, *n, *hold, *wait, *arrival, *instances, *poolSize); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -282,7 +281,7 @@ func deletePrefix(rdb *redis.Client, prefix string) {
 	}
 }
 
-func run(store string, notify bool, n int, hold, wait time.Duration, instances, poolSize int) error {
+func run(store string, notify bool, n int, hold, wait, arrival time.Duration, instances, poolSize int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	b, err := open(ctx, store, notify, instances, poolSize)
@@ -312,17 +311,19 @@ func run(store string, notify bool, n int, hold, wait time.Duration, instances, 
 	}
 
 	call := idem.Call{Principal: "p", Key: "k", Operation: "Pay", Encoding: "application/json", Input: []byte(`{"amount":1}`)}
-	inside, settled, holderDone := make(chan struct{}), make(chan time.Time, 1), make(chan struct{})
+	// returned is when the holder's handler returns: its settle starts, and
+	// the duplicates' wait ends.
+	inside, returned, handlerDone := make(chan struct{}), make(chan time.Time, 1), make(chan struct{})
 	var runs atomic.Int32
 	go func() {
 		_, err := engines[0].Do(ctx, call, func(context.Context) (idem.Response, error) {
 			runs.Add(1)
 			close(inside)
 			time.Sleep(hold)
+			returned <- time.Now()
+			close(handlerDone)
 			return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil
 		})
-		settled <- time.Now()
-		close(holderDone)
 		if err != nil {
 			log.Printf("holder: %v", err)
 		}
@@ -331,7 +332,7 @@ func run(store string, notify bool, n int, hold, wait time.Duration, instances, 
 
 	// Sample what is in use: during the duplicates' arrival (their first
 	// claims, the first -arrival after they are sent) and while they wait
-	// (from then to the settle).
+	// (from then until the holder's handler returns).
 	var maxInUse, maxConns, maxBusy [2]atomic.Int64
 	maxBusy[0].Store(-1)
 	maxBusy[1].Store(-1)
@@ -343,7 +344,7 @@ func run(store string, notify bool, n int, hold, wait time.Duration, instances, 
 			select {
 			case <-stop:
 				return
-			case <-holderDone:
+			case <-handlerDone:
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
@@ -383,7 +384,7 @@ func run(store string, notify bool, n int, hold, wait time.Duration, instances, 
 	wg.Wait()
 	close(stop)
 	sampling.Wait()
-	at := <-settled
+	at := <-returned
 
 	var after []time.Duration
 	replayed := 0
@@ -403,11 +404,11 @@ func run(store string, notify bool, n int, hold, wait time.Duration, instances, 
 		}
 		return after[min(len(after)-1, int(p*float64(len(after))))]
 	}
-	fmt.Printf("store %s: duplicates %d over %d instance(s) (pool %d each, notifications %v), holder %v, WaitInFlight %v, sent %v before the settle\n",
+	fmt.Printf("store %s: duplicates %d over %d instance(s) (pool %d each, notifications %v), holder %v, WaitInFlight %v, sent %v before the handler returned\n",
 		store, n, instances, poolSize, notifies, hold, wait, at.Sub(start).Round(time.Millisecond))
 	fmt.Printf("replayed 201: %d of %d; handler runs: %d; errors: %d %v\n", replayed, n, runs.Load(), len(errs), errors.Join(firstErrs(errs, 3)...))
-	fmt.Printf("answered after the settle: p50 %v  p99 %v  max %v\n", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), q(1).Round(time.Millisecond))
-	for phase, what := range []string{fmt.Sprintf("arriving (first %v)", arrival), "waiting (then to the settle)"} {
+	fmt.Printf("answered after the handler returned (the settle included): p50 %v  p99 %v  max %v\n", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), q(1).Round(time.Millisecond))
+	for phase, what := range []string{fmt.Sprintf("arriving (first %v)", arrival), "waiting (then until the handler returned)"} {
 		line := fmt.Sprintf("%s: pool conns in use max %d (of %d)", what, maxInUse[phase].Load(), instances*poolSize)
 		if b.inUse() < 0 {
 			line = what + ": no pool"
