@@ -2,10 +2,11 @@
 // duplicates of one request whose handler holds its key for -hold, on
 // -store, across -instances engines sharing one table or key prefix (the
 // holder on the first), each instance with its own pool. It reports how
-// many got the replay and how long after the holder's handler returned (its settle included), and the
-// connections in use meanwhile, sampled every 5 ms: the pools' connections
-// in use and, on PostgreSQL, this program's backends in pg_stat_activity,
-// on Redis its connections in CLIENT LIST.
+// many got the replay and how long after the holder's handler returned
+// (its settle included), and the connections in use meanwhile, sampled
+// every 5 ms: the pools' connections in use and, on PostgreSQL, this
+// program's backends in pg_stat_activity, on Redis its connections in
+// CLIENT LIST.
 //
 // -notify picks the wake-up across instances: idempgx's
 // WithNotifications, idemredis's pub/sub (on unless -notify=false, which
