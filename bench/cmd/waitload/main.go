@@ -337,6 +337,7 @@ func run(store string, notify bool, n int, hold, wait, arrival time.Duration, in
 	var maxInUse, maxConns, maxBusy [2]atomic.Int64
 	maxBusy[0].Store(-1)
 	maxBusy[1].Store(-1)
+	var samples [2]atomic.Int64
 	var arrived atomic.Bool
 	stop := make(chan struct{})
 	var sampling sync.WaitGroup
@@ -353,6 +354,7 @@ func run(store string, notify bool, n int, hold, wait, arrival time.Duration, in
 			if arrived.Load() {
 				phase = 1
 			}
+			samples[phase].Add(1)
 			storeMax(&maxInUse[phase], b.inUse())
 			if b.server == nil {
 				continue
@@ -411,7 +413,11 @@ func run(store string, notify bool, n int, hold, wait, arrival time.Duration, in
 	fmt.Printf("answered after the handler returned (the settle included): p50 %v  p99 %v  max %v\n", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), q(1).Round(time.Millisecond))
 	for phase, what := range []string{fmt.Sprintf("arriving (first %v)", arrival), "waiting (then until the handler returned)"} {
 		line := fmt.Sprintf("%s: pool conns in use max %d (of %d)", what, maxInUse[phase].Load(), instances*poolSize)
-		if b.inUse() < 0 {
+		switch {
+		case samples[phase].Load() == 0:
+			fmt.Println(what + ": not sampled (no duplicate was still waiting)")
+			continue
+		case b.inUse() < 0:
 			line = what + ": no pool"
 		}
 		if b.server != nil {
