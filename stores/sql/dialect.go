@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	"github.com/idemgo/idem/stores/internal/sqlguard"
 )
 
@@ -58,7 +59,7 @@ func (d dialect) beginSQL() string {
 	// record (the claim returned before the transaction began) and before
 	// any write of the handler's: what pgTx.Sync waits for. Kept in the
 	// transaction, one simple-protocol round trip with BEGIN.
-	return "BEGIN; SELECT pg_catalog.set_config('" + syncLSNSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
+	return "BEGIN; SELECT pg_catalog.set_config('" + pgsql.SyncSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
 }
 
 // DefaultTable is the table the store uses unless WithTable names another.

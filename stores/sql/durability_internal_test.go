@@ -11,6 +11,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -220,8 +221,8 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 		}
 	}
 	var ok bool
-	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
-		AND CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
+	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
+		AND CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
 		t.Fatal(err)
 	}
 	if !ok {

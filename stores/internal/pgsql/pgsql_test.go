@@ -163,3 +163,22 @@ func TestDiagnose(t *testing.T) {
 		t.Errorf("wrong types %v, want %v", w, want)
 	}
 }
+
+func TestParseLSN(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want pgsql.LSN
+	}{
+		{"0/0", 0}, {"16/B374D848", 0x16_B374D848}, {"FFFFFFFF/FFFFFFFF", 1<<64 - 1},
+	} {
+		got, err := pgsql.ParseLSN(c.in)
+		if err != nil || got != c.want || got.String() != c.in {
+			t.Errorf("ParseLSN(%q) = %v (%s), %v; want %v", c.in, uint64(got), got, err, uint64(c.want))
+		}
+	}
+	for _, bad := range []string{"", "16", "16/", "/1", "G/1", "1/100000000", "-1/1"} {
+		if got, err := pgsql.ParseLSN(bad); err == nil {
+			t.Errorf("ParseLSN(%q) = %v, want an error", bad, got)
+		}
+	}
+}
