@@ -404,7 +404,7 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 			lease := map[string]string{"postgres": "lease_expires_at timestamptz,", "mysql": "lease_expires_at DATETIME(6),", "sqlite": "lease_expires_at INTEGER,"}[d]
 			uncertain := map[string]string{"postgres": ", uncertain boolean", "mysql": ", uncertain BOOLEAN", "sqlite": ", uncertain INTEGER"}[d]
 			for _, c := range []struct{ nonce, headers, lease, uncertain, column, problem string }{
-				{nonce, "", lease, uncertain, "headers", "missing"}, {nonce, oldHeaders, lease, uncertain, "headers", "binary"},
+				{nonce, "", lease, uncertain, "headers", "missing"}, {nonce, oldHeaders, lease, uncertain, "headers", "want"},
 				{"", headers, lease, uncertain, "nonce", "missing"}, {nonce, headers, "", uncertain, "lease_expires_at", "missing"},
 				{nonce, headers, lease, "", "uncertain", "missing"},
 			} {
@@ -417,6 +417,16 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 				}
 				if err := s.Check(ctx); !errors.As(err, &se) || se.Column != c.column {
 					t.Fatalf("Check on a table %+v = %v, want column %s", c, err, c.column)
+				}
+			}
+			if d == "postgres" {
+				// Every column, but no unique index for the claim's ON
+				// CONFLICT (principal, key): Check says so before a claim
+				// fails on it.
+				mustExec(t, db, "DROP TABLE "+name)
+				mustExec(t, db, "CREATE TABLE "+name+" ("+fmt.Sprintf(cols, nonce, headers, lease, uncertain)+")")
+				if err := s.Check(ctx); !errors.As(err, &se) || se.Column != "" || !strings.Contains(se.Problem, "unique index") {
+					t.Fatalf("Check on a table without a unique index on (principal, key) = %v", err)
 				}
 			}
 			mustExec(t, db, "DROP TABLE "+name)

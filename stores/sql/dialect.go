@@ -67,12 +67,13 @@ func (d dialect) beginSQL() string {
 // PostgreSQL with current_schema() (public by default), on MySQL with the
 // DSN's database, on SQLite with main, so that a handler's search_path,
 // USE or TEMP table cannot point the store's statements elsewhere.
-const DefaultTable = "idempotency_keys"
+const DefaultTable = pgsql.DefaultTable
 
-// identRE is what a table name (or each part of a schema-qualified one) must
-// match: lower case, so that no dialect folds or keeps case differently
-// from another, and short enough for every dialect's identifier limit once
-// an index suffix is added.
+// identRE is what a MySQL or SQLite table name (or each part of a
+// schema-qualified MySQL one) must match: lower case, so that neither
+// folds or keeps case differently from the other, and short enough for
+// their identifier limits once an index suffix is added. PostgreSQL's
+// names are pgsql.ParseTable's.
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 
 // tableName is a validated, possibly schema-qualified table name.
@@ -81,16 +82,28 @@ type tableName struct {
 	name   string
 }
 
+// pg is t as package pgsql names a table.
+func (t tableName) pg() pgsql.Table { return pgsql.Table{Schema: t.schema, Name: t.name} }
+
 func parseTableName(s string, d dialect) (tableName, error) {
+	if d == dialectPostgres {
+		// PostgreSQL's names follow the rules idempgx's do: the table
+		// part leaves room for the index names derived from it.
+		t, err := pgsql.ParseTable(s)
+		if err != nil {
+			return tableName{}, fmt.Errorf("idemsql: %w", err)
+		}
+		return tableName{schema: t.Schema, name: t.Name}, nil
+	}
 	parts := strings.Split(s, ".")
 	switch {
 	case len(parts) == 1 && identRE.MatchString(parts[0]):
 		return tableName{name: parts[0]}, nil
-	case len(parts) == 2 && d != dialectSQLite && identRE.MatchString(parts[0]) && identRE.MatchString(parts[1]):
+	case len(parts) == 2 && d == dialectMySQL && identRE.MatchString(parts[0]) && identRE.MatchString(parts[1]):
 		return tableName{schema: parts[0], name: parts[1]}, nil
 	}
 	return tableName{}, fmt.Errorf("idemsql: invalid table name %q: want [a-z_][a-z0-9_]* (at most 48 characters)"+
-		", or schema.table on postgres and mysql", s)
+		", or schema.table on mysql", s)
 }
 
 // quote quotes an identifier that identRE (or a fixed column name) already

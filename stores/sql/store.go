@@ -68,10 +68,13 @@ type config struct {
 	logger      *slog.Logger
 }
 
-// WithTable makes the store use the table name instead of DefaultTable. The
-// name is lower-case letters, digits and underscores, at most 48
-// characters, optionally prefixed with a schema ("billing.idempotency_keys")
-// on PostgreSQL and MySQL (where a schema is a database). New rejects
+// WithTable makes the store use the table name instead of DefaultTable. On
+// PostgreSQL the name is one idempgx takes: "table" or "schema.table", each
+// part letters, digits and underscores, not starting with a digit, the
+// table at most 40 bytes (its index names are derived from it), case kept.
+// On MySQL and SQLite it is lower-case letters, digits and underscores, at
+// most 48 characters, optionally prefixed with a database on MySQL
+// ("billing.idempotency_keys"). New rejects
 // anything else, so the name can never carry SQL. An unqualified name is
 // qualified by New: on PostgreSQL with the schema the connection's
 // search_path selects when New runs (current_schema(), public by default),

@@ -182,3 +182,25 @@ func TestParseLSN(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTextArray(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"{}", []string{}},
+		{"{a}", []string{"a"}},
+		{"{principal:text,key:text,status:int4}", []string{"principal:text", "key:text", "status:int4"}},
+		{`{"a b:text","x,y:int4",plain,"q\"uote\\:text",""}`, []string{"a b:text", "x,y:int4", "plain", `q"uote\:text`, ""}},
+	} {
+		got, err := pgsql.ParseTextArray(c.in)
+		if err != nil || !slices.Equal(got, c.want) || got == nil {
+			t.Errorf("ParseTextArray(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "{", "}", "a", "{a,}", "{,a}", "{NULL}", `{"a}`, `{"a"b}`, "{{a}}"} {
+		if got, err := pgsql.ParseTextArray(bad); err == nil {
+			t.Errorf("ParseTextArray(%q) = %q, want an error", bad, got)
+		}
+	}
+}
