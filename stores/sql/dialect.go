@@ -202,17 +202,17 @@ func (d dialect) bind(q string) string {
 type queries struct {
 	cols string // the record's columns, in recordRow's order
 
-	claimPG        string // PostgreSQL: insert or return the existing row, one statement, committed asynchronously
-	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idemstore.ClaimRequest.Durable)
-	insertLite     string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
-	upsertMy       string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
-	upsertMyRet    string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
-	selectNow      string // the row plus the database clock
-	takeExpired    string // fenced takeover of an expired record
-	takeStale      string // fenced takeover of an in-progress record whose lease ended
-	takeFreed      string // fenced claim of a released record
-	settle         string
-	settlePipe     string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
+	pg pgQueries // PostgreSQL: package pgsql's statements
+
+	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
+	upsertMy    string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
+	upsertMyRet string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
+	selectNow   string // the row plus the database clock
+	takeExpired string // fenced takeover of an expired record
+	takeStale   string // fenced takeover of an in-progress record whose lease ended
+	takeFreed   string // fenced claim of a released record
+	settle      string
+	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
 	// settleScriptParts is PostgreSQL's settlePins, settlePipe and COMMIT
 	// in one query string, the timeouts in it and split where the
 	// settle's arguments go (settleScript).
@@ -227,6 +227,41 @@ type queries struct {
 
 	// PostgreSQL: set_config values for the lock and statement timeouts.
 	lockTimeoutPG, stmtTimeoutPG string
+}
+
+// pgQueries are the PostgreSQL statements that package pgsql builds for
+// idempgx too, in their one-statement forms (pgsql.OneClaim, OneUpdate,
+// OneSelect): each runs its prelude inside it, in one round trip. The
+// claim and the takeovers come in two forms, indexed by
+// idemstore.ClaimRequest.Durable: behind pgsql's ClaimPrelude (its commit
+// does not wait for the WAL flush) and behind its DurablePrelude.
+// Release runs behind the plain prelude, Keep behind the durable one. They
+// return pgsql.RecordCols (recordRow.destPG).
+type pgQueries struct {
+	claim, takeover, replace, reuse [2]string
+	release, keep, get, listStale   string
+	selectNow                       string // the row and now(), as the claim's second branch reads it
+}
+
+// pgBuild builds the PostgreSQL statements for the qualified table t.
+func pgBuild(t tableName, lock time.Duration) pgQueries {
+	// Values travel as text with lib/pq, and with pgx's stdlib in its
+	// simple-protocol modes: the statements pin the text formats too.
+	st := pgsql.New(t.pg(), pgsql.Options{LockTimeout: lock, StatementTimeout: 2 * lock, TextFormats: true})
+	pre := [2]string{st.ClaimPrelude, st.DurablePrelude}
+	var q pgQueries
+	for i, p := range pre {
+		q.claim[i] = st.OneClaim(p)
+		q.takeover[i] = pgsql.OneUpdate(p, st.Takeover)
+		q.replace[i] = pgsql.OneUpdate(p, st.Replace)
+		q.reuse[i] = pgsql.OneUpdate(p, st.Reuse)
+	}
+	q.release = pgsql.OneUpdate(st.Prelude, st.Release)
+	q.keep = pgsql.OneUpdate(st.DurablePrelude, st.Keep)
+	q.get = pgsql.OneSelect(st.Prelude, st.Get)
+	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
+	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
+	return q
 }
 
 // syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
@@ -276,37 +311,6 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	if d == dialectMySQL {
 		my = mysqlTimeouts(maria, lock)
 	}
-
-	// PostgreSQL: one round trip answers both "inserted" and "here is the
-	// row that was there". The outer SELECT reads the statement's
-	// snapshot, which does not contain the CTE's own insert; NOT EXISTS
-	// keeps it from returning a row as well when the INSERT did insert
-	// (a concurrent purge deleted the row the snapshot still shows, and
-	// the INSERT waited for it). It returns no row when the conflicting row
-	// committed after the snapshot was taken: Claim loops on that.
-	//
-	// cfg runs before the INSERT produces its row, so its settings hold
-	// for the INSERT's waits: lock_timeout bounds the wait for a row
-	// another transaction holds (a settle not yet committed), and
-	// synchronous_commit off lets the claim's own commit skip the WAL
-	// flush (this statement's transaction only): the settle's synchronous
-	// commit later flushes the WAL up to and including it, a claim lost
-	// in a crash took its holder's transaction with it, and a handler that
-	// needs the claim durable sooner (idem.DownstreamKey) waits for the
-	// flush through its transaction (pgTx.Sync). A Durable claim pins it
-	// on instead (syncOnPG).
-	claimPG := func(syncCommit string) string {
-		return "WITH cfg AS (SELECT set_config('synchronous_commit', " + syncCommit + ", true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
-			" ins AS (INSERT INTO " + T + " " + insertCols +
-			" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " +
-			d.nowPlus() + ", " + d.nowPlus() +
-			" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-			" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
-			" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
-			" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
-	}
-	q.claimPG = claimPG("'off'")
-	q.claimPGDurable = claimPG(syncOnPG)
 
 	// SQLite: the same decision, in two statements that each answer for
 	// themselves: the INSERT returns a row only when it inserted one. It
@@ -490,10 +494,14 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		pins := strings.Replace(strings.Replace(q.settlePins, "?", "'"+q.lockTimeoutPG+"'", 1), "?", "'"+q.stmtTimeoutPG+"'", 1)
 		q.settleScriptParts = strings.Split(pins+"; "+q.settlePipe+"; COMMIT", "?")
 	}
-	for _, p := range []*string{&q.claimPG, &q.claimPGDurable, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
+	for _, p := range []*string{&q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
 		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
+	}
+	if d == dialectPostgres {
+		q.pg = pgBuild(t, lock)
+		q.selectNow = q.pg.selectNow
 	}
 	return q
 }

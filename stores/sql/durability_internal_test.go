@@ -79,15 +79,15 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 		t.Fatal("the test server runs with synchronous_commit=off; this test needs it on")
 	}
 
-	for query, want := range map[string]string{s.q.claimPG: "off", s.q.claimPGDurable: "on"} {
+	for query, want := range map[string]string{s.q.pg.claim[0]: "off", s.q.pg.claim[1]: "on"} {
 		var inClaim string
 		tx, err := db.Begin()
 		if err != nil {
 			t.Fatal(err)
 		}
 		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-		rows, err := tx.Query(query, s.q.lockTimeoutPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Nonce,
-			r.Lease.Microseconds(), r.Retention.Microseconds(), r.Principal, r.Key)
+		rows, err := tx.Query(query, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Retention.Microseconds(),
+			r.Nonce, r.Lease.Microseconds())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,10 +238,11 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 
 // TestPostgresDurableClaimCommitsSynchronously: a trigger on the store's
 // table records synchronous_commit as each write of the store sees it, on
-// sessions whose own default is off. A claim that inserts runs with it off,
-// unless Durable; the takeovers (of a stale claim, of a released record)
-// and Keep, which do not hand their durability to a later Sync, run with
-// it on.
+// sessions whose own default is off. A claim runs with it off unless
+// Durable, whether it inserts or takes a row over (a stale claim, a
+// released record: the next BeginTx records a WAL position past the
+// takeover, so a Sync covers it as it covers an insert); Keep, whose
+// durability nothing later waits for, runs with it on.
 func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 	s, db := pgStore(t, 4, "synchronous_commit=off")
 	if got := showSync(t, db); got != "off" {
@@ -310,8 +311,8 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // async's lease ends
 	takeover := req(async.Key, "body", "takeover-"+suffix(), time.Hour, time.Hour)
 	claim(takeover, true)
-	if got := sawSync(takeover.Token); got != "on" {
-		t.Fatalf("a takeover ran with synchronous_commit %q, want on", got)
+	if got := sawSync(takeover.Token); got != "off" {
+		t.Fatalf("a takeover that is not Durable ran with synchronous_commit %q, want off", got)
 	}
 	if err := s.Keep(ctx, leaseOfReq(takeover)); err != nil {
 		t.Fatal(err)
@@ -327,9 +328,10 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 		t.Fatal(err)
 	}
 	freed := req(durable.Key, "other body", "freed-"+suffix(), time.Hour, time.Hour)
+	freed.Durable = true
 	claim(freed, false)
 	if got := sawSync(freed.Token); got != "on" {
-		t.Fatalf("the claim of a released record ran with synchronous_commit %q, want on", got)
+		t.Fatalf("the Durable claim of a released record ran with synchronous_commit %q, want on", got)
 	}
 }
 

@@ -749,9 +749,9 @@ func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
 			next := req(held.Key, "a", "t2", time.Hour, time.Hour)
 			takeover := func(takeOverUncertain bool) bool {
 				t.Helper()
-				_, ok, err := s.takeover(ctx, s.q.takeStale, s.lockArgs(
-					next.Token, next.RequestID, next.Lease.Microseconds(), next.Retention.Microseconds(),
-					next.Principal, next.Key, seen.rec.LeaseToken, next.Fingerprint, takeOverUncertain), next)
+				next.TakeOverUncertain = takeOverUncertain
+				query, args := s.takeoverStmt(takeStale, next, seen.rec.LeaseToken)
+				_, ok, err := s.takeover(ctx, query, args, next)
 				if err != nil {
 					t.Fatal(err)
 				}
