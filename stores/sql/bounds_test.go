@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -533,8 +534,21 @@ func TestImmuneToTheSession(t *testing.T) {
 			if err := store.Release(ctx, leaseOf(again)); err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if _, err := store.ListStale(ctx, 10); err != nil {
-				t.Fatalf("list stale: %v", err)
+			// Get and ListStale return records, their times read on this
+			// session too.
+			if rec, err := store.Get(ctx, req.Principal, req.Key); err != nil || rec.State != idemstore.StateCompleted ||
+				!rec.LockedAt.Equal(res.Record.LockedAt) {
+				t.Fatalf("get: %+v %v, want the completed record locked at %v", rec, err, res.Record.LockedAt)
+			}
+			stale := claimReq("alice", "sess-stale-"+idemsqltest.RandSuffix(), "body", time.Millisecond)
+			if _, err := store.Claim(ctx, stale); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			if recs, err := store.ListStale(ctx, 10); err != nil || !slices.ContainsFunc(recs, func(r idem.Record) bool {
+				return r.Key == stale.Key && r.LockedAt.Sub(before) > -time.Minute && r.LockedAt.Sub(before) < time.Minute
+			}) {
+				t.Fatalf("list stale: %+v %v, want the stale claim %s", recs, err, stale.Key)
 			}
 			if _, err := store.PurgeExpired(ctx, 10); err != nil {
 				t.Fatalf("purge: %v", err)

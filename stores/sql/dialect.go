@@ -212,21 +212,12 @@ type queries struct {
 	takeStale   string // fenced takeover of an in-progress record whose lease ended
 	takeFreed   string // fenced claim of a released record
 	settle      string
-	settlePipe  string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
-	// settleScriptParts is PostgreSQL's settlePins, settlePipe and COMMIT
-	// in one query string, the timeouts in it and split where the
-	// settle's arguments go (settleScript).
-	settleScriptParts []string
-	settlePins        string // PostgreSQL: the settings pinned before the settle, in a statement of their own
-	release           string
-	keep              string
-	get               string
-	purge             string
-	pickMy            string // MySQL: the expired batch PurgeExpired deletes by primary key
-	listStale         string
-
-	// PostgreSQL: set_config values for the lock and statement timeouts.
-	lockTimeoutPG, stmtTimeoutPG string
+	release     string
+	keep        string
+	get         string
+	purge       string
+	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
+	listStale   string
 }
 
 // pgQueries are the PostgreSQL statements that package pgsql builds for
@@ -241,6 +232,14 @@ type pgQueries struct {
 	claim, takeover, replace, reuse [2]string
 	release, keep, get, listStale   string
 	selectNow                       string // the row and now(), as the claim's second branch reads it
+
+	// The settle: settlePrelude pins, for the rest of the handler's
+	// transaction, the settings the settle and its COMMIT run under
+	// (synchronous_commit at least on among them: the outcome is durable
+	// when Settle returns), then settle, pgsql.Settle, which raises with
+	// pgsql.LeaseLostMarker when its fence misses, so that a COMMIT sent
+	// behind it in the same query string does not run (settleAndCommit).
+	settlePrelude, settle string
 }
 
 // pgBuild builds the PostgreSQL statements for the qualified table t.
@@ -261,14 +260,9 @@ func pgBuild(t tableName, lock time.Duration) pgQueries {
 	q.get = pgsql.OneSelect(st.Prelude, st.Get)
 	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
 	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
+	q.settlePrelude, q.settle = st.DurablePrelude, st.Settle
 	return q
 }
-
-// syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
-// commit must be durable: on, or remote_apply when the session asks for
-// that, which is stronger. Any other value (off, local, remote_write, which
-// a handler may have set) is weaker than on, and becomes on.
-const syncOnPG = "CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
 
 // mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
 // run time; "" for MySQL, where Store.mysqlSession sets the session
@@ -381,15 +375,6 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	if d != dialectMySQL {
 		returning = " RETURNING " + q.cols + ", " + nowCol
 	}
-	// PostgreSQL: the writes outside a handler's transaction (takeovers,
-	// release, keep) pin their lock timeout, and commit synchronously
-	// whatever the server's default: a Durable claim that takes a record
-	// over is durable when Claim returns, and so is a Keep.
-	pgCfg, pgFrom := "", ""
-	if d == dialectPostgres {
-		pgCfg = "WITH cfg AS (SELECT set_config('lock_timeout', ?, true) AS lt, set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
-		pgFrom = " FROM cfg"
-	}
 	// The takeovers are fenced by the token the caller saw and re-check
 	// their condition with the database clock at the moment they run; a
 	// row that changed in between matches nothing and Claim starts over.
@@ -399,12 +384,12 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// taken-over attempt's downstream keys, and its uncertain mark; it is
 	// taken over only when its own lease has ended, and an uncertain one
 	// only when the caller asks for it (the last bind parameter).
-	q.takeExpired = pgCfg + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
+	q.takeExpired = my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
 		" status = NULL, headers = NULL, body = NULL, uncertain = FALSE, created_at = " + now + ", locked_at = " + now +
-		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND expires_at <= " + now + returning
-	q.takeStale = pgCfg + my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
-		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+	q.takeStale = my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND state = 'in_progress' AND fingerprint = ?" +
 		" AND lease_expires_at <= " + now + " AND expires_at > " + now + " AND (NOT uncertain OR ?)" + returning
 	// A released row is free: the new attempt's fingerprint, token, lease
@@ -416,44 +401,18 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// each seeing the values assigned before it (unless MariaDB's
 	// SIMULTANEOUS_ASSIGNMENT, where all see the old row, as they always
 	// do on PostgreSQL and SQLite).
-	fp := "?"
-	if d == dialectPostgres {
-		fp = "CAST(? AS bytea)"
-	}
-	q.takeFreed = pgCfg + my + "UPDATE " + T + " SET nonce = CASE WHEN fingerprint = " + fp + " THEN nonce ELSE ? END," +
+	q.takeFreed = my + "UPDATE " + T + " SET nonce = CASE WHEN fingerprint = ? THEN nonce ELSE ? END," +
 		" fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, uncertain = FALSE," +
-		" created_at = " + now + ", locked_at = " + now + ", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+		" created_at = " + now + ", locked_at = " + now + ", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND state = 'released' AND expires_at > " + now + returning
 
 	held := where + " AND lease_token = ? AND state = 'in_progress'"
-	q.release = pgCfg + my + "UPDATE " + T + " SET state = 'released', uncertain = FALSE" + pgFrom + held
+	q.release = my + "UPDATE " + T + " SET state = 'released', uncertain = FALSE" + held
 	// Keep ends the lease now, so the record is stale at once, and marks it
 	// uncertain, so that only a claim that asks Reconcile takes it over.
-	q.keep = pgCfg + my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + pgFrom + held
+	q.keep = my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + held
 	settle := "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?, uncertain = FALSE" + held
-	if d == dialectPostgres {
-		// The settle's settings, pinned over whatever SET or SET LOCAL the
-		// handler ran, in a statement before the settle: a
-		// statement_timeout set inside a statement applies from the next
-		// statement on, so a handler's '1ms' would otherwise bound the
-		// settle itself. They last to the transaction's end, so they also
-		// bound the COMMIT, and synchronous_commit makes the COMMIT wait
-		// for its WAL flush (syncOnPG) even when the handler turned it off:
-		// the outcome, and every asynchronously committed claim before it,
-		// is durable when Settle returns.
-		q.settlePins = "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)," +
-			" set_config('synchronous_commit', " + syncOnPG + ", true)"
-		q.settle = settle
-		// The same, for a batch with COMMIT behind it: a missed fence must
-		// abort the transaction, not merely report zero rows, or the COMMIT
-		// would commit the handler's writes without the outcome. The CASE
-		// raises (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly
-		// one row was updated; the server then skips the COMMIT.
-		q.settlePipe = "WITH u AS (" + settle + " RETURNING 1)" +
-			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
-	} else {
-		q.settle = my + settle
-	}
+	q.settle = my + settle
 
 	switch d {
 	case dialectPostgres:
@@ -487,15 +446,8 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND lease_expires_at <= " + now +
 		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
-	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"
-	q.stmtTimeoutPG = strconv.FormatInt(max(2*lock.Milliseconds(), 1), 10) + "ms"
-	if d == dialectPostgres {
-		// The timeouts are digits and "ms": safe as literals.
-		pins := strings.Replace(strings.Replace(q.settlePins, "?", "'"+q.lockTimeoutPG+"'", 1), "?", "'"+q.stmtTimeoutPG+"'", 1)
-		q.settleScriptParts = strings.Split(pins+"; "+q.settlePipe+"; COMMIT", "?")
-	}
 	for _, p := range []*string{&q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
-		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
+		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.release, &q.keep,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}

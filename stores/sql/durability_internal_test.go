@@ -390,3 +390,54 @@ func execOn(h *Handle, q string) error {
 	_, err := h.ExecContext(context.Background(), q)
 	return err
 }
+
+// TestPostgresSettleOneByOne: on a driver that cannot send the settle's
+// settings, the settle and COMMIT as one query string, they run one by one
+// with the same guarantees: the outcome is stored with the handler's write,
+// and a settle whose lease was taken over returns idemstore.ErrLeaseLost
+// and commits nothing of the handler's.
+func TestPostgresSettleOneByOne(t *testing.T) {
+	s, db := pgStore(t, 2)
+	s.pgScript = false
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	effects := "idem_dur_fx_" + suffix()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+effects+" (k text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + effects) })
+	outcome := idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("done")}}
+	for _, lose := range []bool{false, true} {
+		r := req("one-"+suffix(), "body", "tok-"+suffix(), 20*time.Millisecond, time.Hour)
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		htx, _ := Tx(txCtx)
+		if err := execOn(htx, "INSERT INTO "+effects+" VALUES ('"+r.Key+"')"); err != nil {
+			t.Fatal(err)
+		}
+		if lose {
+			time.Sleep(30 * time.Millisecond)
+			next := req(r.Key, "body", "tok-"+suffix(), time.Minute, time.Hour)
+			if res, err := s.Claim(ctx, next); err != nil || !res.Reclaimed {
+				t.Fatalf("takeover: %+v %v", res, err)
+			}
+		}
+		err = tx.Settle(ctx, outcome)
+		var n int
+		if qerr := db.QueryRowContext(ctx, "SELECT count(*) FROM "+effects+" WHERE k = $1", r.Key).Scan(&n); qerr != nil {
+			t.Fatal(qerr)
+		}
+		rec, gerr := s.Get(ctx, r.Principal, r.Key)
+		switch {
+		case lose && (!errors.Is(err, idemstore.ErrLeaseLost) || n != 0):
+			t.Fatalf("settle after a takeover = %v with %d handler writes committed, want idemstore.ErrLeaseLost and none", err, n)
+		case !lose && (err != nil || n != 1 || gerr != nil || rec.State != idemstore.StateCompleted || string(rec.Response.Body) != "done"):
+			t.Fatalf("settle = %v, %d handler writes, record %+v %v; want the outcome stored with the write", err, n, rec, gerr)
+		}
+	}
+}

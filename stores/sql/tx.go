@@ -262,13 +262,15 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	if body == nil {
 		body = []byte{}
 	}
+	if t.store.dialect == dialectPostgres {
+		return t.settlePostgres(ctx, []any{t.lease.Principal, t.lease.Key, t.lease.Token,
+			string(outcome.State), outcome.Response.Status, idemstore.EncodeHeader(outcome.Response.Header), body})
+	}
 	q := t.store.q
 	args := []any{string(outcome.State), outcome.Response.Status, idemstore.EncodeHeader(outcome.Response.Header), body,
 		t.lease.Principal, t.lease.Key, t.lease.Token}
 	query := q.settle
 	switch {
-	case t.store.dialect == dialectPostgres:
-		// Its timeouts go in settlePins, sent before the settle.
 	case t.marked && t.store.dialect == dialectSQLite:
 		query += sqliteMarkerHolds
 		args = append(args, t.lease.Token)
@@ -276,18 +278,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
-	var err error
-	if t.store.dialect == dialectPostgres {
-		if sent, err := t.settleAndCommit(ctx, args); sent {
-			return err
-		}
-		// Another driver: the timeouts, the settle and COMMIT one by one.
-		_, err = t.store.execOn(ctx, t.conn, q.settlePins, q.lockTimeoutPG, q.stmtTimeoutPG)
-	}
-	var res sql.Result
-	if err == nil {
-		res, err = t.store.execOn(ctx, t.conn, query, args...)
-	}
+	res, err := t.store.execOn(ctx, t.conn, query, args...)
 	if err != nil {
 		ended := t.serverEnded(ctx)
 		t.endConn(ctx, false)
@@ -311,6 +302,34 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	case n != 1:
 		t.endConn(ctx, false)
 		return fmt.Errorf("idemsql: settle: the fenced UPDATE matched %d rows", n)
+	}
+	return t.commit(ctx)
+}
+
+// settlePostgres settles on PostgreSQL with pgsql.Settle's args: in one
+// round trip with the settings and COMMIT (settleAndCommit), or, on a
+// driver that cannot send them as one query string, one by one. The settle
+// raises when its fence misses (pgsql.LeaseLostMarker): the lease was lost
+// to a takeover, and the transaction is rolled back.
+func (t *storeTx) settlePostgres(ctx context.Context, args []any) error {
+	if sent, err := t.settleAndCommit(ctx, args); sent {
+		return err
+	}
+	pg := t.store.q.pg
+	_, err := t.conn.ExecContext(ctx, pg.settlePrelude)
+	if err == nil {
+		_, err = t.conn.ExecContext(ctx, pg.settle, args...)
+	}
+	if err != nil {
+		ended := !isLeaseLost(err) && t.serverEnded(ctx)
+		t.endConn(ctx, false)
+		switch {
+		case isLeaseLost(err):
+			return idemstore.ErrLeaseLost
+		case ended:
+			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", idemstore.ErrTxEnded)
+		}
+		return t.store.wrap("settle", err)
 	}
 	return t.commit(ctx)
 }

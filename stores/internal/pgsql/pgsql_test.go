@@ -204,3 +204,42 @@ func TestParseTextArray(t *testing.T) {
 		}
 	}
 }
+
+// TestOneStatementForms: the one-statement forms run their prelude in a CTE
+// the statement reads from, keep the statement's text and parameters, and
+// refuse a statement of another shape.
+func TestOneStatementForms(t *testing.T) {
+	s := pgsql.New(pgsql.Table{Schema: "s", Name: "t"}, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second})
+	claim := s.OneClaim(s.ClaimPrelude)
+	for _, want := range []string{"WITH cfg AS (" + s.ClaimPrelude + "),", "SELECT $1, $2, $3, 'in_progress', $4, $5, $7,",
+		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING ", "NOT EXISTS (SELECT 1 FROM ins)"} {
+		if !strings.Contains(claim, want) {
+			t.Errorf("OneClaim lacks %q:\n%s", want, claim)
+		}
+	}
+	for _, c := range []struct{ got, stmt, join, sep string }{
+		{pgsql.OneUpdate(s.Prelude, s.Takeover), s.Takeover, "\nFROM cfg\nWHERE ", "\nWHERE "},
+		{pgsql.OneUpdate(s.Prelude, s.Release), s.Release, "\nFROM cfg\nWHERE ", "\nWHERE "},
+		{pgsql.OneSelect(s.Prelude, s.Get), s.Get, " FROM cfg, ", " FROM "},
+		{pgsql.OneSelect(s.Prelude, s.ListStale), s.ListStale, " FROM cfg, ", " FROM "},
+	} {
+		rest, ok := strings.CutPrefix(c.got, "WITH cfg AS ("+s.Prelude+")\n")
+		if !ok || strings.Replace(rest, c.join, c.sep, 1) != c.stmt {
+			t.Errorf("one-statement form of\n%s\nis\n%s", c.stmt, c.got)
+		}
+	}
+	for name, f := range map[string]func(){
+		"OneUpdate of a SELECT":   func() { pgsql.OneUpdate(s.Prelude, s.Get) },
+		"OneSelect of an UPDATE":  func() { pgsql.OneSelect(s.Prelude, s.Keep) },
+		"OneClaim of another set": func() { pgsql.Statements{Claim: "INSERT", ClaimRead: "SELECT 1"}.OneClaim(s.Prelude) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s did not panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}
