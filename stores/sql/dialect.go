@@ -231,6 +231,7 @@ type queries struct {
 type pgQueries struct {
 	claim, takeover, replace, reuse [2]string
 	release, keep, get, listStale   string
+	purge                           string // pgsql.Purge, run as it is: it returns no values, and skips the rows it would wait for
 	selectNow                       string // the row and now(), as the claim's second branch reads it
 
 	// The settle: settlePrelude pins, for the rest of the handler's
@@ -261,6 +262,7 @@ func pgBuild(t tableName, lock time.Duration) pgQueries {
 	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
 	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
 	q.settlePrelude, q.settle = st.DurablePrelude, st.Settle
+	q.purge = st.Purge
 	return q
 }
 
@@ -415,19 +417,6 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.settle = my + settle
 
 	switch d {
-	case dialectPostgres:
-		// SKIP LOCKED lets several sweepers share the work; the outer
-		// condition re-checks expiry on the row version being deleted.
-		// Settled rows come from the expires index, which holds only them;
-		// the few expired in-progress rows from the lease index, which
-		// holds only those. It binds the limit three times.
-		q.purge = "WITH settled AS (SELECT principal, " + K + " FROM " + T +
-			" WHERE state <> 'in_progress' AND expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)," +
-			" held AS (SELECT principal, " + K + " FROM " + T +
-			" WHERE state = 'in_progress' AND expires_at <= now() LIMIT ? FOR UPDATE SKIP LOCKED)" +
-			" DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM settled UNION ALL" +
-			" SELECT principal, " + K + " FROM held LIMIT ?) AS d" +
-			" WHERE t.principal = d.principal AND t." + K + " = d." + K + " AND t.expires_at <= now()"
 	case dialectMySQL:
 		// A DELETE … ORDER BY expires_at LIMIT lets the optimizer scan the
 		// primary key when most rows have expired, and InnoDB then locks

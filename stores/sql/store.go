@@ -921,7 +921,7 @@ func (s *Store) purgeOnce(ctx context.Context, limit int) (int, error) {
 	var n int64
 	err := s.writeTurn(ctx, func() (err error) {
 		if s.dialect == dialectPostgres {
-			n, err = s.exec(ctx, s.q.purge, limit, limit, limit)
+			n, err = s.exec(ctx, s.q.pg.purge, limit)
 		} else {
 			n, err = s.exec(ctx, s.q.purge, limit)
 		}
