@@ -13,15 +13,20 @@ SOAKTIME ?= 10m
 .PHONY: test services lint fuzz bench soak tidy nemesis nemesis-short nemesis-deps
 
 ## test: start the services the tests need, then test every module with -race,
-## the bench module's round-trip bounds on MariaDB, SQLite and Redis (about
-## 5 s; its own tables and keys) and its pgbench scripts against the stores'
-## schema (it replaces the idem_bench tables: not beside the load generator).
+## three modules at a time (TESTJOBS; scripts/test.sh prints each module's
+## output when it ends and the time of each), then the bench module's
+## round-trip bounds on MariaDB, SQLite and Redis (about 5 s; its own tables
+## and keys) and its pgbench scripts against the stores' schema (it replaces
+## the idem_bench tables: not beside the load generator).
 ## make nemesis is not part of it: it does not fit the 15-minute budget.
+TESTJOBS ?= 3
+# Slowest first, so that the parallel lanes end together.
+TEST_ORDER := stores/sql examples stores/redis stores/gorm stores/pgx conformance core cmd/idemctl client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/internal observers/prometheus observers/otel
+ifneq ($(sort $(MODULES)),$(sort $(TEST_ORDER)))
+$(error TEST_ORDER must list every module of MODULES, and only those)
+endif
 test: services
-	@set -e; for m in $(MODULES); do \
-		echo "== $$m"; \
-		(cd $$m && $(GO) test -race -count=1 -timeout 12m ./...); \
-	done
+	@JOBS=$(TESTJOBS) GO=$(GO) bash scripts/test.sh $(TEST_ORDER)
 	@echo "== bench (TestRoundTripsOtherStores, TestPgbenchScripts)"
 	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^(TestRoundTripsOtherStores|TestPgbenchScripts)$$' .
 

@@ -10,21 +10,6 @@ import (
 	"github.com/idemgo/idem/core/storetest"
 )
 
-// frameworkContext is a context as gin's *gin.Context is one by default:
-// it answers Value for string keys from its own keys and passes no other
-// key through to the request's context.
-type frameworkContext struct {
-	context.Context
-	keys map[string]any
-}
-
-func (c frameworkContext) Value(key any) any {
-	if s, ok := key.(string); ok {
-		return c.keys[s]
-	}
-	return nil
-}
-
 // TestAttemptContextThroughAFrameworkContext: a handler that passes the
 // framework's own context finds the attempt (its lease, its downstream
 // key, its store's transaction) once the adapter stored the attempt's
@@ -43,7 +28,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	bare := frameworkContext{Context: context.Background(), keys: map[string]any{}}
+	bare := storetest.FrameworkContext(nil)
 	if _, ok := idem.AttemptContext(bare); ok {
 		t.Fatal("AttemptContext found an attempt in a context that carries none")
 	}
@@ -54,7 +39,7 @@ func TestAttemptContextThroughAFrameworkContext(t *testing.T) {
 		t.Fatal("Tx found a transaction in a context that carries none")
 	}
 
-	stored := frameworkContext{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
+	stored := storetest.FrameworkContext(att)
 	if ac, ok := idem.AttemptContext(stored); !ok || ac != att.Context() {
 		t.Fatalf("AttemptContext = %v, %v; want the attempt's context", ac, ok)
 	}

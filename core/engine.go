@@ -727,7 +727,8 @@ func (a *Attempt) commit(res Result, state idemstore.State, now time.Time) verdi
 // part of the work: lease lost (503), the transaction ended behind the
 // store (kept, transaction-ended), Commit or Rollback on the handle
 // (released, transaction-owned), a Reconcile answer that must stay kept,
-// or a failed commit (released, commit-failed or store-misconfigured).
+// or a failed commit (released unless it landed, commit-failed or
+// store-misconfigured).
 func (a *Attempt) settleFailed(sctx context.Context, err error) verdict {
 	if rerr := a.tx.Rollback(sctx); errors.Is(rerr, idemstore.ErrTxEnded) && !errors.Is(err, idemstore.ErrTxEnded) {
 		err = errors.Join(err, rerr)
@@ -750,8 +751,10 @@ func (a *Attempt) settleFailed(sctx context.Context, err error) verdict {
 		// not released, for the next takeover to ask again.
 		return a.done(OutcomeStoreError, verdict{problem: ProblemStoreUnavailable, retryAfter: 1, err: errors.Join(err, a.keepLease(sctx))})
 	}
-	// The commit failed: nothing of the handler's work stands, so the key
-	// is released for the retry.
+	// The commit failed, or its answer was lost and it may have landed:
+	// the release is fenced on the record being in progress, so it frees
+	// the key only when nothing committed, and a retry otherwise replays
+	// what did.
 	err = a.releaseAfterSettle(err)
 	v := verdict{problem: ProblemCommitFailed, retryAfter: 1, err: err}
 	if errors.Is(err, idemstore.ErrMisconfigured) {

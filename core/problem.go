@@ -89,7 +89,7 @@ var problems = map[ProblemType]Problem{
 	ProblemStoreUnavailable: {Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable",
 		Detail: "The idempotency store could not be reached. Nothing was stored; retrying is safe."},
 	ProblemCommitFailed: {Status: http.StatusInternalServerError, Title: "Commit failed",
-		Detail: "The request could not be committed, so it was rolled back. Retrying is safe."},
+		Detail: "The commit failed or its answer was lost, so whether the request took effect is not known here. Retry with the same key to learn it: the retry replays the stored response if the commit landed, and runs the request again if it did not."},
 	ProblemTimeout: {Status: http.StatusServiceUnavailable, Title: "Request timed out",
 		Detail: "The request did not finish within its deadline and was rolled back. Retrying is safe."},
 	ProblemTxEnded: {Status: http.StatusInternalServerError, Title: "Transaction ended by the handler",

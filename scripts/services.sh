@@ -36,6 +36,8 @@ apt_install() {
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
 }
 
+PG_MAX_CONNECTIONS=${PG_MAX_CONNECTIONS:-400}
+
 ensure_postgres() {
 	if ! port_open 5432; then
 		if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
@@ -62,6 +64,21 @@ ensure_postgres() {
 	psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1 from pg_roles where rolname='root'" | grep -q 1 ||
 		psql -h 127.0.0.1 -U postgres -d postgres -qc "create role root superuser login" >&2
 	psql -h 127.0.0.1 -U postgres -d test -tAc 'select 1' >/dev/null || die "cannot connect to PostgreSQL database test as postgres"
+	# make test runs three modules at a time, each with pools and
+	# concurrent tests of its own: PostgreSQL's default of 100 connections
+	# runs out ("too many clients already").
+	local maxconn
+	maxconn=$(psql -h 127.0.0.1 -U postgres -d postgres -tAc 'show max_connections')
+	if [ "$maxconn" -lt "$PG_MAX_CONNECTIONS" ]; then
+		ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+		log "PostgreSQL: max_connections $maxconn -> $PG_MAX_CONNECTIONS (restarting the cluster)"
+		psql -h 127.0.0.1 -U postgres -d postgres -qc "alter system set max_connections = $PG_MAX_CONNECTIONS" >&2
+		pg_ctlcluster --skip-systemctl-redirect "$ver" main restart >&2 || pg_ctlcluster "$ver" main restart >&2 ||
+			die "could not restart PostgreSQL $ver to raise max_connections"
+		wait_port 5432 PostgreSQL 30 || die "PostgreSQL did not come back on 127.0.0.1:5432"
+		maxconn=$(psql -h 127.0.0.1 -U postgres -d postgres -tAc 'show max_connections')
+		[ "$maxconn" -ge "$PG_MAX_CONNECTIONS" ] || die "PostgreSQL max_connections is $maxconn after the restart, want $PG_MAX_CONNECTIONS"
+	fi
 	log "PostgreSQL ok"
 }
 

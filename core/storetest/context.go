@@ -11,8 +11,21 @@ import (
 	"github.com/idemgo/idem/core/idemstore"
 )
 
-// stringKeyed is a context as gin's *gin.Context is one by default: it
-// answers Value for string keys only.
+// FrameworkContext returns a context as gin's *gin.Context is one by
+// default: it answers Value for string keys only, and passes no other key
+// through. When att is not nil, the context holds att's context under
+// idemadapter.ContextKey, as an adapter stores the attempt's context in
+// its framework's context; with nil it holds nothing. Tests of a store's
+// accessor use it to show that a handler passing its framework's context
+// finds the transaction, and that one without an attempt finds none.
+func FrameworkContext(att *idem.Attempt) context.Context {
+	keys := map[string]any{}
+	if att != nil {
+		keys[idemadapter.ContextKey] = att.Context()
+	}
+	return stringKeyed{Context: context.Background(), keys: keys}
+}
+
 type stringKeyed struct {
 	context.Context
 	keys map[string]any
@@ -42,10 +55,10 @@ func testFrameworkContext(t *testing.T, b Backend) {
 		t.Fatalf("no claim: %d %s", resp.Status, resp.Body)
 	}
 	defer att.Abort()
-	if err := b.WriteEffect(stringKeyed{Context: context.Background()}, key+"/none"); err == nil {
+	if err := b.WriteEffect(FrameworkContext(nil), key+"/none"); err == nil {
 		t.Fatal("WriteEffect found a transaction in a framework context without an attempt")
 	}
-	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
+	fw := FrameworkContext(att)
 	if err := b.WriteEffect(fw, key); err != nil {
 		t.Fatalf("WriteEffect through the framework's context: %v", err)
 	}

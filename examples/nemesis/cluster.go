@@ -179,6 +179,41 @@ func (c *cluster) admin(ctx context.Context, db string, stmts ...string) error {
 	return nil
 }
 
+func (c *cluster) listenPort() int { return c.port }
+
+func (c *cluster) recreate(ctx context.Context, name string) error {
+	return c.admin(ctx, "postgres", "DROP DATABASE IF EXISTS "+name, "CREATE DATABASE "+name)
+}
+
+func (c *cluster) serviceDSN(addr, name string) string {
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&connect_timeout=3", addr, name)
+}
+
+func (c *cluster) readRows(ctx context.Context, name string, st *dbState) error {
+	conn, err := pgx.Connect(ctx, c.socketDSN(name))
+	if err != nil {
+		return fmt.Errorf("connect for the check: %w", err)
+	}
+	defer conn.Close(context.Background())
+	for _, q := range []struct {
+		sql string
+		add func(a, b string)
+	}{
+		{paymentsQuery, func(acct, id string) { st.payments[acct] = append(st.payments[acct], id) }},
+		{recordsQuery, func(p, s string) { st.records[p] = s }},
+	} {
+		rows, err := conn.Query(ctx, q.sql)
+		if err != nil {
+			return fmt.Errorf("%s: %w", q.sql, err)
+		}
+		var a, b string
+		if _, err := pgx.ForEachRow(rows, []any{&a, &b}, func() error { q.add(a, b); return nil }); err != nil {
+			return fmt.Errorf("%s: %w", q.sql, err)
+		}
+	}
+	return nil
+}
+
 func (c *cluster) logPath() string { return filepath.Join(c.dir, filepath.Base(c.data)+".log") }
 
 func (c *cluster) logTail(n int) string {

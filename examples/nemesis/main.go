@@ -10,7 +10,8 @@
 // non-zero on any broken promise.
 //
 // It makes everything it uses and removes it again, also when interrupted:
-// a PostgreSQL cluster of its own (initdb into a temporary folder), a
+// a PostgreSQL cluster of its own (initdb into a temporary folder), for
+// -stores gorm-mysql a MariaDB server of its own (mariadb-install-db), a
 // network namespace holding the database's end of a veth pair with
 // addresses in 10.213.0.0/16 (checked to be on no interface or route of
 // the machine, and guarded by an unreachable route so that nothing leaves
@@ -21,6 +22,7 @@
 //	cd examples && go run ./nemesis                    # about 5 minutes: pgx, then GORM on PostgreSQL
 //	go run ./nemesis -duration 40s -stores pgx         # a short round
 //	go run ./nemesis -replica                          # and a failover to a streaming replica
+//	go run ./nemesis -duration 2m -stores gorm-mysql   # GORM on MariaDB
 package main
 
 import (
@@ -41,8 +43,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 type options struct {
@@ -133,9 +133,13 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 	if os.Geteuid() != 0 {
 		return false, errors.New("needs root: it makes a network namespace and iptables rules")
 	}
-	for _, prog := range []string{"ip", "iptables", "runuser", filepath.Join(pgBin, "initdb")} {
+	progs := []string{"ip", "iptables", "runuser", filepath.Join(pgBin, "initdb")}
+	if slices.Contains(o.stores, "gorm-mysql") {
+		progs = append(progs, "mariadb-install-db", "/usr/sbin/mariadbd")
+	}
+	for _, prog := range progs {
 		if _, err := os.Stat(prog); err != nil && !onPath(prog) {
-			return false, fmt.Errorf("%s is missing (apt-get install iproute2 iptables postgresql-15)", prog)
+			return false, fmt.Errorf("%s is missing (apt-get install iproute2 iptables postgresql-15 mariadb-server)", prog)
 		}
 	}
 	removeLeftovers(ctx, log.Printf)
@@ -169,30 +173,58 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 			return false, fmt.Errorf("-subnet %q: want an IPv4 /30", o.subnet)
 		}
 	}
-	const port = 54329
+	const port, mysqlPort = 54329, 33069
 	ns, err := newNetns(ctx, cl, prefix.Masked(), port)
 	if err != nil {
 		return false, err
 	}
-	log.Printf("namespace %s: the database at %s:%d behind veth %s (%s)", ns.name, ns.inner, port, ns.host, ns.outer)
-	pgDir := filepath.Join(dir, "pg")
-	if err := os.Mkdir(pgDir, 0o700); err != nil {
-		return false, err
+	log.Printf("namespace %s: the databases at %s (PostgreSQL :%d, MariaDB :%d) behind veth %s (%s)", ns.name, ns.inner, port, mysqlPort, ns.host, ns.outer)
+	// The servers the stores need: PostgreSQL for all but gorm-mysql,
+	// MariaDB for that one.
+	var pg, my database
+	for _, store := range o.stores {
+		switch {
+		case store == "gorm-mysql" && my == nil:
+			srvDir := filepath.Join(dir, "mariadb")
+			if err := os.Mkdir(srvDir, 0o700); err != nil {
+				return false, err
+			}
+			m, err := newMariaDB(ctx, srvDir, ns, mysqlPort)
+			if err != nil {
+				return false, err
+			}
+			if err := m.start(ctx); err != nil {
+				_ = m.stop()
+				return false, err
+			}
+			cl.add("MariaDB server", m.stop)
+			my = m
+		case store != "gorm-mysql" && pg == nil:
+			pgDir := filepath.Join(dir, "pg")
+			if err := os.Mkdir(pgDir, 0o700); err != nil {
+				return false, err
+			}
+			c, err := newCluster(ctx, pgDir, ns, port)
+			if err != nil {
+				return false, err
+			}
+			if err := c.start(ctx); err != nil {
+				return false, err
+			}
+			cl.add("PostgreSQL cluster", c.stop)
+			pg = c
+		}
 	}
-	db, err := newCluster(ctx, pgDir, ns, port)
-	if err != nil {
-		return false, err
-	}
-	if err := db.start(ctx); err != nil {
-		return false, err
-	}
-	cl.add("PostgreSQL cluster", db.stop)
 	per := o.duration / time.Duration(len(o.stores))
 	for _, store := range o.stores {
 		if ctx.Err() != nil {
 			break
 		}
-		f, err := runStore(ctx, cl, o, store, bin, dir, &db, ns, per)
+		db := &pg
+		if store == "gorm-mysql" {
+			db = &my
+		}
+		f, err := runStore(ctx, cl, o, store, bin, dir, db, ns, per)
 		if err != nil {
 			return true, fmt.Errorf("store %s: %w", store, err)
 		}
@@ -203,15 +235,17 @@ func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error
 
 // runStore runs the load and the fault schedule on one store for d, heals
 // everything, lets the clients finish their keys, and checks the history.
-func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir string, primary **cluster, ns *netns, d time.Duration) (bool, error) {
+func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir string, primary *database, ns *netns, d time.Duration) (bool, error) {
 	db := *primary
 	dbName := "nm_" + strings.ReplaceAll(store, "-", "_")
-	if err := db.admin(ctx, "postgres", "DROP DATABASE IF EXISTS "+dbName, "CREATE DATABASE "+dbName); err != nil {
+	if err := db.recreate(ctx, dbName); err != nil {
 		return false, err
 	}
+	// The faults and the proxies aim at this round's server.
+	ns.dport = db.listenPort()
 	n := &nemesis{db: db, ns: ns, o: o, cl: cl}
-	if o.replica {
-		r, err := db.replicate(ctx, db.port+1)
+	if c, ok := db.(*cluster); ok && o.replica {
+		r, err := c.replicate(ctx, c.port+1)
 		if err != nil {
 			return false, err
 		}
@@ -262,7 +296,7 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 		if err != nil {
 			return false, err
 		}
-		dsn := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&connect_timeout=3", p.addr(), dbName)
+		dsn := db.serviceDSN(p.addr(), dbName)
 		in := &instance{name: fmt.Sprintf("%s-%d", store, i), bin: bin, log: f,
 			args: append([]string{"-store", store, "-dsn", dsn, "-framework", frameworks[i%len(frameworks)]}, common...)}
 		if err := in.startRetrying(ctx, 30*time.Second); err != nil {
@@ -329,51 +363,6 @@ func statusCounts(w *workload) string {
 		return true
 	})
 	return join(s)
-}
-
-// readState reads the payments and records over the cluster's Unix socket,
-// and the provider's charges.
-func readState(ctx context.Context, db *cluster, dbName string, provider *instance) (dbState, error) {
-	st := dbState{payments: map[string][]string{}, records: map[string]string{}}
-	conn, err := pgx.Connect(ctx, db.socketDSN(dbName))
-	if err != nil {
-		return st, fmt.Errorf("connect for the check: %w", err)
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT account, id FROM payments ORDER BY created_at`)
-	if err != nil {
-		return st, fmt.Errorf("read the payments: %w", err)
-	}
-	for rows.Next() {
-		var acct, id string
-		if err := rows.Scan(&acct, &id); err != nil {
-			return st, err
-		}
-		st.payments[acct] = append(st.payments[acct], id)
-	}
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-	rows, err = conn.Query(ctx, `SELECT principal, CASE WHEN uncertain THEN 'uncertain' ELSE state END FROM idempotency_keys`)
-	if err != nil {
-		return st, fmt.Errorf("read the records: %w", err)
-	}
-	for rows.Next() {
-		var p, s string
-		if err := rows.Scan(&p, &s); err != nil {
-			return st, err
-		}
-		st.records[p] = s
-	}
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-	if provider != nil {
-		if st.charges, err = charges(ctx, provider.base()); err != nil {
-			return st, err
-		}
-	}
-	return st, nil
 }
 
 func onPath(prog string) bool {

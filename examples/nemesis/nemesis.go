@@ -12,7 +12,7 @@ import (
 // nemesis applies the fault schedule: each fault in turn, a quiet gap
 // between two, every fault undone before the next one starts.
 type nemesis struct {
-	db        *cluster // the primary
+	db        database // the primary
 	replica   *cluster // a streaming replica of it, until a failover promotes it
 	cl        *cleanup
 	ns        *netns

@@ -108,7 +108,14 @@ func (s *Service) Create(ctx context.Context, account string, body []byte, simul
 		key, err := idem.DownstreamKey(ctx, chargeStep)
 		if err != nil {
 			s.Log.ErrorContext(ctx, "payment: no downstream key", slog.String("error", err.Error()))
-			return InternalError()
+			if errors.Is(err, idem.ErrNoAttempt) {
+				return InternalError() // not behind the middleware: a bug
+			}
+			// The claim could not be made durable (the database is
+			// unreachable or slow): nothing was charged, the key is
+			// released, and the retry really retries.
+			return problem(http.StatusServiceUnavailable, ProblemBase+"storage-unavailable", "Payment not stored",
+				"The payment could not be recorded before charging. Nothing was charged; retrying with the same key is safe.")
 		}
 		c, err := s.Provider.Charge(ctx, key, p)
 		if err != nil {

@@ -8,27 +8,12 @@ import (
 	"testing"
 
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/idemadapter"
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 	idemgorm "github.com/idemgo/idem/stores/gorm"
 	"github.com/idemgo/idem/stores/gorm/idemgormtest"
 )
-
-// stringKeyed is a context as gin's *gin.Context is one by default: it
-// answers Value for string keys only.
-type stringKeyed struct {
-	context.Context
-	keys map[string]any
-}
-
-func (c stringKeyed) Value(key any) any {
-	if s, ok := key.(string); ok {
-		return c.keys[s]
-	}
-	return nil
-}
 
 func beginAttempt(t *testing.T, store idemstore.Store, key string) *idem.Attempt {
 	t.Helper()
@@ -52,7 +37,7 @@ func beginAttempt(t *testing.T, store idemstore.Store, key string) *idem.Attempt
 func TestDBThroughTheFrameworksContext(t *testing.T) {
 	f := idemgormtest.NewFixture(t, "sqlite")
 	att := beginAttempt(t, f.Store, "k-gin")
-	fw := stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: att.Context()}}
+	fw := storetest.FrameworkContext(att)
 	db := idemgorm.DB(fw, f.DB)
 	if tx, ok := idemgorm.Tx(fw); !ok || db.Statement.ConnPool != tx.Statement.ConnPool {
 		t.Fatal("DB through the framework's context is not the idempotency transaction")
@@ -69,7 +54,7 @@ func TestDBThroughTheFrameworksContext(t *testing.T) {
 	other := beginAttempt(t, memstore.MustNew(), "k-other")
 	for name, ctx := range map[string]context.Context{
 		"request context":   other.Context(),
-		"framework context": stringKeyed{Context: context.Background(), keys: map[string]any{idemadapter.ContextKey: other.Context()}},
+		"framework context": storetest.FrameworkContext(other),
 	} {
 		err := idemgorm.DB(ctx, f.DB).Exec("INSERT INTO "+f.Effects+" (id) VALUES (?)", "k-other").Error
 		if !errors.Is(err, idemgorm.ErrNoTx) {
