@@ -339,46 +339,6 @@ func leaseOfReq(r idemstore.ClaimRequest) idemstore.Lease {
 	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
 }
 
-// TestPostgresSettleCommitsDurably: the settle commits with synchronous_commit
-// at least on whatever the handler set, session-wide or LOCAL: right after
-// Settle returns, another connection finds the WAL flushed past a position
-// read inside the handler's transaction. Without the pin the WAL writer
-// would flush it up to 200 ms later; five rounds per setting make a miss
-// all but certain to show.
-func TestPostgresSettleCommitsDurably(t *testing.T) {
-	s, db := pgStore(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, set := range []string{"SET synchronous_commit = off", "SET LOCAL synchronous_commit = off"} {
-		t.Run(set, func(t *testing.T) {
-			for i := range 5 {
-				r := req("settle-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-				if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-					t.Fatalf("claim: %+v %v", res, err)
-				}
-				txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-				if err != nil {
-					t.Fatal(err)
-				}
-				htx, _ := Tx(txCtx)
-				if err := execOn(htx, set); err != nil {
-					t.Fatal(err)
-				}
-				var inside string
-				if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&inside); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
-					t.Fatal(err)
-				}
-				if !flushedTo(t, db, inside) {
-					t.Fatalf("round %d: after Settle the WAL is not flushed up to %s, read inside the handler's transaction", i, inside)
-				}
-			}
-		})
-	}
-}
-
 // querier is what showSync and flushedTo read through: the *sql.DB or the
 // handle.
 type querier interface {
