@@ -13,11 +13,21 @@ import (
 // claimBounded runs Store.Claim bounded by StoreTimeout, on a's claim context: a
 // claim waiting for a pool connection gives up after StoreTimeout rather
 // than queue for as long as the client waits.
+//
+// The first claim uses a.cctx. A call that claims again (a wait for the
+// key's holder, a stale claim taken over under a previous fingerprint key)
+// gets a context of its own each time: the store may still read the one
+// it was given after Claim returned (database/sql's Rows watch theirs
+// until they close), and a context once cancelled stays so.
 func (e *Engine) claimBounded(ctx context.Context, a *Attempt, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
-	a.cctx.init(ctx, time.Now().Add(e.cfg.StoreTimeout))
-	defer a.cctx.cancel()
-	res, err := e.cfg.Store.Claim(&a.cctx, req)
-	if err != nil && ctx.Err() == nil && errors.Is(a.cctx.Err(), context.DeadlineExceeded) {
+	cctx := &a.cctx
+	if a.claims++; a.claims > 1 {
+		cctx = new(deadlineCtx)
+	}
+	cctx.init(ctx, time.Now().Add(e.cfg.StoreTimeout))
+	defer cctx.cancel()
+	res, err := e.cfg.Store.Claim(cctx, req)
+	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: claim: %w", ErrStoreTimeout, err)
 	}
 	return res, err

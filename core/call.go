@@ -51,6 +51,13 @@ type Call struct {
 	// DurableClaim makes this call's claim durable before fn runs, as
 	// Config.DurableClaims does for every call.
 	DurableClaim bool
+	// WaitInFlight, when positive, is how long this call waits for the
+	// attempt holding its key, as Config.WaitInFlight says, at most the
+	// engine's Lease; negative means it does not wait; 0 uses the route's
+	// (Config.RouteWaitInFlight) or Config.WaitInFlight. A call that waits
+	// past it, or whose ctx ends meanwhile, gets a *CallError with
+	// ProblemKeyInUse.
+	WaitInFlight time.Duration
 	// Classify decides from fn's Response.Status and error whether the
 	// outcome is stored as completed, stored as failed, or released. Nil
 	// uses Config.Classify, for which Status is an HTTP status and 0 means

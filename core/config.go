@@ -26,6 +26,10 @@ const (
 	// DefaultMaxKeyLength is the longest key accepted unless Config says
 	// otherwise.
 	DefaultMaxKeyLength = 255
+	// DefaultMaxWaiters and DefaultMaxWaitersPerPrincipal cap the
+	// requests that wait for their key's holder (Config.WaitInFlight).
+	DefaultMaxWaiters             = 1000
+	DefaultMaxWaitersPerPrincipal = 100
 	// MinFingerprintKeyBytes is the shortest Config.FingerprintKey New
 	// accepts: 32 bytes, the strength of HMAC-SHA-256 itself.
 	MinFingerprintKeyBytes = 32
@@ -283,6 +287,35 @@ type Config struct {
 	// count is per Engine, that is per process: with N instances a
 	// principal may have N*L in flight against the database.
 	MaxInFlightPerPrincipal int
+	// WaitInFlight is how long a request whose key is held by another
+	// attempt still in flight (in progress under a live lease) waits for
+	// that attempt to end, instead of being answered 409 at once. Once the
+	// holder settles, the waiting request gets what a later retry would:
+	// the stored response replayed (Idempotent-Replayed: true), or the 422
+	// of a key reused with another request; once the holder releases the
+	// key (a 5xx, an error), one waiting request claims it and runs, and
+	// the others wait for that one. At the bound the request is answered
+	// 409 with Retry-After, as without a wait, and a client that goes away
+	// ends its wait. A waiting request holds no database connection, no
+	// transaction and no lock: it is woken by the engine's own attempt on
+	// the key, by the store's notifications when the store is an
+	// idemstore.Notifier (across instances), and by polling the store
+	// (25 ms, doubling to 500 ms), so a lost notification costs latency,
+	// never the answer. Default 0: no wait. It must be below Lease.
+	WaitInFlight time.Duration
+	// RouteWaitInFlight sets WaitInFlight per route, by the route label of
+	// the request (Request.Route: the framework's route template) or of the
+	// call (Call.Route); 0 turns the wait off on that route. Each value
+	// must be below Lease. Call.WaitInFlight overrides both.
+	RouteWaitInFlight map[string]time.Duration
+	// MaxWaiters bounds the requests of this engine waiting at once (see
+	// WaitInFlight); one more is answered 409 with Retry-After at once.
+	// Default DefaultMaxWaiters.
+	MaxWaiters int
+	// MaxWaitersPerPrincipal bounds the waiting requests of one principal
+	// in this engine, so that one client retrying in a loop cannot take
+	// every place. Default DefaultMaxWaitersPerPrincipal.
+	MaxWaitersPerPrincipal int
 	// Clock measures latencies. Default time.Now. Expiry and leases always
 	// use the store's clock.
 	Clock func() time.Time
@@ -332,6 +365,26 @@ func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.MaxWaiters == 0 {
+		c.MaxWaiters = DefaultMaxWaiters
+	}
+	if c.MaxWaitersPerPrincipal == 0 {
+		c.MaxWaitersPerPrincipal = DefaultMaxWaitersPerPrincipal
+	}
+}
+
+// waits reports whether any request may wait for its key's holder by
+// configuration (WaitInFlight, RouteWaitInFlight).
+func (c *Config) waits() bool {
+	if c.WaitInFlight > 0 {
+		return true
+	}
+	for _, d := range c.RouteWaitInFlight {
+		if d > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Config) validate() error {
@@ -360,6 +413,13 @@ func (c *Config) validate() error {
 	check(c.Retention >= 2*c.Lease,
 		"Retention (%v) must be at least twice Lease (%v), so that a stale claim can still be taken over (and Reconcile asked) for a lease after it goes stale, instead of expiring and running afresh",
 		c.Retention, c.Lease)
+	check(c.WaitInFlight >= 0 && c.WaitInFlight < c.Lease,
+		"WaitInFlight (%v) must be 0 (no wait) or positive and below Lease (%v)", c.WaitInFlight, c.Lease)
+	for route, d := range c.RouteWaitInFlight {
+		check(d >= 0 && d < c.Lease, "RouteWaitInFlight[%q] (%v) must be 0 (no wait) or positive and below Lease (%v)", route, d, c.Lease)
+	}
+	check(c.MaxWaiters > 0, "MaxWaiters must be positive, got %d", c.MaxWaiters)
+	check(c.MaxWaitersPerPrincipal > 0, "MaxWaitersPerPrincipal must be positive, got %d", c.MaxWaitersPerPrincipal)
 	check(http.CanonicalHeaderKey(c.Header) != "", "Header must be a header name")
 	for _, h := range c.StoredHeaders {
 		check(h != "", "StoredHeaders must not contain an empty name")

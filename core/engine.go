@@ -39,6 +39,13 @@ type Engine struct {
 	// sawAnonymous is set by the first request without a principal, which
 	// is logged (see emit); sawStream by the first streamed response.
 	sawAnonymous, sawStream atomic.Bool
+	// waits are the requests waiting for their key's holder
+	// (Config.WaitInFlight); subOnce subscribes the engine to the store's
+	// notifications, and unsubscribe ends that (Close).
+	waits       *waitRoom
+	subOnce     sync.Once
+	subMu       sync.Mutex
+	unsubscribe func()
 }
 
 // New validates cfg, applies defaults, checks the store and returns an
@@ -76,6 +83,10 @@ func New(cfg Config) (*Engine, error) {
 		e.fpPrevious = append(e.fpPrevious, newFingerprintKey(k))
 	}
 	e.inFlight = newInFlightLimiter(cfg.MaxInFlightPerPrincipal)
+	e.waits = newWaitRoom(cfg.MaxWaiters, cfg.MaxWaitersPerPrincipal)
+	if cfg.waits() {
+		e.subscribe()
+	}
 	e.keyMissing = NewProblem(ProblemKeyMissing)
 	e.keyMissing.Detail = fmt.Sprintf("This operation requires an %s header.", cfg.Header)
 	e.keyInvalid = NewProblem(ProblemKeyInvalid)
@@ -268,7 +279,14 @@ func (e *Engine) start(ctx context.Context, c *Call, read func() ([]byte, error)
 	if refused {
 		return nil, v, s.ev
 	}
-	lease, res, fp, err := s.claim(ctx, a, c, key)
+	ans := s.claim(ctx, a, c, key)
+	if bound := e.waitBound(c); bound > 0 && ans.inFlight() {
+		// The key's holder is in flight and the call may wait for it:
+		// holding nothing, until woken, then claim again (step 6a). What
+		// follows dispatches on that claim's answer.
+		ans = s.wait(ctx, a, c, key, ans, bound)
+	}
+	lease, res, fp, err := ans.lease, ans.res, ans.fp, ans.err
 	s.end = e.cfg.Clock()
 	s.ev.ClaimLatency = s.end.Sub(s.claimStart)
 
@@ -302,6 +320,9 @@ type starting struct {
 	// claimStart and end are the clock readings around the claim: the
 	// answers that follow it take no time worth another reading.
 	claimStart, end time.Time
+	// waitErr is why a wait for the key's holder ended early: the
+	// request's context ended.
+	waitErr error
 }
 
 // refuse fills in the Event of a call answered without running anything
@@ -360,11 +381,11 @@ func (s *starting) read(c *Call, read func() ([]byte, error)) (*Attempt, verdict
 // fingerprints byte for byte, so a stale claim of it is taken over with
 // the stored fingerprint, which the record then keeps. fp is the
 // fingerprint the record is matched against.
-func (s *starting) claim(ctx context.Context, a *Attempt, c *Call, key string) (lease idemstore.Lease, res idemstore.ClaimResult, fp []byte, err error) {
+func (s *starting) claim(ctx context.Context, a *Attempt, c *Call, key string) claimAnswer {
 	e := s.e
-	fp = a.fingerprint[:]
+	fp := a.fingerprint[:]
 	token, nonce := newTokenAndNonce()
-	lease = idemstore.Lease{Principal: c.Principal, Key: key, Token: token}
+	lease := idemstore.Lease{Principal: c.Principal, Key: key, Token: token}
 	creq := idemstore.ClaimRequest{
 		Principal: lease.Principal, Key: lease.Key, Fingerprint: fp, Token: lease.Token, Nonce: nonce,
 		RequestID: idemstore.BoundRequestID(c.RequestID), Lease: e.cfg.Lease, Retention: e.cfg.Retention,
@@ -372,7 +393,7 @@ func (s *starting) claim(ctx context.Context, a *Attempt, c *Call, key string) (
 	}
 	a.durable = creq.Durable
 	s.claimStart = e.cfg.Clock()
-	res, err = e.claim(ctx, a, creq, lease)
+	res, err := e.claim(ctx, a, creq, lease)
 	if err == nil && !res.Claimed && !bytes.Equal(res.Record.Fingerprint, fp) &&
 		e.previousKeyMatches(res.Record.Fingerprint, c, a.body) {
 		fp = res.Record.Fingerprint
@@ -381,7 +402,7 @@ func (s *starting) claim(ctx context.Context, a *Attempt, c *Call, key string) (
 			res, err = e.claim(ctx, a, creq, lease)
 		}
 	}
-	return lease, res, fp, err
+	return claimAnswer{lease: lease, res: res, fp: fp, err: err}
 }
 
 // existing answers a call whose claim found a record it did not win (step
@@ -397,7 +418,7 @@ func (s *starting) existing(ctx context.Context, c *Call, a *Attempt, res idemst
 		// no Reconcile is set to ask: never run it again.
 		return s.refuse(OutcomeUnknown, ProblemOutcomeUnknown, 0, ErrOutcomeUnknown)
 	case rec.State == idemstore.StateInProgress || rec.Response == nil:
-		return s.refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), nil)
+		return s.refuse(OutcomeInProgressConflict, ProblemKeyInUse, e.retryAfter(c.Route, rec.LockedAt, res.Now), s.waitErr)
 	}
 	if e.cfg.AuthorizeReplay != nil {
 		if err := e.cfg.AuthorizeReplay(ctx, c.Principal, rec); err != nil {
@@ -540,7 +561,8 @@ type Attempt struct {
 	ctx         context.Context // &hctx once the transaction has begun
 	hctx        deadlineCtx     // the handler's: request, transaction, RequestTimeout
 	sctx        deadlineCtx     // the store calls' after the handler (see storeContext)
-	cctx        deadlineCtx     // the claim's: StoreTimeout (see Engine.claim)
+	cctx        deadlineCtx     // the first claim's: StoreTimeout (see Engine.claimBounded)
+	claims      int             // the claims made for this call (see Engine.claimBounded)
 	endBegin    func(error)     // releases beginTx's context (see Attempt.leave)
 	inFlight    bool            // holds its principal's in-flight slot
 	resp        Response        // the handler's response, as Finish returns it
@@ -716,6 +738,7 @@ func (a *Attempt) commit(res Result, state idemstore.State, now time.Time) verdi
 	if err := a.tx.Settle(sctx, out); err != nil {
 		return a.settleFailed(sctx, err)
 	}
+	e.waits.signal(a.lease)
 	outcome := OutcomeClaimed
 	if a.reclaimed {
 		outcome = OutcomeStaleReclaimed
@@ -769,7 +792,9 @@ func (a *Attempt) settleFailed(sctx context.Context, err error) verdict {
 func (a *Attempt) releaseAfterSettle(err error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.e.cfg.StoreTimeout)
 	defer cancel()
-	if rerr := a.e.cfg.Store.Release(rctx, a.lease); rerr != nil && !errors.Is(rerr, idemstore.ErrLeaseLost) {
+	rerr := a.e.cfg.Store.Release(rctx, a.lease)
+	a.e.waits.signal(a.lease)
+	if rerr != nil && !errors.Is(rerr, idemstore.ErrLeaseLost) {
 		return errors.Join(err, rerr)
 	}
 	return err
@@ -810,7 +835,9 @@ func (a *Attempt) release(ctx context.Context, cause error) (ended error) {
 			return err
 		}
 	}
-	if err := a.e.cfg.Store.Release(sctx, a.lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
+	err := a.e.cfg.Store.Release(sctx, a.lease)
+	a.e.waits.signal(a.lease)
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		a.ev.Err = errors.Join(cause, err)
 	}
 	return nil
@@ -833,7 +860,9 @@ func (a *Attempt) txEnded(err error) verdict {
 // store context (storeContext). Its error is for the Event: a Keep that
 // fails leaves the claim in progress under this lease, never released.
 func (a *Attempt) keepLease(ctx context.Context) error {
-	if err := a.e.cfg.Store.Keep(ctx, a.lease); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
+	err := a.e.cfg.Store.Keep(ctx, a.lease)
+	a.e.waits.signal(a.lease) // the key is stale now: its waiters take it over, or learn its outcome is unknown
+	if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 		return fmt.Errorf("keep: %w", err)
 	}
 	return nil

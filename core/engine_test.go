@@ -31,6 +31,14 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"retention below lease", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Retention: time.Second}, "Retention"},
 		{"negative body limit", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxBodyBytes: -1}, "MaxBodyBytes"},
 		{"empty stored header", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, StoredHeaders: []string{""}}, "StoredHeaders"},
+		{"negative wait", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, WaitInFlight: -time.Second}, "WaitInFlight"},
+		{"wait not below lease", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Lease: time.Minute, WaitInFlight: time.Minute}, "WaitInFlight"},
+		{"route wait not below lease", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, Lease: time.Minute,
+			RouteWaitInFlight: map[string]time.Duration{"/payments": 2 * time.Minute}}, `RouteWaitInFlight["/payments"]`},
+		{"negative route wait", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store,
+			RouteWaitInFlight: map[string]time.Duration{"/payments": -1}}, "RouteWaitInFlight"},
+		{"negative waiter cap", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxWaiters: -1}, "MaxWaiters"},
+		{"negative principal waiter cap", idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, MaxWaitersPerPrincipal: -1}, "MaxWaitersPerPrincipal"},
 	}
 	for _, tc := range tests {
 		_, err := idem.New(tc.cfg)

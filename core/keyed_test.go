@@ -13,6 +13,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemadapter"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
 )
@@ -120,6 +121,17 @@ func TestStoredFingerprintNeedsTheKey(t *testing.T) {
 	}
 }
 
+// claimWatchesContext is a store whose Claim fails on a context that is
+// done, as the SQL stores' do.
+type claimWatchesContext struct{ idemstore.Store }
+
+func (s claimWatchesContext) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idemstore.ClaimResult{}, err
+	}
+	return s.Store.Claim(ctx, req)
+}
+
 // TestFingerprintKeyRotation: after FingerprintKey is replaced and the old
 // key moved to PreviousFingerprintKeys, a record fingerprinted under the old
 // key still replays for the same request, refuses another (422), and its
@@ -129,7 +141,7 @@ func TestFingerprintKeyRotation(t *testing.T) {
 	oldKey := []byte("the fingerprint key before the rotation")
 	newKey := []byte("the fingerprint key after the rotation!!")
 	clk := newClock()
-	store := memstore.MustNew(memstore.WithClock(clk.Now))
+	store := claimWatchesContext{memstore.MustNew(memstore.WithClock(clk.Now))}
 	engine := func(key []byte, previous ...[]byte) *idem.Engine {
 		e, err := idem.New(idem.Config{Store: store, FingerprintKey: key, PreviousFingerprintKeys: previous,
 			RequestTimeout: time.Second, StoreTimeout: time.Second, Lease: 3 * time.Second})

@@ -40,14 +40,21 @@ const (
 	OutcomeTxOwned             OutcomeLabel = "tx_owned"          // the handler called Commit or Rollback on the handle: rolled back
 )
 
-// Outcomes lists every label, for observers that pre-register metrics.
-var Outcomes = []OutcomeLabel{
-	OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
-	OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
-	OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
-	OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
-	OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown, OutcomeTxOwned,
-}
+// Every label, for observers that pre-register metrics.
+var (
+	// Outcomes lists every OutcomeLabel.
+	Outcomes = []OutcomeLabel{
+		OutcomeClaimed, OutcomeReplayed, OutcomeInProgressConflict, OutcomeFingerprintMismatch,
+		OutcomeStaleReclaimed, OutcomeReleased, OutcomeKeyMissing, OutcomeKeyInvalid,
+		OutcomeLeaseLost, OutcomeStoreError, OutcomeUnauthenticated, OutcomeBodyTooLarge, OutcomeBodyUnreadable,
+		OutcomeReplayForbidden, OutcomeResponseTooLarge, OutcomeNoKey, OutcomeTxEnded, OutcomePrincipalInvalid,
+		OutcomeResponseInvalid, OutcomeInFlightLimited, OutcomeReplayUnreadable, OutcomeUnknown, OutcomeTxOwned,
+	}
+	// WaitOutcomes lists every WaitOutcome.
+	WaitOutcomes = []WaitOutcome{
+		WaitReplayed, WaitClaimedAfterRelease, WaitTimedOut, WaitCancelled, WaitRefused, WaitAnswered,
+	}
+)
 
 // Event describes one request's passage through the engine. It carries the
 // full data (the path with its query string, the raw key, the principal):
@@ -82,6 +89,12 @@ type Event struct {
 	// released outcome, if any, and the principal function's error behind
 	// an unauthenticated one.
 	Err error
+	// Wait is how the request's wait for the attempt holding its key ended
+	// (see Config.WaitInFlight), and Waited how long it took; "" and 0 when
+	// the request did not wait. A request that claimed the key after the
+	// holder released it and ran carries its wait too.
+	Wait   WaitOutcome
+	Waited time.Duration
 	// TxUsed reports whether the handler ran anything through the store's
 	// transaction. It is false when no handler ran. A 2xx with TxUsed
 	// false means the handler's writes, if any, went around the guarantee.
@@ -129,6 +142,11 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		}
 		logger = slog.Default()
 	}
+	// Most requests log at INFO, which production loggers often leave
+	// out: build the line only for a level that is written.
+	if !logger.Enabled(ctx, level) {
+		return
+	}
 	msg := "idempotency"
 	switch {
 	case unusedTx:
@@ -160,6 +178,9 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	if ev.ClaimLatency > 0 {
 		attrs = append(attrs, slog.Duration("claim_latency", ev.ClaimLatency))
+	}
+	if ev.Wait != "" {
+		attrs = append(attrs, slog.String("wait", string(ev.Wait)), slog.Duration("waited", ev.Waited))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))

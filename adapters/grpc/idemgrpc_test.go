@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,5 +189,68 @@ func TestEventRouteIsTheFullMethod(t *testing.T) {
 	}
 	if len(routes) != 2 || routes[0] != info.FullMethod || routes[1] != info.FullMethod {
 		t.Fatalf("routes %q, want %s twice", routes, info.FullMethod)
+	}
+}
+
+// TestWaitInFlight: a duplicate of a call in flight waits for it under the
+// engine's bound for its method (idem.Config.RouteWaitInFlight, by full
+// method name) and gets the stored reply; past the bound it gets Aborted.
+func TestWaitInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		holdFor  time.Duration
+		wantCode codes.Code
+	}{
+		{"settled within the bound", 100 * time.Millisecond, codes.OK},
+		{"past the bound", 2 * time.Second, codes.Aborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const bound = 500 * time.Millisecond
+			eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
+				RouteWaitInFlight: map[string]time.Duration{testpb.TestService_Act_FullMethodName: bound}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			idempotent, err := idemgrpc.New(idemgrpc.Config{
+				Engine:    eng,
+				Principal: func(context.Context) (string, error) { return "alice", nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := &grpc.UnaryServerInfo{FullMethod: testpb.TestService_Act_FullMethodName}
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-wait"))
+			req := &testpb.ActRequest{EffectId: "pay_1"}
+			var runs atomic.Int32
+			inside, gate := make(chan struct{}), make(chan struct{})
+			handler := func(ctx context.Context, req any) (any, error) {
+				if runs.Add(1) == 1 {
+					close(inside)
+					<-gate
+				}
+				return &testpb.ActReply{EffectId: "pay_1", Attempt: "first"}, nil
+			}
+			firstc := make(chan any, 1)
+			go func() {
+				got, _ := idempotent(ctx, req, info, handler)
+				firstc <- got
+			}()
+			<-inside
+			time.AfterFunc(tc.holdFor, func() { close(gate) })
+			start := time.Now()
+			got, err := idempotent(ctx, req, info, handler)
+			took := time.Since(start)
+			first := <-firstc
+			switch {
+			case status.Code(err) != tc.wantCode:
+				t.Fatalf("the waiting duplicate: %v after %v, want %v", err, took, tc.wantCode)
+			case tc.wantCode == codes.OK && !proto.Equal(got.(proto.Message), first.(proto.Message)):
+				t.Fatalf("the waiting duplicate got %v, want the stored %v", got, first)
+			case tc.wantCode == codes.Aborted && (took < bound || took > tc.holdFor):
+				t.Fatalf("Aborted after %v, want at the bound %v", took, bound)
+			case runs.Load() != 1:
+				t.Fatalf("the handler ran %d times", runs.Load())
+			}
+		})
 	}
 }

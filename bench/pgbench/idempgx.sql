@@ -8,7 +8,7 @@
 -- the fenced settle and COMMIT pipelined: four round trips. Table from the
 -- pgx store's Migrate (idem_bench.pgx_keys). pgbench -M prepared sends each
 -- statement through the extended protocol, where idempgx sends BEGIN, its
--- SET LOCALs and its SELECT as one simple-protocol query: the script leaves
+-- SELECT and its SET LOCAL as one simple-protocol query: the script leaves
 -- out that query's parsing. callgrind.sh -variants counts the stores' own
 -- statements instead.
 \set k random(1, 2000000000)
@@ -26,11 +26,11 @@ SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, creat
 \endpipeline
 \startpipeline
 begin isolation level read committed read write;
-set local tcp_keepalives_idle = 4;
-set local tcp_keepalives_interval = 1;
-set local tcp_keepalives_count = 4;
-set local tcp_user_timeout = 8000;
-select pg_catalog.set_config('idem.sync_lsn', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
+select pg_catalog.set_config('idem.sync_lsn', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
+	pg_catalog.set_config('tcp_keepalives_idle', '4', false),
+	pg_catalog.set_config('tcp_keepalives_interval', '1', false),
+	pg_catalog.set_config('tcp_keepalives_count', '4', false),
+	pg_catalog.set_config('tcp_user_timeout', '8000', false);
 set local idem.lease = '0123456789abcdef0123456789abcdef';
 \endpipeline
 INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
@@ -42,8 +42,13 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('synchronous_commit',
 		CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
 			THEN 'remote_apply' ELSE 'on' END, true),
-	CASE WHEN pg_catalog.current_setting('idem.lease', true) IS NOT DISTINCT FROM '0123456789abcdef0123456789abcdef' THEN 1
-	ELSE ('idempgx transaction ended: idem.lease is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::int END;
+	pg_catalog.set_config('tcp_keepalives_idle', '4', false),
+	pg_catalog.set_config('tcp_keepalives_interval', '1', false),
+	pg_catalog.set_config('tcp_keepalives_count', '4', false),
+	pg_catalog.set_config('tcp_user_timeout', '8000', false),
+	CASE WHEN pg_catalog.current_setting('idem.lease', true) OPERATOR(pg_catalog.=) '0123456789abcdef0123456789abcdef'::pg_catalog.text THEN 1
+	ELSE ('idempgx transaction ended: idem.lease is '::pg_catalog.text OPERATOR(pg_catalog.||)
+		pg_catalog.quote_nullable(pg_catalog.current_setting('idem.lease', true)))::pg_catalog.int4 END;
 WITH u AS (
 	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201, uncertain = false,
 		headers = '\x01020c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e084c6f636174696f6e011e2f7061796d656e74732f7061795f30313233343536373839616263646566'::bytea,

@@ -39,6 +39,7 @@ func Run(t *testing.T, h Harness, newBackend storetest.NewBackend) {
 		{"FirstRequestThenReplay", testFirstThenReplay},
 		{"EventRouteIsTheTemplate", testRouteTemplate},
 		{"ConcurrentIdenticalRequestsRunOnce", testConcurrentRunOnce},
+		{"WaitedDuplicateIsReplayed", testWaitedReplay},
 		{"ChangedBodyIs422", testChangedBody},
 		{"CanonicalJSONReplays", testCanonicalJSON},
 		{"MissingAndInvalidKeysAre400", testBadKeys},

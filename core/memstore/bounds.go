@@ -36,10 +36,13 @@ func (s *Store) put(k recordKey, e entry) {
 	if ok {
 		s.account(k.principal, -1, -old.size(k))
 	}
+	s.records[k] = e
 	if !ok || old.expires != e.expires {
 		s.expiries.push(expiry{at: e.expires, k: k})
+		if len(s.expiries) > 2*len(s.records)+staleSlack {
+			s.expiries.rebuild(s.records)
+		}
 	}
-	s.records[k] = e
 	s.account(k.principal, 1, e.size(k))
 }
 

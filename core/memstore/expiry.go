@@ -37,7 +37,14 @@ func (q *expiryQueue) pop() expiry {
 	h[0] = h[last]
 	h[last] = expiry{} // let the key's strings go
 	h = h[:last]
-	for i := 0; ; {
+	h.down(0)
+	*q = h
+	return top
+}
+
+// down moves h[i] down to its place.
+func (h expiryQueue) down(i int) {
+	for {
 		small, l, r := i, 2*i+1, 2*i+2
 		if l < len(h) && h[l].at < h[small].at {
 			small = l
@@ -46,11 +53,30 @@ func (q *expiryQueue) pop() expiry {
 			small = r
 		}
 		if small == i {
-			break
+			return
 		}
 		h[i], h[small] = h[small], h[i]
 		i = small
 	}
+}
+
+// staleSlack is how many places of records that are gone or were queued
+// again the queue may hold beyond one per record before it is rebuilt.
+const staleSlack = 1024
+
+// rebuild replaces the queue with one place per record in records: the
+// places left behind by records that were claimed again with another
+// expiry, or removed, go. A key claimed, released and claimed again
+// leaves a place each time, which would otherwise stay until its old
+// expiry came up: a day's worth of places for a record that is one.
+func (q *expiryQueue) rebuild(records map[recordKey]entry) {
+	h := (*q)[:0]
+	for k, e := range records {
+		h = append(h, expiry{at: e.expires, k: k})
+	}
+	clear(h[len(h):cap(h)]) // let the dropped keys' strings go
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
 	*q = h
-	return top
 }

@@ -94,3 +94,47 @@ func TestFullStoreEvictsInExpiryOrder(t *testing.T) {
 		t.Fatalf("record 4, expired, is still there: %v", err)
 	}
 }
+
+// TestExpiryQueueBounded: a key claimed, released and claimed again, each
+// time with a later expiry, leaves a place in the expiry queue each time;
+// the queue stays within twice the records plus a slack, and a full store
+// still evicts in expiry order afterwards.
+func TestExpiryQueueBounded(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_750_000_000, 0)
+	s := memstore.MustNew(memstore.WithMaxRecords(100), memstore.WithPrincipalShare(1), memstore.WithClock(func() time.Time { return now }))
+	fill(t, s, 50, time.Second) // record i expires at +(i+1)s
+	maxQueue := 0
+	for i := range 20_000 {
+		now = now.Add(time.Microsecond)
+		tok := strconv.Itoa(i)
+		res, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "churn", Key: "k", Token: tok, Nonce: "n",
+			Lease: time.Minute, Retention: time.Hour})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %d: %+v %v", i, res, err)
+		}
+		if err := s.Release(context.Background(), idemstore.Lease{Principal: "churn", Key: "k", Token: tok}); err != nil {
+			t.Fatal(err)
+		}
+		maxQueue = max(maxQueue, s.QueueLen())
+	}
+	if bound := 2*s.Len() + 1024; maxQueue > bound {
+		t.Fatalf("the expiry queue reached %d places for %d records, more than %d", maxQueue, s.Len(), bound)
+	}
+	now = now.Add(3 * time.Second) // records 0, 1 and 2 have expired
+	for i := range 49 + 3 {        // 49 free places, then the three expired records
+		if _, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "new", Key: strconv.Itoa(i), Token: "t", Nonce: "n",
+			Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatalf("claim %d with room or expired records to evict: %v", i, err)
+		}
+	}
+	if _, err := s.Claim(context.Background(), idemstore.ClaimRequest{Principal: "new", Key: "x", Token: "t", Nonce: "n",
+		Lease: time.Minute, Retention: time.Hour}); !errors.Is(err, memstore.ErrFull) {
+		t.Fatalf("a claim with nothing more expired: %v, want ErrFull", err)
+	}
+	for i, want := range map[int]bool{0: false, 1: false, 2: false, 3: true, 49: true} {
+		if _, err := s.Get(context.Background(), "p"+strconv.Itoa(i), strconv.Itoa(i)); (err == nil) != want {
+			t.Errorf("record %d kept %v, want %v", i, err == nil, want)
+		}
+	}
+}

@@ -41,9 +41,11 @@ const (
 	DefaultPrincipalShare = 0.1
 )
 
-// entryOverhead is what a record costs beyond its strings: the map slot,
-// the entry and the string headers, roughly.
-const entryOverhead = 128
+// entryOverhead is what a record costs beyond its strings: its map slot
+// (key, entry and the map's spare room), its place in the expiry queue
+// and the string headers, measured (TestRecordCost) just after the map
+// and the queue doubled, where a record costs the most.
+const entryOverhead = 288
 
 // ErrFull is returned (wrapped with idemstore.ErrTransient) by Claim when the
 // store, or the claiming principal's share of it, holds as many unexpired
@@ -95,8 +97,12 @@ func WithMaxRecords(n int) Option {
 }
 
 // WithMaxBytes bounds the bytes the records take: principals, keys, request
-// ids, fingerprints and stored responses.
-// It must be positive.
+// ids, fingerprints and stored responses, and 288 bytes per record for the
+// store's own structures. That is what a record costs the heap at most,
+// measured: a settled record with a UUID key, a 32-byte fingerprint and a
+// 35-byte JSON body with two headers costs 465 to 543 bytes, depending on
+// how far the store's map has grown into its last doubling, and is counted
+// as 536. It must be positive.
 func WithMaxBytes(n int64) Option {
 	return func(s *Store) error {
 		if n <= 0 {

@@ -116,13 +116,25 @@ var failingStatements = map[string][]struct {
 	},
 }
 
+// handlerBounds are bounds a handler may set on its own statements' waits;
+// the store's settle must run under the store's bounds instead. The case
+// holds the record from another transaction for heldFor after the
+// handler's SET, so the settle waits that long for its row lock: bounded
+// by the handler's 50ms it fails, under the store's lock and statement
+// timeouts it waits and commits. (The bound is not smaller: the store's
+// statement that pins its own bounds still runs under the handler's.)
+var handlerBounds = map[string][]string{
+	"postgres": {"SET LOCAL statement_timeout = '50ms'", "SET LOCAL lock_timeout = '50ms'"},
+}
+
+const heldFor = 300 * time.Millisecond
+
 // sessionChanges are session or transaction settings a handler may change;
 // the store's own statements must not depend on them, now or on a later
 // request that gets the same pooled connection.
 var sessionChanges = map[string][]string{
 	"postgres": {
 		"SET LOCAL search_path TO pg_catalog", "SET search_path TO pg_catalog",
-		"SET LOCAL statement_timeout = '1ms'", "SET LOCAL lock_timeout = '1ms'",
 		"SET TIME ZONE 'Pacific/Kiritimati'", "SET DateStyle = 'SQL, DMY'", "SET IntervalStyle = 'iso_8601'",
 	},
 	"mysql": {
@@ -147,6 +159,10 @@ type hostileCase struct {
 	handler    hostileHandler
 	wantStatus int
 	wantType   idem.ProblemType // "" when the handler's own response is expected
+	// holdFor: once the handler returns, the record is held from another
+	// transaction (Backend.HoldRecord) for this long, so the settle waits
+	// for it.
+	holdFor time.Duration
 	// ended: the transaction ended behind the store's back, so the key
 	// stays in progress until the lease expires.
 	ended bool
@@ -172,6 +188,8 @@ func RunHostile(t *testing.T, newBackend NewBackend) {
 					t.Skip("not applicable: the store's handle runs no SQL")
 				case tc.needs == "endhandle" && b.EndHandle == nil:
 					t.Skip("not applicable: the store's handle has no Commit or Rollback")
+				case tc.needs == "holdrecord" && (b.Dialect == "" || b.HoldRecord == nil):
+					t.Skip("not applicable: the backend cannot hold a record from outside (Backend.HoldRecord)")
 				case tc.needs == "endaround" && b.EndTxAround == nil:
 					t.Skip("not applicable: the backend knows no route around the handle that ends the transaction")
 				}
@@ -281,6 +299,15 @@ func hostileCases(dialect string) []hostileCase {
 		cases = append(cases, hostileCase{name: "SwallowAfterWrite " + f.sql, needs: "sql", wantStatus: 500,
 			wantType: idem.ProblemCommitFailed, handler: writeThen(201, fail)})
 	}
+	for _, stmt := range handlerBounds[dialect] {
+		cases = append(cases, hostileCase{name: "Bound " + stmt, needs: "holdrecord", wantStatus: 201, holdFor: heldFor,
+			handler: writeThen(201, func(ctx context.Context, b Backend) error {
+				if err := b.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("Exec(%q): %w", stmt, err)
+				}
+				return nil
+			})})
+	}
 	for _, stmt := range sessionChanges[dialect] {
 		// The write goes first, so a timeout the handler sets cannot fail
 		// the handler's own statement: only the store's.
@@ -343,6 +370,12 @@ func (r *recorder) Observe(_ context.Context, ev idem.Event) {
 	r.evs = append(r.evs, ev)
 }
 
+func (r *recorder) all() []idem.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]idem.Event(nil), r.evs...)
+}
+
 func (r *recorder) last() idem.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -358,7 +391,12 @@ func (r *recorder) last() idem.Event {
 // returns what the client gets. Store tests that drive the engine
 // themselves use it.
 func Serve(eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
-	att, resp := eng.Begin(context.Background(), idem.Request{
+	return ServeContext(context.Background(), eng, principal, key, handler)
+}
+
+// ServeContext is Serve with the request's context.
+func ServeContext(ctx context.Context, eng *idem.Engine, principal, key string, handler func(ctx context.Context) (int, []byte)) *idem.Response {
+	att, resp := eng.Begin(ctx, idem.Request{
 		Method: http.MethodPost, Path: "/payments", Principal: principal, Key: key,
 		ContentType: "application/json", Body: strings.NewReader(`{"amount":1}`),
 	})
@@ -375,11 +413,19 @@ func runHostileCase(t *testing.T, b Backend, tc hostileCase) {
 	eng := hostileEngine(t, b, rec)
 	key := uniq("hostile")
 	var violation error
+	unheld := make(chan struct{}) // the record's hold (holdFor) has ended
 	first := Serve(eng, "alice", key, func(ctx context.Context) (int, []byte) {
 		status, v := tc.handler(ctx, b, key)
 		violation = v
+		if tc.holdFor > 0 {
+			release := b.HoldRecord(t, "alice", key)
+			time.AfterFunc(tc.holdFor, func() { release(); close(unheld) })
+		} else {
+			close(unheld)
+		}
 		return status, fmt.Appendf(nil, `{"id":%q,"first":true}`, key)
 	})
+	<-unheld
 	if violation != nil {
 		t.Errorf("the store let the handler through: %v", violation)
 	}

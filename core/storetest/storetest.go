@@ -112,6 +112,7 @@ func suite() []suiteCase {
 		{"Unreachable", testUnreachable},
 		{"ClaimBounds", testClaimBounds},
 		{"FrameworkContext", testFrameworkContext},
+		{"WaitInFlight", testWaitInFlight},
 	}
 }
 

@@ -38,8 +38,11 @@ type config struct {
 	// durableClaims is idem.Config.DurableClaims: every claim waits for
 	// its WAL flush before the handler runs.
 	durableClaims bool
-	providerURL   string
-	providerOnly  bool
+	// waitInFlight is idem.Config.WaitInFlight: a duplicate of a request
+	// in flight waits this long for its answer instead of a 409.
+	waitInFlight time.Duration
+	providerURL  string
+	providerOnly bool
 	// fingerprintKey is idem.Config.FingerprintKey: the flag's bytes as
 	// given (a 64-digit hex string is 64 bytes of key, 256 bits of secret).
 	fingerprintKey string
@@ -127,6 +130,8 @@ func parseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 	dur(&c.handlerDelay, "handler-delay", "IDEM_HANDLER_DELAY", "sleep inside POST /payments after the payment row is written")
 	boolean(&c.simulateFailures, "simulate-failures", "IDEM_SIMULATE_FAILURES",
 		"honour the X-Simulate-Failure: transient|panic header on POST /payments")
+	dur(&c.waitInFlight, "wait-in-flight", "IDEM_WAIT_IN_FLIGHT", "a duplicate of a request in flight waits up to this long "+
+		"for its answer (the replay) instead of 409 at once; it holds no database connection meanwhile (idem.Config.WaitInFlight; 0: off)")
 	boolean(&c.durableClaims, "durable-claims", "IDEM_DURABLE_CLAIMS",
 		"make every claim durable before the handler runs (idem.Config.DurableClaims)")
 
@@ -175,7 +180,7 @@ func (c *config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"request-timeout", c.requestTimeout}, {"lease", c.lease}, {"store-timeout", c.storeTimeout}, {"handler-delay", c.handlerDelay}} {
+	}{{"request-timeout", c.requestTimeout}, {"lease", c.lease}, {"store-timeout", c.storeTimeout}, {"handler-delay", c.handlerDelay}, {"wait-in-flight", c.waitInFlight}} {
 		if d.v < 0 {
 			return fmt.Errorf("invalid -%s %v: must not be negative", d.name, d.v)
 		}
@@ -212,6 +217,7 @@ func (c *config) idemConfig(store idemstore.Store) idem.Config {
 		Lease:          c.lease,
 		StoreTimeout:   c.storeTimeout,
 		DurableClaims:  c.durableClaims,
+		WaitInFlight:   c.waitInFlight,
 	}
 }
 

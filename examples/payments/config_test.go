@@ -27,6 +27,8 @@ func TestBadConfig(t *testing.T) {
 		{args: []string{"-request-timeout", "10s", "-lease", "12s"}, want: "Lease (12s) must exceed"},
 		{args: []string{"-request-timeout", "soon"}, want: `invalid value "soon" for flag -request-timeout`},
 		{args: []string{"-handler-delay", "-1s"}, want: "invalid -handler-delay -1s"},
+		{args: []string{"-wait-in-flight", "-1s"}, want: "invalid -wait-in-flight -1s"},
+		{args: []string{"-wait-in-flight", "1m"}, want: "WaitInFlight (1m0s) must be 0 (no wait) or positive and below Lease (40s)"},
 		{args: []string{"-addr", "nowhere"}, want: `invalid -addr "nowhere"`},
 		{args: []string{"-bogus"}, want: "flag provided but not defined: -bogus"},
 		{args: []string{"extra"}, want: `unexpected argument "extra"`},

@@ -367,3 +367,46 @@ func TestDrillsNeedTheFlag(t *testing.T) {
 		t.Errorf("start-up line does not name the defaults: %s", p.logs)
 	}
 }
+
+// TestWaitInFlight: with -wait-in-flight, duplicates sent while the first
+// request runs wait for it and get its 201 replayed instead of 409.
+func TestWaitInFlight(t *testing.T) {
+	t.Parallel()
+	p := startService(t, "-store", "memory", "-wait-in-flight", "2s", "-handler-delay", "300ms")
+	acct, key := account(t), "wait-"+randHex(4)
+	const n = 6
+	replies := make([]reply, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { replies[i], errs[i] = tryDo("POST", p.base+"/payments", acct, key, payBody) })
+	}
+	wg.Wait()
+	var fresh, replays int
+	var created reply
+	for i, r := range replies {
+		switch {
+		case errs[i] != nil:
+			t.Fatalf("request %d: %v", i, errs[i])
+		case r.status == http.StatusCreated && !r.replayed():
+			fresh++
+			created = r
+		case r.status == http.StatusCreated:
+			replays++
+		default:
+			t.Fatalf("request %d got %v, want a 201 (fresh or replayed)", i, r)
+		}
+	}
+	if fresh != 1 || replays != n-1 {
+		t.Fatalf("%d fresh 201s and %d replays, want 1 and %d", fresh, replays, n-1)
+	}
+	for i, r := range replies {
+		if !bytes.Equal(r.body, created.body) {
+			t.Fatalf("reply %d differs from the original: %s vs %s", i, r.body, created.body)
+		}
+	}
+	if !strings.Contains(p.logs.String(), "wait=replayed") {
+		t.Errorf("no log line says a duplicate waited: %s", p.logs)
+	}
+	wantPayments(t, p.base, acct, 1)
+}

@@ -66,6 +66,7 @@ const (
 	AttrMethod   = attribute.Key("http.request.method")
 	AttrStatus   = attribute.Key("http.response.status_code")
 	AttrResult   = attribute.Key("idem.result") // of a stale claim the sweeper took over
+	AttrWait     = attribute.Key("idem.wait")   // how a wait for the key's holder ended
 )
 
 // Options configures New. The zero value is valid.
@@ -85,6 +86,7 @@ type Observer struct {
 	tracer      trace.Tracer
 	requests    metric.Int64Counter
 	claim       metric.Float64Histogram
+	waits       metric.Float64Histogram
 	stale       metric.Int64Gauge
 	staleAge    metric.Float64Gauge
 	resolved    metric.Int64Counter
@@ -119,6 +121,9 @@ func New(opts Options) (*Observer, error) {
 	o.claim, e = m.Float64Histogram("idem.claim.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time the store took to claim an idempotency key."))
 	err = errors.Join(err, e)
+	o.waits, e = m.Float64Histogram("idem.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time requests waited for the attempt holding their key (Config.WaitInFlight), by how the wait ended (idem.wait): replayed, claimed_after_release, timed_out, cancelled, refused (a waiter cap), answered."))
+	err = errors.Join(err, e)
 	o.stale, e = m.Int64Gauge("idem.stale_claims", metric.WithUnit("{claim}"),
 		metric.WithDescription("In-progress records older than the lease at the last sweep: crashed attempts whose external effect is unknown."))
 	err = errors.Join(err, e)
@@ -148,6 +153,9 @@ func (o *Observer) Observe(ctx context.Context, ev idem.Event) {
 	if ev.ClaimLatency > 0 {
 		o.claim.Record(ctx, ev.ClaimLatency.Seconds())
 	}
+	if ev.Wait != "" {
+		o.waits.Record(ctx, ev.Waited.Seconds(), metric.WithAttributeSet(attribute.NewSet(AttrWait.String(string(ev.Wait)))))
+	}
 
 	end := o.now()
 	attrs := []attribute.KeyValue{
@@ -161,6 +169,9 @@ func (o *Observer) Observe(ctx context.Context, ev idem.Event) {
 	}
 	if ev.Key != "" {
 		attrs = append(attrs, AttrKeyHash.String(idem.KeyHash(ev.Principal, ev.Key)))
+	}
+	if ev.Wait != "" {
+		attrs = append(attrs, AttrWait.String(string(ev.Wait)))
 	}
 	startOpts := []trace.SpanStartOption{
 		trace.WithTimestamp(end.Add(-ev.Duration)), trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindInternal),

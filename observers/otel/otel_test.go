@@ -334,3 +334,30 @@ func TestSweepReconciles(t *testing.T) {
 		t.Errorf("idem.sweep.errors = %d, want 1", n)
 	}
 }
+
+// TestWaits: a request that waited for its key's holder is recorded by
+// how the wait ended, with its duration, and its span says so.
+func TestWaits(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	o, reader, spans, _ := setup(t, clk.Now)
+	ctx := context.Background()
+	o.Observe(ctx, idem.Event{Outcome: idem.OutcomeReplayed, Wait: idem.WaitReplayed, Waited: 200 * time.Millisecond})
+	o.Observe(ctx, idem.Event{Outcome: idem.OutcomeClaimed, Wait: idem.WaitClaimedAfterRelease, Waited: time.Second})
+	o.Observe(ctx, idem.Event{Outcome: idem.OutcomeReplayed})
+	ms := collect(t, reader)
+	got := map[string]uint64{}
+	for _, dp := range ms["idem.wait.duration"].Data.(metricdata.Histogram[float64]).DataPoints {
+		v, _ := dp.Attributes.Value(idemotel.AttrWait)
+		got[v.AsString()] = dp.Count
+	}
+	if len(got) != 2 || got["replayed"] != 1 || got["claimed_after_release"] != 1 {
+		t.Errorf("idem.wait.duration by outcome %v, want replayed 1 and claimed_after_release 1", got)
+	}
+	ended := spans.Ended()
+	if len(ended) != 3 || attrs(ended[0])[idemotel.AttrWait].AsString() != "replayed" {
+		t.Errorf("the waited request's span has %v, want %s=replayed", attrs(ended[0]), idemotel.AttrWait)
+	}
+	if _, ok := attrs(ended[2])[idemotel.AttrWait]; ok {
+		t.Errorf("a request that did not wait has %s on its span", idemotel.AttrWait)
+	}
+}

@@ -60,6 +60,7 @@ type Options struct {
 type Metrics struct {
 	requests    *prometheus.CounterVec
 	claim       prometheus.Histogram
+	waits       *prometheus.HistogramVec
 	stale       prometheus.Gauge
 	staleAge    prometheus.Gauge
 	resolved    *prometheus.CounterVec
@@ -102,6 +103,10 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 			Namespace: ns, Name: "claim_duration_seconds", ConstLabels: cl, Buckets: buckets,
 			Help: "Time the store took to claim an idempotency key.",
 		}),
+		waits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "wait_duration_seconds", ConstLabels: cl, Buckets: prometheus.DefBuckets,
+			Help: "Time requests waited for the attempt holding their key (Config.WaitInFlight), by how the wait ended: replayed, claimed_after_release, timed_out, cancelled, refused (a waiter cap), answered.",
+		}, []string{"outcome"}),
 		stale: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "stale_claims", ConstLabels: cl,
 			Help: "In-progress records older than the lease that the last sweep left unresolved (at most the sweeper's batch size): crashed attempts whose external effect is unknown.",
@@ -144,10 +149,13 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 			m.requests.WithLabelValues(string(o), r)
 		}
 	}
+	for _, o := range idem.WaitOutcomes {
+		m.waits.WithLabelValues(string(o))
+	}
 	for _, r := range []string{"reconciled", "released", "raced", "failed"} {
 		m.resolved.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.claim, m.stale, m.staleAge, m.resolved, m.purged, m.sweepErrors, m.lastSweep, m.inProgress, m.expired} {
+	for _, c := range []prometheus.Collector{m.requests, m.claim, m.waits, m.stale, m.staleAge, m.resolved, m.purged, m.sweepErrors, m.lastSweep, m.inProgress, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("idemprom: register: %w", err)
 		}
@@ -156,11 +164,15 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 }
 
 // Observe implements idem.Observer: it counts the request by outcome and
-// route and records the claim's latency when a claim was made.
+// route, records the claim's latency when a claim was made, and the wait
+// by its outcome when the request waited for its key's holder.
 func (m *Metrics) Observe(_ context.Context, ev idem.Event) {
 	m.requests.WithLabelValues(string(ev.Outcome), ev.Route).Inc()
 	if ev.ClaimLatency > 0 {
 		m.claim.Observe(ev.ClaimLatency.Seconds())
+	}
+	if ev.Wait != "" {
+		m.waits.WithLabelValues(string(ev.Wait)).Observe(ev.Waited.Seconds())
 	}
 }
 

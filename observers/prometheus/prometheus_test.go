@@ -322,3 +322,42 @@ func TestSweepReconciles(t *testing.T) {
 		}
 	}
 }
+
+// TestWaits: a request that waited for its key's holder is counted by how
+// the wait ended, with its duration; one that did not wait is not.
+func TestWaits(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := idemprom.New(reg, idemprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m.Observe(ctx, idem.Event{Outcome: idem.OutcomeReplayed, Wait: idem.WaitReplayed, Waited: 200 * time.Millisecond})
+	m.Observe(ctx, idem.Event{Outcome: idem.OutcomeReplayed, Wait: idem.WaitReplayed, Waited: 300 * time.Millisecond})
+	m.Observe(ctx, idem.Event{Outcome: idem.OutcomeInProgressConflict, Wait: idem.WaitTimedOut, Waited: 2 * time.Second})
+	m.Observe(ctx, idem.Event{Outcome: idem.OutcomeReplayed})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	sums := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idem_wait_duration_seconds" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			got[mt.GetLabel()[0].GetValue()] = mt.GetHistogram().GetSampleCount()
+			sums[mt.GetLabel()[0].GetValue()] = mt.GetHistogram().GetSampleSum()
+		}
+	}
+	if len(got) != len(idem.WaitOutcomes) {
+		t.Errorf("%d wait series, want %d, one per outcome pre-registered", len(got), len(idem.WaitOutcomes))
+	}
+	if got["replayed"] != 2 || got["timed_out"] != 1 || got["cancelled"] != 0 || sums["replayed"] != 0.5 || sums["timed_out"] != 2 {
+		t.Errorf("waits %v (seconds %v), want replayed 2 (0.5 s), timed_out 1 (2 s)", got, sums)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}

@@ -397,3 +397,42 @@ func TestBatchReadAsJoined(t *testing.T) {
 		t.Fatalf("%d effects committed", n)
 	}
 }
+
+// TestMarkerCheckNotHijacked: the settle's marker check is parsed and
+// planned under the handler's search_path, since the search_path it pins
+// applies only once it runs. A handler that ends the store's transaction
+// behind the handle, begins another and puts a schema of its own first,
+// with an = or a || for text that makes the check pass, is still caught:
+// the settle stores nothing and reports ErrTxEnded.
+func TestMarkerCheckNotHijacked(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := newPool(t, 2, nil)
+	e := newEnv(t, pool)
+	for _, c := range []struct{ op, fn string }{
+		{"=", "RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'"},
+		{"||", "RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT ''1'''"},
+	} {
+		schema := e.Schema + "_hijack_" + randHex(4)
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema+";\n"+
+			"CREATE FUNCTION "+schema+".f(text, text) "+c.fn+";\n"+
+			"CREATE OPERATOR "+schema+"."+c.op+" (LEFTARG = text, RIGHTARG = text, FUNCTION = "+schema+".f)"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+
+		req, txCtx, stx, htx := e.begin(t, ctx)
+		if err := e.WriteEffect(txCtx, req.Key); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := idempgx.RawConn(htx).Exec(txCtx, "COMMIT; BEGIN; SET LOCAL search_path = "+schema+", pg_catalog"); err != nil {
+			t.Fatal(err)
+		}
+		if err := stx.Settle(ctx, okResponse("x")); !errors.Is(err, idemstore.ErrTxEnded) {
+			t.Errorf("operator %s: settle in another transaction under the handler's search_path = %v, want ErrTxEnded", c.op, err)
+		}
+		if rec, err := e.Store.Get(ctx, "alice", req.Key); err != nil || rec.State != idemstore.StateInProgress {
+			t.Errorf("operator %s: the record is %s (%v), want it still in progress", c.op, rec.State, err)
+		}
+	}
+}

@@ -141,13 +141,16 @@ func TestStatementTimeoutBoundsWaits(t *testing.T) {
 	}
 }
 
-// TestDeadPeerSettings: BEGIN sets TCP keepalives and tcp_user_timeout for
-// the handler's transaction, derived from the statement timeout, so that
-// the server drops a client that went silent mid-transaction (a half-sent
+// TestDeadPeerSettings: the handler's transaction runs with TCP keepalives
+// and tcp_user_timeout derived from the statement timeout, so that the
+// server drops a client that went silent mid-transaction (a half-sent
 // settle holding a row lock) within DeadPeerTimeout instead of the
 // operating system's two hours. A partition cannot be simulated over
 // loopback; this checks that the settings are in force in the handler's
-// transaction, and only there.
+// transaction on one pooled connection, whatever happened on it before:
+// its first transaction after other code turned them off, after a handler
+// turned them off and settled, after one that turned them off and failed,
+// and after one that turned them off and committed behind the store.
 func TestDeadPeerSettings(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -163,7 +166,7 @@ func TestDeadPeerSettings(t *testing.T) {
 		}
 		return v
 	}
-	session := settings(pool)
+	const off = "SET tcp_user_timeout = 0; SET tcp_keepalives_idle = 0; SET tcp_keepalives_count = 9"
 	for _, c := range []struct {
 		statement time.Duration
 		want      string
@@ -180,32 +183,42 @@ func TestDeadPeerSettings(t *testing.T) {
 		if got := s.DeadPeerTimeout(); got != c.deadPeer {
 			t.Errorf("statement timeout %v: DeadPeerTimeout() = %v, want %v", c.statement, got, c.deadPeer)
 		}
-		req := claimReq("alice", "peer-"+randHex(4), "body", time.Minute)
-		if _, err := s.Claim(ctx, req); err != nil {
+		// attempt begins a transaction, checks the settings in it, lets the
+		// handler run handler (turning them off) and ends it with end.
+		attempt := func(step, handler string, end func(idemstore.Tx) error) {
+			t.Helper()
+			req := claimReq("alice", "peer-"+randHex(4), "body", time.Minute)
+			if _, err := s.Claim(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }() // a failed check must not strand the connection
+			htx, _ := idempgx.Tx(txCtx)
+			if inTx := settings(htx); inTx != c.want {
+				t.Errorf("statement timeout %v, %s: in the handler's transaction %s, want %s", c.statement, step, inTx, c.want)
+			}
+			if handler != "" {
+				_, _ = idempgx.RawConn(htx).Exec(txCtx, handler)
+			}
+			_ = end(tx)
+		}
+		settle := func(tx idemstore.Tx) error { return tx.Settle(ctx, okResponse("x")) }
+		rollback := func(tx idemstore.Tx) error { return tx.Rollback(ctx) }
+
+		if _, err := pool.Exec(ctx, off); err != nil { // code outside the store
 			t.Fatal(err)
 		}
-		txCtx, tx, err := s.BeginTx(ctx, leaseOf(req))
-		if err != nil {
-			t.Fatal(err)
+		attempt("the connection's first transaction after other code turned them off", off, settle)
+		if after := settings(pool); after != c.want {
+			t.Errorf("statement timeout %v: after a handler turned them off and settled, the session has %s, want %s", c.statement, after, c.want)
 		}
-		defer func() { _ = tx.Rollback(ctx) }() // a failed check must not strand the connection
-		htx, _ := idempgx.Tx(txCtx)
-		inTx := settings(htx)
-		var marker string
-		if err := htx.QueryRow(txCtx, "SELECT current_setting('idem.lease', true)").Scan(&marker); err != nil || len(marker) != 32 {
-			t.Fatalf("the lease marker in the handler's transaction: %q %v", marker, err)
-		}
-		if err := tx.Settle(ctx, okResponse("x")); err != nil {
-			t.Fatal(err)
-		}
-		after := settings(pool)
-		if inTx != c.want {
-			t.Errorf("statement timeout %v: in the handler's transaction %s, want %s", c.statement, inTx, c.want)
-		}
-		if after != session {
-			t.Errorf("after the transaction the session has %s, want its own %s", after, session)
-		}
-		t.Logf("statement timeout %v: handler's transaction %s (dead peer noticed within %v); session %s", c.statement, inTx, s.DeadPeerTimeout(), session)
+		attempt("after a handler turned them off and settled", off+"; SELECT 1/0", rollback)
+		attempt("after a handler turned them off and failed", off+"; COMMIT; BEGIN", settle)
+		attempt("after a handler turned them off and committed behind the store", "", settle)
+		t.Logf("statement timeout %v: handler's transaction %s (dead peer noticed within %v)", c.statement, c.want, s.DeadPeerTimeout())
 	}
 }
 

@@ -66,6 +66,7 @@ type Store struct {
 	maxAttempts int
 	timeouts    timeouts
 	sql         pgsql.Statements
+	deadPeer    pgsql.DeadPeer // the settings BeginTx and Settle put into force (DeadPeerTimeout)
 
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
@@ -148,10 +149,10 @@ func WithLockTimeout(d time.Duration) Option {
 // own statements, like WithLockTimeout: past d a statement is cancelled
 // with an error wrapping idemstore.ErrTransient (SQLSTATE 57014). It also
 // bounds how long the server keeps the handler's transaction open for a
-// client that went silent: TCP keepalives and tcp_user_timeout are set in
-// that transaction so that a dead client is noticed within about 2 × d
-// (DeadPeerTimeout), and its transaction, with any row lock a half-sent
-// settle took, is rolled back. d is rounded up to a millisecond and must
+// client that went silent: TCP keepalives and tcp_user_timeout are set on
+// the transaction's session, by its BEGIN and again by its settle, so that
+// a dead client is noticed within about 2 × d (DeadPeerTimeout), and its
+// transaction, with any row lock a half-sent settle took, is rolled back. d is rounded up to a millisecond and must
 // be between 1 ms and 24 h. The default is DefaultStatementTimeout.
 func WithStatementTimeout(d time.Duration) Option {
 	return func(c *config) error {
@@ -205,7 +206,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
-		timeouts: c.timeouts,
+		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement),
 		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
 			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
 }
@@ -227,8 +228,9 @@ func currentSchema(pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 // DeadPeerTimeout returns how long, at most, the server keeps the
 // handler's transaction open for a client that stopped answering (a
 // crashed host, a network partition): the TCP keepalive idle time plus its
-// probes, which BeginTx sets, with tcp_user_timeout, in that transaction
-// only. It is derived from the statement timeout: about twice it. Without
+// probes, which BeginTx sets, with tcp_user_timeout, for the
+// connection's session: every settle sets them again, over whatever the
+// handler set, and the pooled connection keeps them. It is derived from the statement timeout: about twice it. Without
 // it the operating system's defaults (often 2 h 11 min) would hold the
 // transaction, and any row lock a half-sent settle took, that long.
 // Connections over a Unix socket ignore these settings.

@@ -48,15 +48,14 @@ func Tx(ctx context.Context) (*Handle, bool) {
 // runs on a context detached from ctx's cancellation; both are bounded by
 // WithTxTimeout. A
 // connection found broken is replaced, at most twice. BEGIN also sets, for
-// this transaction only, a random marker Settle checks and the TCP
+// this transaction only, a random marker Settle checks, and on a
+// connection where no settle committed them yet, for the session, the TCP
 // keepalive settings of DeadPeerTimeout. It returns a context carrying the
 // transaction for Tx.
 func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
 	defer cancel()
 	marker := newMarker()
-	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
-		BeginQuery: s.sql.BeginQuery(marker)}
 	var (
 		conn *pgxpool.Conn
 		real pgx.Tx
@@ -71,7 +70,16 @@ func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context
 		if err != nil {
 			return err
 		}
-		tx, err := c.Conn().BeginTx(bctx, opts)
+		// The dead-peer settings are the session's once a settle on the
+		// connection committed them (see pgsql.DeadPeer.Pins); until this
+		// transaction's settle commits, the connection is not known to
+		// have them any more: a transaction that ends otherwise may have
+		// been the one that set them, and is taken back with them.
+		data := c.Conn().PgConn().CustomData()
+		known := data[deadPeerKey] == s.deadPeer
+		delete(data, deadPeerKey)
+		tx, err := c.Conn().BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
+			BeginQuery: s.sql.BeginQuery(marker, !known)})
 		if err != nil {
 			c.Release() // destroyed by the pool unless idle
 			return err
@@ -250,10 +258,17 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		_ = t.h.real.Rollback(rctx)
 		cancel()
 	}
+	// The settle's check set the dead-peer settings for the session, and
+	// its COMMIT kept them.
+	t.conn.Conn().PgConn().CustomData()[deadPeerKey] = t.store.deadPeer
 	t.conn.Release()
 	t.conn = nil
 	return nil
 }
+
+// deadPeerKey is the key, in a connection's pgconn.PgConn.CustomData, of
+// the pgsql.DeadPeer settings its session is known to have.
+const deadPeerKey = "idempgx.deadPeer"
 
 // Sync implements idemstore.Syncer: it returns once the WAL is flushed up to
 // the position BeginTx read when the transaction began, which is past the

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // Run runs the suite with stores from newBackend.
@@ -40,6 +41,7 @@ func Run(t *testing.T, newBackend storetest.NewBackend) {
 	}{
 		{"FirstThenReplay", testFirstThenReplay},
 		{"ConcurrentRunOnce", testConcurrentRunOnce},
+		{"WaitInFlight", testWaitInFlight},
 		{"OtherRequestRefused", testOtherRequestRefused},
 		{"NoPrincipal", testNoPrincipal},
 		{"Keys", testKeys},
@@ -632,5 +634,44 @@ func testReplayReauthorized(t *testing.T, s *suite) {
 	want(t, "revoked", a, codes.PermissionDenied, false)
 	if a.reason != "REPLAY_FORBIDDEN" || srv.runs.Load() != 1 {
 		t.Fatalf("reason %q, runs %d", a.reason, srv.runs.Load())
+	}
+}
+
+// testWaitInFlight: with the engine's WaitInFlight, duplicates of a call
+// in flight wait for it and get its reply replayed instead of Aborted;
+// the method runs once.
+func testWaitInFlight(t *testing.T, s *suite) {
+	c, srv := s.start(t, idem.Config{WaitInFlight: 10 * time.Second}, idemgrpc.Config{})
+	id := randHex(8)
+	req := &testpb.ActRequest{EffectId: id, DelayMs: 500}
+	const n = 6
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers[i] = call(t, c, "alice", "k-"+id, req) })
+	}
+	wg.Wait()
+	var first *testpb.ActReply
+	replayed := 0
+	for _, a := range answers {
+		if a.code != codes.OK {
+			t.Fatalf("a waiting duplicate got %v, want OK", a.err)
+		}
+		if !a.replayed {
+			first = a.reply
+			continue
+		}
+		replayed++
+	}
+	if first == nil || replayed != n-1 {
+		t.Fatalf("%d replayed of %d, want all but the first", replayed, n)
+	}
+	for i, a := range answers {
+		if !proto.Equal(a.reply, first) {
+			t.Fatalf("answer %d is %v, want the first call's %v", i, a.reply, first)
+		}
+	}
+	if s.effects(t, id) != 1 || srv.runs.Load() != 1 {
+		t.Fatalf("effects %d, runs %d; want 1, 1", s.effects(t, id), srv.runs.Load())
 	}
 }

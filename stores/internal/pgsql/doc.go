@@ -30,10 +30,12 @@
 //     Sync.
 //   - The handler's transaction begins with Statements.BeginQuery, one
 //     simple-protocol query that sets the lease marker (LeaseSetting), the
-//     WAL position a Sync waits for (SyncSetting) and the dead-peer bounds
-//     (DeadPeerFor). The settle sends SettleCheck, Settle and COMMIT in one
-//     pipeline: SettleCheck raises with TxEndedMarker when the marker is
-//     not the one BeginQuery set (the transaction ended behind the store),
+//     WAL position a Sync waits for (SyncSetting) and, on a connection not
+//     known to have them, the dead-peer bounds (DeadPeerFor, DeadPeer.Pins).
+//     The settle sends SettleCheck, Settle and COMMIT in one pipeline:
+//     SettleCheck sets the dead-peer bounds again and raises with
+//     TxEndedMarker when the marker is not the one BeginQuery set (the
+//     transaction ended behind the store),
 //     Settle raises with LeaseLostMarker when its fence missed, and either
 //     error makes the server skip the COMMIT.
 //

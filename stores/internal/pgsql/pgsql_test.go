@@ -113,14 +113,19 @@ func TestStatements(t *testing.T) {
 			t.Errorf("%s does not return RecordCols", name)
 		}
 	}
-	begin := bin.BeginQuery("00ff")
-	if !strings.HasPrefix(begin, "begin isolation level read committed read write;") ||
-		!strings.HasSuffix(begin, "set local "+pgsql.LeaseSetting+" = '00ff'") ||
-		!strings.Contains(begin, "set local tcp_user_timeout = 15000;") || !strings.Contains(begin, pgsql.SyncSetting) {
-		t.Errorf("BeginQuery: %s", begin)
+	for _, peer := range []bool{false, true} {
+		begin := bin.BeginQuery("00ff", peer)
+		if !strings.HasPrefix(begin, "begin isolation level read committed read write;") ||
+			!strings.HasSuffix(begin, "set local "+pgsql.LeaseSetting+" = '00ff'") ||
+			strings.Contains(begin, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") != peer || !strings.Contains(begin, pgsql.SyncSetting) {
+			t.Errorf("BeginQuery(peer %v): %s", peer, begin)
+		}
+		if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, begin); !bad {
+			t.Errorf("the guard does not refuse BeginQuery's BEGIN (peer %v)", peer)
+		}
 	}
-	if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, begin); !bad {
-		t.Error("the guard does not refuse BeginQuery's BEGIN")
+	if !strings.Contains(bin.SettleCheck, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") {
+		t.Errorf("SettleCheck does not set the dead-peer settings: %s", bin.SettleCheck)
 	}
 }
 

@@ -58,8 +58,10 @@ type Statements struct {
 
 	// BeginPrefix begins the handler's transaction, one simple-protocol
 	// query; the lease marker follows it as a quoted literal (see
-	// BeginQuery).
-	BeginPrefix string
+	// BeginQuery). BeginPeerPrefix is BeginPrefix that also sets the
+	// dead-peer settings for the session (DeadPeer.Pins), for a
+	// connection not known to have them.
+	BeginPrefix, BeginPeerPrefix string
 	// SettleCheck ($1 marker) and Settle ($1 principal, $2 key,
 	// $3 token, $4 state, $5 status, $6 headers, $7 body) are the
 	// settle's statements, pipelined with COMMIT: SettleCheck raises
@@ -68,9 +70,15 @@ type Statements struct {
 	SettleCheck, Settle string
 }
 
-// BeginQuery returns BeginPrefix followed by marker, which must be the
-// hexadecimal marker the store made (no quote can be in it).
-func (s Statements) BeginQuery(marker string) string { return s.BeginPrefix + "'" + marker + "'" }
+// BeginQuery returns BeginPrefix, or with peer BeginPeerPrefix, followed
+// by marker, which must be the hexadecimal marker the store made (no quote
+// can be in it).
+func (s Statements) BeginQuery(marker string, peer bool) string {
+	if peer {
+		return s.BeginPeerPrefix + "'" + marker + "'"
+	}
+	return s.BeginPrefix + "'" + marker + "'"
+}
 
 // pinnedSettings are the session settings the store's statements depend
 // on, pinned with set_config(…, true) for the statement's transaction only:
@@ -105,7 +113,8 @@ func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 // in the handler's transaction: keepalive probes after Idle seconds of
 // silence, every Interval seconds, Count of them unanswered; and
 // tcp_user_timeout (UserTimeout, milliseconds) for data the client never
-// acknowledges. BeginPrefix sets them for the transaction only.
+// acknowledges. SettleCheck, and BeginPeerPrefix on a connection not
+// known to have them, set them for the session (Pins).
 type DeadPeer struct {
 	Idle, Interval, Count int64 // seconds, seconds, probes
 	UserTimeout           int64 // milliseconds
@@ -123,6 +132,26 @@ func DeadPeerFor(statementTimeout time.Duration) DeadPeer {
 // Total is how long, at most, the server keeps the transaction of a client
 // that stopped answering.
 func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * time.Millisecond }
+
+// Pins returns the set_config calls that put p into force for the session
+// (is_local false), for a SELECT list. They are set for the session, not
+// the transaction, because a transaction-local value is taken back when
+// the transaction ends and the server applies each change with a
+// setsockopt call: about nine socket calls per transaction that way. A
+// session-level set_config to the value already in force makes no socket
+// call. Set inside a transaction, they last only if it commits.
+//
+// How a store uses them: SettleCheck runs them in every settle, over
+// whatever the handler set, and the settle's COMMIT keeps them for the
+// session; a transaction that does not end in that COMMIT takes back the
+// handler's changes with it. A connection is known to have them once a
+// settle on it committed; until then its BEGIN is BeginPeerPrefix.
+func (p DeadPeer) Pins() string {
+	return fmt.Sprintf(`pg_catalog.set_config('tcp_keepalives_idle', '%d', false),
+	pg_catalog.set_config('tcp_keepalives_interval', '%d', false),
+	pg_catalog.set_config('tcp_keepalives_count', '%d', false),
+	pg_catalog.set_config('tcp_user_timeout', '%d', false)`, p.Idle, p.Interval, p.Count, p.UserTimeout)
+}
 
 // LeaseSetting is the transaction-local setting BeginQuery puts a random
 // marker into. SettleCheck checks it in the same transaction: a different value
@@ -178,26 +207,26 @@ func New(t Table, o Options) Statements {
 	// READ COMMITTED is explicit, as the claim's concurrency argument needs
 	// it whatever the server's default; READ WRITE too, whatever a handler
 	// left in default_transaction_read_only. The keepalive settings bound
-	// how long the server keeps this transaction, and the row lock a
-	// half-sent settle took, for a client that went away (see
-	// DeadPeerTimeout). They are local: the pooled session keeps its own.
-	// pgx sends BeginQuery as one simple-protocol query, which the server
-	// parses anew on every call. The settings are SET LOCAL, utility
-	// statements with nothing to plan or execute; a SELECT is planned and
-	// run through the executor each time (bench/pgbench/callgrind.sh
-	// -variants), so the query has one only for what just a function can
-	// tell: the WAL insert position Sync waits for (SyncSetting). It is read
-	// here, in the first statement on the transaction's connection after
-	// the claim returned: later, the handler's own writes would be past it,
-	// and those are not flushed before some commit follows them (see
-	// SyncSQL).
+	// how long the server keeps this transaction for a client that went
+	// away (see DeadPeerTimeout). They are session settings (DeadPeer.Pins),
+	// which SettleCheck sets in every settle, so only the first BEGIN on a
+	// connection sets them (BeginPeerPrefix): in a query the server parses
+	// anew on every call, as pgx sends BeginQuery, each function call costs
+	// more to look up, plan and run than a SET LOCAL
+	// (bench/pgbench/callgrind.sh -variants). The marker is a SET LOCAL, a
+	// utility statement with nothing to plan or execute, and the SELECT is
+	// there for what only a function can tell: the WAL insert position
+	// Sync waits for (SyncSetting). That is read here, in the
+	// first statement on the transaction's connection after the claim
+	// returned: later, the handler's own writes would be past it, and those
+	// are not flushed before some commit follows them (see SyncSQL).
 	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
-set local tcp_keepalives_idle = %d;
-set local tcp_keepalives_interval = %d;
-set local tcp_keepalives_count = %d;
-set local tcp_user_timeout = %d;
 select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
-set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, LeaseSetting)
+set local %s = `, SyncSetting, LeaseSetting)
+	s.BeginPeerPrefix = fmt.Sprintf(`begin isolation level read committed read write;
+select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
+	%s;
+set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
 	// '1ms' included). It is its own statement because a timeout set in a
@@ -205,12 +234,25 @@ set local %s = `, p.Idle, p.Interval, p.Count, p.UserTimeout, SyncSetting, Lease
 	// with them (DurableCommit): the response goes to the client once the
 	// COMMIT returns, so the commit must be durable by then even if the
 	// handler turned synchronous_commit off, for its transaction or for
-	// the session; the claim's durability rides on it too.
+	// the session; the claim's durability rides on it too. Its operators
+	// and types are named with their schema: the statement is parsed, and
+	// planned again whenever the search_path changed, under the handler's
+	// search_path, and its own pin applies only once it runs, so a
+	// handler's schema put before pg_catalog could otherwise supply an =
+	// or a || that makes the check pass in another transaction
+	// (IS NOT DISTINCT FROM cannot name its operator; a NULL marker, no
+	// marker set at all, fails the = and raises). The keepalive
+	// settings are put into force again (DeadPeer.Pins), over whatever the
+	// handler set, before the settle's UPDATE takes the row lock: a client
+	// that goes silent in the middle of its settle is dropped within
+	// DeadPeerTimeout too.
 	s.SettleCheck = fmt.Sprintf(`SELECT %s,
 	%s,
-	CASE WHEN pg_catalog.current_setting('%s', true) IS NOT DISTINCT FROM $1 THEN 1
-	ELSE ('%s: %s is ' || pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::int END`,
-		pins, DurableCommit, LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
+	%s,
+	CASE WHEN pg_catalog.current_setting('%s', true) OPERATOR(pg_catalog.=) $1::pg_catalog.text THEN 1
+	ELSE ('%s: %s is '::pg_catalog.text OPERATOR(pg_catalog.||)
+		pg_catalog.quote_nullable(pg_catalog.current_setting('%s', true)))::pg_catalog.int4 END`,
+		pins, DurableCommit, p.Pins(), LeaseSetting, TxEndedMarker, LeaseSetting, LeaseSetting)
 	// The claim, two statements pipelined behind ClaimPrelude in one
 	// implicit transaction. The INSERT either inserts the caller's row
 	// (rows affected 1) or finds the conflicting row and does nothing: no

@@ -33,6 +33,10 @@
 // statement succeeded, and closes a connection instead of pooling it once
 // a Verdict was Dirty.
 //
+// TxControl and ReadAll remember their verdict per statement text, in a
+// bounded cache that no text can make answer for another (see cache.go):
+// a handler's statements are lexed once, not on every call.
+//
 // The package imports no driver. Package guardtest holds its case table
 // and the random texts a store's differential test sends to a real server
 // (the pgx store's TestSQLGuardAgreesWithServer is one): whenever the
@@ -137,6 +141,20 @@ type Verdict struct {
 // query: a batch sent as one simple-protocol string must be checked
 // joined, not only piece by piece.
 func TxControl(d Dialect, q string) (string, bool) {
+	if !d.known() {
+		return txControl(d, q)
+	}
+	c := &txControlCache[d]
+	if v, ok := c.get(q); ok {
+		return v.words, v.refused
+	}
+	words, refused := txControl(d, q)
+	c.put(q, txControlVerdict{words, refused})
+	return words, refused
+}
+
+// txControl is TxControl without the cache.
+func txControl(d Dialect, q string) (string, bool) {
 	// Only MySQL's SET and SET STATEMENT need more than a statement's
 	// first five words to classify it.
 	limit := 8
@@ -184,6 +202,20 @@ func Inspect(d Dialect, q string) Verdict {
 // ReadAll returns the verdict of each of d's readings of q, in the order
 // of d.Readings().
 func ReadAll(d Dialect, q string) []Verdict {
+	if !d.known() {
+		return readAll(d, q)
+	}
+	c := &readAllCache[d]
+	if vs, ok := c.get(q); ok {
+		return cloneVerdicts(vs)
+	}
+	vs := readAll(d, q)
+	c.put(q, cloneVerdicts(vs))
+	return vs
+}
+
+// readAll is ReadAll without the cache.
+func readAll(d Dialect, q string) []Verdict {
 	rs := d.Readings()
 	out := make([]Verdict, len(rs))
 	for i, r := range rs {
