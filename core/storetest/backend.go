@@ -162,6 +162,38 @@ type Backend struct {
 	// The Misconfigured and Unreachable cases check how their errors
 	// classify, through the store and through the engine.
 	Misconfigured, Unreachable func(t testing.TB) idemstore.Store
+
+	// The capabilities below let the Notify cases prove an
+	// idemstore.Notifier. Nil Peer means the store does not notify: the
+	// cases are reported as skipped, and waiters poll.
+
+	// Peer returns a Store on the Backend's storage (the same table or
+	// key space) as another process opens it, with a pool or client of
+	// its own, which must implement idemstore.Notifier, and its levers.
+	Peer func(t testing.TB) Peer
+	// Eavesdrop listens to the storage's notifications from outside any
+	// store (a LISTEN or SUBSCRIBE of the test's own) and returns the
+	// NotifyIDs heard so far, in the order heard. Nil when the channel
+	// cannot be reached from outside.
+	Eavesdrop func(t testing.TB) (heard func() []string)
+}
+
+// Peer is a Store on a Backend's storage, as another process opens it,
+// with what the Notify cases need to reach under it.
+type Peer struct {
+	// Store is the peer's store; it implements idemstore.Notifier.
+	Store idemstore.Store
+	// KillListener makes the server drop the peer's listening connection
+	// (pg_terminate_backend, CLIENT KILL) and returns an error when it
+	// found none.
+	KillListener func() error
+	// Acquired returns how many connections of the peer's pool are in
+	// use. Nil when the pool cannot say.
+	Acquired func() int
+	// Listening returns how many listening connections of the peer the
+	// server has (LISTENing or SUBSCRIBEd). Nil when the server cannot
+	// say.
+	Listening func() int
 }
 
 // Trips is what each Store call costs in round trips to the server, once

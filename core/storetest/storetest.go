@@ -112,6 +112,11 @@ func suite() []suiteCase {
 		{"Unreachable", testUnreachable},
 		{"ClaimBounds", testClaimBounds},
 		{"FrameworkContext", testFrameworkContext},
+		{"NotifyWakesPeers", testNotifyWakesPeers},
+		{"NotifyStop", testNotifyStop},
+		{"NotifyListenerOutsidePool", testNotifyOutsidePool},
+		{"NotifyAfterReconnect", testNotifyReconnect},
+		{"NotifyOnlyWhenSubscribed", testNotifyOnlyWhenSubscribed},
 		{"WaitInFlight", testWaitInFlight},
 	}
 }

@@ -124,6 +124,24 @@ func testRoundTrips(t *testing.T, b Backend) {
 			return nil
 		})
 	}
+	// A subscribed Notifier publishes in what settle and release send
+	// anyway.
+	if n, ok := s.(idemstore.Notifier); ok && b.Peer != nil {
+		stop, err := n.Subscribe(func(string) {})
+		if err != nil {
+			t.Fatalf("Subscribe: %v", err)
+		}
+		measure("Settle (subscribed)", want.Settle, func() (err error) {
+			if err = claim(time.Hour)(); err == nil {
+				_, tx, err = s.BeginTx(ctx, leaseOf(req))
+			}
+			return err
+		}, func() error {
+			return tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("trip")})
+		})
+		measure("Release (subscribed)", want.Release, claim(time.Hour), func() error { return s.Release(ctx, leaseOf(req)) })
+		stop()
+	}
 
 	eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey, Store: s})
 	if err != nil {

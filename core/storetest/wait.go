@@ -300,10 +300,17 @@ func testWaitCaps(t *testing.T, b Backend) {
 
 // testWaitOtherInstance: waiters on a second engine over the same store
 // (another instance) are woken when the holder on the first settles: by
-// polling, or, with polling off, by the store's notifications alone.
+// polling, or, with polling off, by the store's notifications alone. With
+// Backend.Peer the second engine has a store of its own on the same
+// storage, as another process has, so that only the server carries the
+// notification.
 func testWaitOtherInstance(t *testing.T, b Backend, polling bool) {
+	other := b.Store
+	if b.Peer != nil {
+		other = b.Peer(t).Store
+	}
 	one, _ := waitEngine(t, b.Store, idem.Config{})
-	two, rec := waitEngine(t, b.Store, idem.Config{})
+	two, rec := waitEngine(t, other, idem.Config{})
 	key := uniq("wait-instance")
 	end := holder(t, b, one, key)
 	ctx := context.Background()

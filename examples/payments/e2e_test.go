@@ -405,7 +405,7 @@ func TestWaitInFlight(t *testing.T) {
 			t.Fatalf("reply %d differs from the original: %s vs %s", i, r.body, created.body)
 		}
 	}
-	if !strings.Contains(p.logs.String(), "wait=replayed") {
+	if !p.logs.await("wait=replayed", 5*time.Second) {
 		t.Errorf("no log line says a duplicate waited: %s", p.logs)
 	}
 	wantPayments(t, p.base, acct, 1)

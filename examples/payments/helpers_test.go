@@ -97,6 +97,20 @@ func (l *logBuffer) add(s string) {
 	l.lines = append(l.lines, s)
 }
 
+// await reports whether a line containing substr is logged within d: the
+// service logs a request after it answers it, so a test that has its
+// answer may not yet see its line.
+func (l *logBuffer) await(substr string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(l.String(), substr) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

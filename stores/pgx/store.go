@@ -53,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgo/idem/stores/internal/fanout"
 	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
@@ -67,6 +68,9 @@ type Store struct {
 	timeouts    timeouts
 	sql         pgsql.Statements
 	deadPeer    pgsql.DeadPeer // the settings BeginTx and Settle put into force (DeadPeerTimeout)
+
+	channel string     // the notification channel (channelName)
+	hub     fanout.Hub // Subscribe's subscriptions and listener
 
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
@@ -206,7 +210,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
-		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement),
+		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement), channel: channelName(t.Ident()),
 		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
 			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
 }
@@ -577,7 +581,8 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 
 // Release implements idemstore.Store: an UPDATE to 'released' fenced by the
 // lease token and the in_progress state, clearing Uncertain; the row keeps
-// its nonce until it expires. It returns idemstore.ErrLeaseLost when the row is
+// its nonce until it expires; a store with a subscription (Subscribe) sends
+// its pg_notify in the same batch. It returns idemstore.ErrLeaseLost when the row is
 // gone, settled, released or held by another token. An UPDATE whose
 // connection broke is sent again on another connection; if the lost one
 // did release the row, the second matches nothing and reports
@@ -596,7 +601,7 @@ func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 	if s.ended.has(l) {
 		return fmt.Errorf("idempgx: release: %w: the claim must be kept, not released", idemstore.ErrTxEnded)
 	}
-	return s.fenced(ctx, "release", s.sql.Prelude, s.sql.Release, l)
+	return s.fenced(ctx, "release", s.sql.Prelude, s.sql.Release, l, true)
 }
 
 // Keep implements idemstore.Store: an UPDATE fenced like Release's that leaves
@@ -610,16 +615,33 @@ func (s *Store) Release(ctx context.Context, l idemstore.Lease) error {
 // sent again on another connection when its connection broke; a repeat
 // matches the row again and sets the same.
 func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
-	return s.fenced(ctx, "keep", s.sql.DurablePrelude, s.sql.Keep, l)
+	return s.fenced(ctx, "keep", s.sql.DurablePrelude, s.sql.Keep, l, false)
 }
 
 // fenced runs stmt, an UPDATE fenced by l's principal, key and token and
-// the in_progress state, behind prelude; a connection that broke under it
-// is replaced. It returns idemstore.ErrLeaseLost unless it changed one row.
-func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idemstore.Lease) error {
+// the in_progress state, behind prelude, and, with notify, the store's
+// notification of the record in the same batch (queueNotify); a
+// connection that broke under it is replaced. It returns
+// idemstore.ErrLeaseLost unless it changed one row.
+func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idemstore.Lease, notify bool) error {
 	var affected int64
 	err := s.onConn(ctx, func() error {
-		tag, err := s.execBehind(ctx, prelude, stmt, l.Principal, l.Key, l.Token)
+		b := &pgx.Batch{}
+		b.Queue(prelude)
+		b.Queue(stmt, l.Principal, l.Key, l.Token)
+		notified := notify && s.queueNotify(b, l.Principal, l.Key)
+		br := s.pool.SendBatch(ctx, b)
+		_, err := br.Exec()
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if err == nil && notified {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		affected = tag.RowsAffected()
 		return err
 	})

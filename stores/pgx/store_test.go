@@ -84,6 +84,8 @@ func pgxBackend(t testing.TB) storetest.Backend {
 			return func() bool { return flushedPast(t, testCtx(t), e.Pool, pos) }
 		}
 	}
+	b.Peer = func(t testing.TB) storetest.Peer { return notifyPeer(t, e) }
+	b.Eavesdrop = func(t testing.TB) func() []string { return eavesdrop(t, e) }
 	b.Misconfigured = func(t testing.TB) idemstore.Store { return e.storeOn(t, e.Pool, e.Schema+".missing") }
 	// A qualified name: New asks the server nothing.
 	b.Unreachable = func(t testing.TB) idemstore.Store { return e.storeOn(t, deadPool(t), "public.idempotency_keys") }

@@ -142,7 +142,8 @@ func (t *storeTx) Used() bool {
 // fenced UPDATE and COMMIT go to the server as one pipelined batch: one
 // round trip. The COMMIT waits for its WAL flush whatever the handler set
 // synchronous_commit to (see settleCheck), so a stored outcome is durable
-// once the client is answered. It never reports success unless the server
+// once the client is answered. A store with a subscription (Subscribe)
+// queues its pg_notify in the same batch, before the COMMIT. It never reports success unless the server
 // confirmed the COMMIT after the UPDATE changed exactly one row in the
 // transaction BeginTx began. Otherwise nothing is stored and it returns:
 //
@@ -198,6 +199,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	b.Queue(t.store.sql.SettleCheck, t.marker)
 	b.Queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
 		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
+	notified := t.store.queueNotify(b, t.lease.Principal, t.lease.Key)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	_, checkErr := br.Exec()
@@ -208,6 +210,9 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if checkErr == nil {
 		var one int
 		updErr = br.QueryRow().Scan(&one)
+	}
+	if checkErr == nil && updErr == nil && notified {
+		_, updErr = br.Exec()
 	}
 	if checkErr == nil && updErr == nil {
 		commitTag, commitErr = br.Exec()

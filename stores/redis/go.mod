@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemgo/idem/core v0.1.0
+	github.com/idemgo/idem/stores/internal v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
@@ -18,3 +19,5 @@ require (
 )
 
 replace github.com/idemgo/idem/core => ../../core
+
+replace github.com/idemgo/idem/stores/internal => ../internal

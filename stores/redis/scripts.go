@@ -90,9 +90,11 @@ return answer(0, 0, rec)
 `)
 
 // settleScript: KEYS record, index; ARGV member, token, state, status,
-// headers, body. Returns 1 when it stored the outcome, 2 when this token had
-// stored that state already (a retried settle whose first answer was lost),
-// 0 when the fence missed: the record is gone, settled, or held by another
+// headers, body, and, when the store has a subscription, its channel and
+// the record's NotifyID. Returns 1 when it stored the outcome (and then
+// publishes the NotifyID on the channel), 2 when this token had stored
+// that state already (a retried settle whose first answer was lost), 0
+// when the fence missed: the record is gone, settled, or held by another
 // token. The record keeps the expiry its claim set and loses its Uncertain
 // mark.
 var settleScript = redis.NewScript(`
@@ -102,23 +104,26 @@ if v[1] == 'in_progress' then
 	redis.call('HSET', KEYS[1], 's', ARGV[3], 'code', ARGV[4], 'h', ARGV[5], 'b', ARGV[6])
 	redis.call('HDEL', KEYS[1], 'u')
 	redis.call('ZREM', KEYS[2], ARGV[1])
+	if ARGV[7] then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 	return 1
 end
 if v[1] == ARGV[3] then return 2 end
 return 0
 `)
 
-// releaseScript: KEYS record, index; ARGV member, token. Marks the record
-// released, clears its Uncertain mark and removes its index entry when it
-// is in progress under token; returns 1, or 0 when the fence missed. The
-// record keeps its expiry (x and the key's PEXPIREAT), after which Redis
-// deletes it.
+// releaseScript: KEYS record, index; ARGV member, token, and, when the
+// store has a subscription, its channel and the record's NotifyID. Marks
+// the record released, clears its Uncertain mark, removes its index entry
+// and publishes the NotifyID when it is in progress under token; returns
+// 1, or 0 when the fence missed. The record keeps its expiry (x and the
+// key's PEXPIREAT), after which Redis deletes it.
 var releaseScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 's', 't')
 if v[1] == 'in_progress' and v[2] == ARGV[2] then
 	redis.call('HSET', KEYS[1], 's', 'released')
 	redis.call('HDEL', KEYS[1], 'u')
 	redis.call('ZREM', KEYS[2], ARGV[1])
+	if ARGV[3] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 	return 1
 end
 return 0

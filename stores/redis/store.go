@@ -14,6 +14,8 @@ import (
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/stores/internal/fanout"
 )
 
 // Store is an idemstore.Store on Redis or Valkey. It is safe for concurrent use
@@ -36,6 +38,7 @@ type Store struct {
 	prefix       string
 	waitReplicas int
 	waitTimeout  time.Duration
+	hub          fanout.Hub // Subscribe's subscriptions and listener
 }
 
 // Option configures a Store.
@@ -430,7 +433,11 @@ func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
 // endLease runs a script of the Release kind, fenced by l's token.
 func (s *Store) endLease(ctx context.Context, op string, sc *redis.Script, l idemstore.Lease) error {
 	k := s.keysFor(l.Principal, l.Key)
-	n, err := sc.Run(ctx, s.client, []string{k.record, k.index}, k.member, l.Token).Int64()
+	args := []any{k.member, l.Token}
+	if sc == releaseScript {
+		args = s.withNotify(args, l)
+	}
+	n, err := sc.Run(ctx, s.client, []string{k.record, k.index}, args...).Int64()
 	if err != nil {
 		return wrap(op, err)
 	}

@@ -118,9 +118,10 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	}
 	s := t.store
 	k := s.keysFor(t.lease.Principal, t.lease.Key)
-	n, err := settleScript.Run(ctx, s.client, []string{k.record, k.index}, k.member, t.lease.Token,
+	args := s.withNotify([]any{k.member, t.lease.Token,
 		string(out.State), strconv.Itoa(out.Response.Status), idemstore.EncodeHeader(out.Response.Header),
-		out.Response.Body).Int64()
+		out.Response.Body}, t.lease)
+	n, err := settleScript.Run(ctx, s.client, []string{k.record, k.index}, args...).Int64()
 	if err != nil {
 		return wrap("settle", err)
 	}

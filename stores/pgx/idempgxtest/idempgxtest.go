@@ -95,6 +95,8 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // Count; its Dial counts the turns of any other client too.
 type Counter struct {
 	Queries, Batches, Turns atomic.Int64
+	// Statements counts every statement sent, alone or in a batch.
+	Statements atomic.Int64
 }
 
 // Count makes cfg's connections counted by c: its tracer, its dialer, and
@@ -109,6 +111,7 @@ func (c *Counter) Count(cfg *pgxpool.Config) {
 // TraceQueryStart implements pgx.QueryTracer.
 func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.Queries.Add(1)
+	c.Statements.Add(1)
 	return ctx
 }
 
@@ -122,7 +125,9 @@ func (c *Counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceB
 }
 
 // TraceBatchQuery implements pgx.BatchTracer.
-func (c *Counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *Counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.Statements.Add(1)
+}
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
@@ -136,6 +141,7 @@ func (c *Counter) Reset() {
 	c.Queries.Store(0)
 	c.Batches.Store(0)
 	c.Turns.Store(0)
+	c.Statements.Store(0)
 }
 
 // Dial connects to addr with its turns counted by c.

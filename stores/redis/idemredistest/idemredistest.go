@@ -214,6 +214,8 @@ func (e *Env) Backend() storetest.Backend {
 		SelfExpiring: true,
 		NoNonce:      true,
 		Unreachable:  unreachable,
+		Peer:         e.Peer,
+		Eavesdrop:    e.Eavesdrop,
 	}
 }
 
