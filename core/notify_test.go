@@ -1,7 +1,12 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,12 +24,16 @@ import (
 // all of them.
 type notifyingStore struct {
 	idemstore.Store
+	off  error      // Subscribe's answer when set, as a store built without notifications
 	mu   sync.Mutex // one delivery at a time, as the contract says
 	subs map[int]func(string)
 	next int
 }
 
 func (s *notifyingStore) Subscribe(fn func(id string)) (func(), error) {
+	if s.off != nil {
+		return nil, s.off
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.subs == nil {
@@ -121,5 +130,29 @@ func TestWaitNotificationLost(t *testing.T) {
 	}
 	if n := effects.Load(); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestNotificationsOffIsQuiet: a store that answers Subscribe with
+// ErrNotificationsOff (built without notifications) leaves its waiters to
+// polling without a word, as a choice the application made; any other
+// error is logged at Warn.
+func TestNotificationsOffIsQuiet(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		warn bool
+	}{
+		{fmt.Errorf("store: subscribe: %w", idemstore.ErrNotificationsOff), false},
+		{errors.New("store: subscribe: connection refused"), true},
+	} {
+		var logged bytes.Buffer
+		store := &notifyingStore{Store: memstore.MustNew(), off: tc.err}
+		e := newCallEngine(t, idem.Config{Store: store, WaitInFlight: time.Second,
+			Logger: slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		_ = e.Close()
+		if got := strings.Contains(logged.String(), "notifications are unavailable"); got != tc.warn {
+			t.Errorf("Subscribe answered %v: warned %v, want %v (log: %q)", tc.err, got, tc.warn, logged.String())
+		}
 	}
 }

@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
@@ -319,6 +320,9 @@ func (e *Engine) subscribe() {
 			return
 		}
 		stop, err := n.Subscribe(e.waits.wake)
+		if errors.Is(err, idemstore.ErrNotificationsOff) {
+			return
+		}
 		if err != nil {
 			e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn,
 				"idempotency: the store's notifications are unavailable; requests waiting for a key's holder poll",

@@ -82,7 +82,12 @@ var (
 	// aborted: every later statement on the handle fails with it, and
 	// Settle stores nothing, so the engine releases the key. A rollback to
 	// a savepoint taken before the failure recovers, as in PostgreSQL.
-	ErrTxAborted = errors.New("idem: the transaction is aborted: a statement in it failed; nothing more runs in it and nothing is stored")
+	// ErrNotificationsOff is returned by a Notifier's Subscribe when the
+	// store was built without notifications (they cost its commits
+	// something, so a store may leave them to an option): waiters then
+	// poll, and the engine says nothing of it.
+	ErrNotificationsOff = errors.New("idem: the store's notifications are off")
+	ErrTxAborted        = errors.New("idem: the transaction is aborted: a statement in it failed; nothing more runs in it and nothing is stored")
 )
 
 // Lease identifies one holder's claim on a key. Settle and Release are

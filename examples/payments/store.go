@@ -52,7 +52,7 @@ func openBackend(ctx context.Context, cfg config) (*backend, error) {
 	case "redis":
 		return openRedis(ctx, cfg)
 	case "pgx":
-		return openPgx(ctx, orDefault(cfg.dsn, defaultPostgresDSN))
+		return openPgx(ctx, orDefault(cfg.dsn, defaultPostgresDSN), cfg.waitInFlight > 0)
 	case "sqlite":
 		path := orDefault(cfg.dsn, defaultSQLitePath)
 		if strings.ContainsAny(path, "?") || strings.HasPrefix(path, "file:") {
@@ -185,7 +185,9 @@ CREATE TABLE IF NOT EXISTS payments (
 );
 CREATE INDEX IF NOT EXISTS payments_account_created ON payments (account, created_at)`
 
-func openPgx(ctx context.Context, dsn string) (*backend, error) {
+// openPgx opens the pgx store; with notify (-wait-in-flight), its settles
+// wake the duplicates waiting on other instances by NOTIFY.
+func openPgx(ctx context.Context, dsn string, notify bool) (*backend, error) {
 	where := redact(dsn)
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -205,7 +207,11 @@ func openPgx(ctx context.Context, dsn string) (*backend, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect %s: %w", where, err)
 	}
-	st, err := idempgx.New(pool)
+	var opts []idempgx.Option
+	if notify {
+		opts = append(opts, idempgx.WithNotifications())
+	}
+	st, err := idempgx.New(pool, opts...)
 	if err != nil {
 		pool.Close()
 		return nil, err

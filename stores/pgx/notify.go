@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,7 +38,9 @@ func channelName(ident string) string {
 // at most 63 bytes.
 func (s *Store) Channel() string { return s.channel }
 
-// Subscribe implements idemstore.Notifier with PostgreSQL's LISTEN/NOTIFY.
+// Subscribe implements idemstore.Notifier with PostgreSQL's LISTEN/NOTIFY
+// for a store built WithNotifications; without it, it returns an error
+// wrapping idemstore.ErrNotificationsOff and subscribes nothing.
 // The first subscription opens one listening connection from the pool's
 // connection settings (pool.Config().ConnConfig), outside the pool, so it
 // takes no pool connection, and LISTENs on Channel; when that connection
@@ -54,6 +57,9 @@ func (s *Store) Channel() string { return s.channel }
 // (WithTxTimeout). stop waits for a call of fn in progress to return, so
 // fn must not call it.
 func (s *Store) Subscribe(fn func(id string)) (stop func(), err error) {
+	if !s.notify {
+		return nil, fmt.Errorf("idempgx: subscribe: %w (WithNotifications)", idemstore.ErrNotificationsOff)
+	}
 	stop, err = s.hub.Subscribe(fn, func() (fanout.Listen, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.txTimeout)
 		defer cancel()

@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/storetest"
+	idempgx "github.com/idemgo/idem/stores/pgx"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
@@ -24,7 +26,7 @@ func notifyPeer(t testing.TB, e *env) storetest.Peer {
 	cfg := idempgxtest.PoolConfig(t, 4)
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	pool := idempgxtest.OpenPool(t, cfg)
-	s := e.storeOn(t, pool, e.Schema+".idempotency_keys")
+	s := e.storeOn(t, pool, e.Schema+".idempotency_keys", idempgx.WithNotifications())
 	return storetest.Peer{
 		Store: s,
 		KillListener: func() error {
@@ -97,7 +99,7 @@ func eavesdrop(t testing.TB, e *env) func() []string {
 func TestNotifyStatements(t *testing.T) {
 	t.Parallel()
 	c := &idempgxtest.Counter{}
-	e := newEnv(t, newPool(t, 1, c))
+	e := newEnv(t, newPool(t, 1, c), idempgx.WithNotifications())
 	ctx := testCtx(t)
 	cost := func(fn func() error) int64 {
 		t.Helper()
@@ -166,7 +168,7 @@ func BenchmarkSettleNotify(b *testing.B) {
 }
 
 func benchSettle(b *testing.B, par int, subscribed bool) {
-	e := newEnv(b, newPool(b, 8, nil))
+	e := newEnv(b, newPool(b, 8, nil), idempgx.WithNotifications())
 	if subscribed {
 		stop, err := e.Store.Subscribe(func(string) {})
 		if err != nil {
@@ -201,4 +203,42 @@ func benchSettle(b *testing.B, par int, subscribed bool) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestNotificationsOff: a store built without WithNotifications subscribes
+// nothing (ErrNotificationsOff) and its settle sends the statements of a
+// store with notifications that nobody subscribed to: no pg_notify, so
+// waiting costs its commits nothing.
+func TestNotificationsOff(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	settleStatements := func(opts ...idempgx.Option) (*idempgx.Store, func() int64) {
+		c := &idempgxtest.Counter{}
+		e := newEnv(t, newPool(t, 1, c), opts...)
+		return e.Store, func() int64 {
+			req := claimReq("alice", "off-"+randHex(4), "body", time.Minute)
+			if _, err := e.Store.Claim(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			_, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := c.Statements.Load()
+			if err := tx.Settle(ctx, okResponse("{}")); err != nil {
+				t.Fatal(err)
+			}
+			return c.Statements.Load() - before
+		}
+	}
+	off, settleOff := settleStatements()
+	if _, err := off.Subscribe(func(string) {}); !errors.Is(err, idemstore.ErrNotificationsOff) {
+		t.Fatalf("Subscribe without WithNotifications: %v, want ErrNotificationsOff", err)
+	}
+	_, settleQuiet := settleStatements(idempgx.WithNotifications())
+	settleOff() // the first settle of each warms its statement cache
+	settleQuiet()
+	if o, q := settleOff(), settleQuiet(); o != q {
+		t.Fatalf("settle statements: %d without notifications after a refused Subscribe, %d with them unsubscribed; want the same", o, q)
+	}
 }

@@ -69,6 +69,7 @@ type Store struct {
 	sql         pgsql.Statements
 	deadPeer    pgsql.DeadPeer // the settings BeginTx and Settle put into force (DeadPeerTimeout)
 
+	notify  bool       // WithNotifications
 	channel string     // the notification channel (channelName)
 	hub     fanout.Hub // Subscribe's subscriptions and listener
 
@@ -84,6 +85,7 @@ type config struct {
 	txTimeout   time.Duration
 	maxAttempts int
 	timeouts    timeouts
+	notify      bool
 }
 
 // timeouts are the server-side bounds on the store's own statements.
@@ -168,6 +170,24 @@ func WithStatementTimeout(d time.Duration) Option {
 	}
 }
 
+// WithNotifications turns on the store's notifications (Subscribe, which
+// the engine uses for Config.WaitInFlight): a request waiting for a key's
+// holder on another instance is then woken by the holder's settle or
+// release through PostgreSQL's LISTEN/NOTIFY instead of at its next poll
+// (25 ms doubling to 500 ms). They cost commits: once a process
+// subscribed, its settles and releases NOTIFY, and PostgreSQL serialises
+// notifying commits on one cluster-wide lock held through the commit's
+// flush, so settles take longer and fewer commit at once (see
+// BENCHMARKS.md). Without this option Subscribe returns
+// idemstore.ErrNotificationsOff, nothing is ever notified, and waiters on
+// the instance that holds the key are still woken in-process at once.
+func WithNotifications() Option {
+	return func(c *config) error {
+		c.notify = true
+		return nil
+	}
+}
+
 // WithMaxClaimAttempts bounds how many times Claim re-runs its statement
 // when a concurrent request changed the row between its statements (each
 // retry follows somebody else's progress, so a few are plenty). Past the
@@ -210,7 +230,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
-		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement), channel: channelName(t.Ident()),
+		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement), notify: c.notify, channel: channelName(t.Ident()),
 		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
 			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
 }

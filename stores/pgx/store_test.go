@@ -33,7 +33,7 @@ func TestConformance(t *testing.T) {
 // pgxBackend is idempgxtest's Backend with what only these tests can
 // reach: the raw connection, the pool's size, a counting dialer.
 func pgxBackend(t testing.TB) storetest.Backend {
-	e := newEnv(t, newPool(t, 8, nil))
+	e := newEnv(t, newPool(t, 8, nil), idempgx.WithNotifications())
 	b := e.Backend()
 	b.Rounds = envInt("IDEM_PGX_ROUNDS", 0)
 	b.EndTxAround = func(ctx context.Context) error {
