@@ -57,7 +57,7 @@ func pgxBackend(t testing.TB) storetest.Backend {
 	b.HandlerHoldsConn, b.Syncer = true, true
 	b.CountTrips = func(t testing.TB) (storetest.Backend, func() int64) {
 		c := &idempgxtest.Counter{}
-		return newEnv(t, newPool(t, 1, c)).Backend(), c.Turns.Load
+		return newEnv(t, newPool(t, 1, c), idempgx.WithNotifications()).Backend(), c.Turns.Load
 	}
 	b.Trips = storetest.Trips{Claim: 1, Begin: 1, Settle: 1, Replay: 1, Conflict: 1, Takeover: 2, Release: 1, Keep: 1, Get: 1, DurableClaim: 1}
 	b.CountWrites = func(t testing.TB) (storetest.Backend, func() int64) {
