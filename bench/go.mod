@@ -12,6 +12,7 @@ require (
 	github.com/idemgo/idem/stores/gorm v0.1.0
 	github.com/idemgo/idem/stores/pgx v0.1.0
 	github.com/idemgo/idem/stores/redis v0.1.0
+	github.com/idemgo/idem/stores/sql v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/valyala/fasthttp v1.51.0
@@ -30,7 +31,6 @@ require (
 	github.com/glebarez/go-sqlite v1.21.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/idemgo/idem/stores/internal v0.1.0 // indirect
-	github.com/idemgo/idem/stores/sql v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -82,6 +82,16 @@ func OpenGorm(maxConns int, c *Counter) (*gorm.DB, func() error, error) {
 	return db, sqlDB.Close, nil
 }
 
+// OpenPostgresSQL opens database/sql on PostgreSQL (DSN()) through pgx's
+// database/sql driver, with at most maxConns connections.
+func OpenPostgresSQL(ctx context.Context, maxConns int) (*sql.DB, error) {
+	cfg, err := connConfig(nil)
+	if err != nil {
+		return nil, err
+	}
+	return pingDB(ctx, stdlib.OpenDB(*cfg.ConnConfig), maxConns)
+}
+
 // DefaultMySQLDSN is the MariaDB the benchmarks use unless IDEM_MYSQL_DSN
 // says otherwise: the DSN idemgorm's tests use. Only 127.0.0.1.
 const DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
@@ -149,7 +159,13 @@ func pingDB(ctx context.Context, db *sql.DB, maxConns int) (*sql.DB, error) {
 // OpenRedis connects to IDEM_REDIS_ADDR with a pool of maxConns, its socket
 // turns counted by c when c is not nil.
 func OpenRedis(ctx context.Context, maxConns int, c *Counter) (*redis.Client, error) {
-	opts := &redis.Options{Addr: envOr("IDEM_REDIS_ADDR", DefaultRedisAddr), PoolSize: maxConns}
+	return OpenRedisNamed(ctx, "", maxConns, c)
+}
+
+// OpenRedisNamed is OpenRedis with every connection named name (CLIENT
+// SETNAME), so that CLIENT LIST tells this client's connections apart.
+func OpenRedisNamed(ctx context.Context, name string, maxConns int, c *Counter) (*redis.Client, error) {
+	opts := &redis.Options{Addr: envOr("IDEM_REDIS_ADDR", DefaultRedisAddr), PoolSize: maxConns, ClientName: name}
 	if c != nil {
 		opts.Dialer = c.Dial
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -32,8 +33,7 @@ func TakeoverSQL(s *Store) string { return s.sql.Takeover }
 // SyncTarget runs the first statement of tx's Sync and returns the WAL
 // position Sync would wait for.
 func SyncTarget(ctx context.Context, tx idemstore.Tx) (string, error) {
-	var target lsn
-	_, err := tx.(*storeTx).syncPoll(ctx, &target)
+	target, _, err := pgsql.SyncTarget(ctx, tx.(*storeTx).syncQuery)
 	return target.String(), err
 }
 

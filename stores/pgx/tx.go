@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
@@ -276,72 +275,35 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 // the pgsql.DeadPeer settings its session is known to have.
 const deadPeerKey = "idempgx.deadPeer"
 
-// The backoff between Sync's polls: doubled from the first up to the last.
-const (
-	syncFirstWait = time.Millisecond
-	syncMaxWait   = 20 * time.Millisecond
-)
-
 // Sync implements idemstore.Syncer: it returns once the WAL is flushed up to
 // the position BeginTx read when the transaction began, which is past the
 // claim's commit record (the claim committed before BeginTx was called),
 // so the claim, and the nonce every downstream key is made of, survives a
-// database crash. idem.DownstreamKey calls it before it hands out the
-// first key of an attempt whose claim was not Durable.
+// database crash (pgsql.WaitFlushed). idem.DownstreamKey calls it before it
+// hands out the first key of an attempt whose claim was not Durable.
 //
 // It runs on the transaction's own connection, never on another one from
 // the pool: its statements take the handle's turn, as the handler's own
-// do, and read positions only, so the transaction is left as it was. It
-// polls the flush position, 1 ms apart at first and at most 20 ms; the WAL
-// writer flushes an asynchronous commit within wal_writer_delay (200 ms by
-// default), and any synchronous commit on the server flushes it sooner.
-// The wait ends with ctx; a statement already sent is not cancelled, as a
+// do, and read positions only, so the transaction is left as it was. The
+// wait ends with ctx; a statement already sent is not cancelled, as a
 // cancelled statement would abort the handler's transaction, so Sync may
 // return up to one statement after ctx ends.
-//
-// The position is BeginTx's rather than the one at the time of the call:
-// WAL the handler has written since is not flushed before some commit
-// follows it (the WAL writer flushes up to the last asynchronous commit and
-// the last completed page), so on a server where nothing else commits,
-// waiting for it would last until the background writer's periodic record
-// of running transactions, up to 15 s later (never with wal_level
-// minimal). A handler that removed syncSetting makes Sync wait for the
-// insert position at the call, which is past the claim too.
 //
 // It fails, without waiting, when the transaction is finished or aborted,
 // ended behind the handle (an error wrapping idemstore.ErrTxEnded), or its
 // connection is busy with rows the handler left open.
 func (t *storeTx) Sync(ctx context.Context) error {
-	var target lsn
-	for wait := time.Duration(0); ; wait = min(max(2*wait, syncFirstWait), syncMaxWait) {
-		if wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return wrap("sync", fmt.Errorf("the claim's WAL (up to %s) is not flushed yet: %w", target, ctx.Err()))
-			case <-timer.C:
-			}
-		}
-		flushed, err := t.syncPoll(ctx, &target)
-		if err != nil {
-			return err
-		}
-		if flushed {
-			return nil
-		}
-	}
+	return wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery))
 }
 
-// syncPoll runs one of Sync's statements under the locks Settle and the
-// handle's statements take: pgsql.SyncSQL while *target is zero (and then sets
-// it), pgsql.SyncPollSQL after. It reports whether the WAL is flushed up to
-// *target.
-func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
+// syncQuery is Sync's pgsql.QueryRow: it runs one of Sync's statements
+// under the locks Settle and the handle's statements take, on a
+// transaction that is open, idle and not aborted.
+func (t *storeTx) syncQuery(ctx context.Context, query string, dest ...any) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn == nil {
-		return false, errors.New("idempgx: sync: transaction already finished")
+		return errors.New("transaction already finished")
 	}
 	h := t.h
 	h.mu.Lock()
@@ -349,65 +311,23 @@ func (t *storeTx) syncPoll(ctx context.Context, target *lsn) (bool, error) {
 	pg := h.txConn.PgConn()
 	switch {
 	case h.closed:
-		return false, fmt.Errorf("idempgx: sync: %w", pgx.ErrTxClosed)
+		return pgx.ErrTxClosed
 	case pg.IsBusy():
-		return false, errSyncBusy
+		return errSyncBusy
 	case h.state.ended || pg.TxStatus() == 'I':
 		h.state.ended = true
-		return false, fmt.Errorf("idempgx: sync: %w", errTxEnded)
+		return errTxEnded
 	case pg.TxStatus() != 'T':
-		return false, fmt.Errorf("idempgx: sync: %w", idemstore.ErrTxAborted)
+		return idemstore.ErrTxAborted
 	}
 	sctx, cancel := h.detached(ctx)
 	defer cancel()
-	var flush string
-	if *target == 0 {
-		var began *string
-		var insert string
-		if err := h.txConn.QueryRow(sctx, pgsql.SyncSQL).Scan(&began, &insert, &flush); err != nil {
-			return false, wrap("sync", err)
-		}
-		now, err := parseLSN(insert)
-		if err != nil {
-			return false, wrap("sync", err)
-		}
-		// BeginTx's position, unless the handler changed the setting to
-		// something that is not a position BeginTx can have read.
-		*target = now
-		if began != nil {
-			if b, err := parseLSN(*began); err == nil && b > 0 && b <= now {
-				*target = b
-			}
-		}
-	} else if err := h.txConn.QueryRow(sctx, pgsql.SyncPollSQL).Scan(&flush); err != nil {
-		return false, wrap("sync", err)
-	}
-	f, err := parseLSN(flush)
-	if err != nil {
-		return false, wrap("sync", err)
-	}
-	return f >= *target, nil
+	return h.txConn.QueryRow(sctx, query).Scan(dest...)
 }
 
 // errSyncBusy is Sync's answer on a connection that is still reading the
 // rows of the handler's last query.
-var errSyncBusy = errors.New("idempgx: sync: the transaction's connection is busy: close the rows of the handler's query first")
-
-// lsn is a WAL position (pg_lsn).
-type lsn uint64
-
-// parseLSN parses pg_lsn's text form, two hexadecimal halves: "16/B374D848".
-func parseLSN(s string) (lsn, error) {
-	hi, lo, ok := strings.Cut(s, "/")
-	h, err1 := strconv.ParseUint(hi, 16, 32)
-	l, err2 := strconv.ParseUint(lo, 16, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("not a WAL position: %q", s)
-	}
-	return lsn(h<<32 | l), nil
-}
-
-func (l lsn) String() string { return fmt.Sprintf("%X/%X", uint64(l)>>32, uint32(l)) }
+var errSyncBusy = errors.New("the transaction's connection is busy: close the rows of the handler's query first")
 
 // hasMarker reports whether err is the 22P02 one of the store's statements
 // raises on purpose, carrying marker.

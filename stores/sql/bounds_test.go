@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -404,7 +405,7 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 			lease := map[string]string{"postgres": "lease_expires_at timestamptz,", "mysql": "lease_expires_at DATETIME(6),", "sqlite": "lease_expires_at INTEGER,"}[d]
 			uncertain := map[string]string{"postgres": ", uncertain boolean", "mysql": ", uncertain BOOLEAN", "sqlite": ", uncertain INTEGER"}[d]
 			for _, c := range []struct{ nonce, headers, lease, uncertain, column, problem string }{
-				{nonce, "", lease, uncertain, "headers", "missing"}, {nonce, oldHeaders, lease, uncertain, "headers", "binary"},
+				{nonce, "", lease, uncertain, "headers", "missing"}, {nonce, oldHeaders, lease, uncertain, "headers", "want"},
 				{"", headers, lease, uncertain, "nonce", "missing"}, {nonce, headers, "", uncertain, "lease_expires_at", "missing"},
 				{nonce, headers, lease, "", "uncertain", "missing"},
 			} {
@@ -417,6 +418,16 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 				}
 				if err := s.Check(ctx); !errors.As(err, &se) || se.Column != c.column {
 					t.Fatalf("Check on a table %+v = %v, want column %s", c, err, c.column)
+				}
+			}
+			if d == "postgres" {
+				// Every column, but no unique index for the claim's ON
+				// CONFLICT (principal, key): Check says so before a claim
+				// fails on it.
+				mustExec(t, db, "DROP TABLE "+name)
+				mustExec(t, db, "CREATE TABLE "+name+" ("+fmt.Sprintf(cols, nonce, headers, lease, uncertain)+")")
+				if err := s.Check(ctx); !errors.As(err, &se) || se.Column != "" || !strings.Contains(se.Problem, "unique index") {
+					t.Fatalf("Check on a table without a unique index on (principal, key) = %v", err)
 				}
 			}
 			mustExec(t, db, "DROP TABLE "+name)
@@ -523,8 +534,21 @@ func TestImmuneToTheSession(t *testing.T) {
 			if err := store.Release(ctx, leaseOf(again)); err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if _, err := store.ListStale(ctx, 10); err != nil {
-				t.Fatalf("list stale: %v", err)
+			// Get and ListStale return records, their times read on this
+			// session too.
+			if rec, err := store.Get(ctx, req.Principal, req.Key); err != nil || rec.State != idemstore.StateCompleted ||
+				!rec.LockedAt.Equal(res.Record.LockedAt) {
+				t.Fatalf("get: %+v %v, want the completed record locked at %v", rec, err, res.Record.LockedAt)
+			}
+			stale := claimReq("alice", "sess-stale-"+idemsqltest.RandSuffix(), "body", time.Millisecond)
+			if _, err := store.Claim(ctx, stale); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			if recs, err := store.ListStale(ctx, 10); err != nil || !slices.ContainsFunc(recs, func(r idem.Record) bool {
+				return r.Key == stale.Key && r.LockedAt.Sub(before) > -time.Minute && r.LockedAt.Sub(before) < time.Minute
+			}) {
+				t.Fatalf("list stale: %+v %v, want the stale claim %s", recs, err, stale.Key)
 			}
 			if _, err := store.PurgeExpired(ctx, 10); err != nil {
 				t.Fatalf("purge: %v", err)

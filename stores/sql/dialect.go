@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	"github.com/idemgo/idem/stores/internal/sqlguard"
 )
 
@@ -58,7 +59,7 @@ func (d dialect) beginSQL() string {
 	// record (the claim returned before the transaction began) and before
 	// any write of the handler's: what pgTx.Sync waits for. Kept in the
 	// transaction, one simple-protocol round trip with BEGIN.
-	return "BEGIN; SELECT pg_catalog.set_config('" + syncLSNSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
+	return "BEGIN; SELECT pg_catalog.set_config('" + pgsql.SyncSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
 }
 
 // DefaultTable is the table the store uses unless WithTable names another.
@@ -66,12 +67,13 @@ func (d dialect) beginSQL() string {
 // PostgreSQL with current_schema() (public by default), on MySQL with the
 // DSN's database, on SQLite with main, so that a handler's search_path,
 // USE or TEMP table cannot point the store's statements elsewhere.
-const DefaultTable = "idempotency_keys"
+const DefaultTable = pgsql.DefaultTable
 
-// identRE is what a table name (or each part of a schema-qualified one) must
-// match: lower case, so that no dialect folds or keeps case differently
-// from another, and short enough for every dialect's identifier limit once
-// an index suffix is added.
+// identRE is what a MySQL or SQLite table name (or each part of a
+// schema-qualified MySQL one) must match: lower case, so that neither
+// folds or keeps case differently from the other, and short enough for
+// their identifier limits once an index suffix is added. PostgreSQL's
+// names are pgsql.ParseTable's.
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 
 // tableName is a validated, possibly schema-qualified table name.
@@ -80,16 +82,28 @@ type tableName struct {
 	name   string
 }
 
+// pg is t as package pgsql names a table.
+func (t tableName) pg() pgsql.Table { return pgsql.Table{Schema: t.schema, Name: t.name} }
+
 func parseTableName(s string, d dialect) (tableName, error) {
+	if d == dialectPostgres {
+		// PostgreSQL's names follow the rules idempgx's do: the table
+		// part leaves room for the index names derived from it.
+		t, err := pgsql.ParseTable(s)
+		if err != nil {
+			return tableName{}, fmt.Errorf("idemsql: %w", err)
+		}
+		return tableName{schema: t.Schema, name: t.Name}, nil
+	}
 	parts := strings.Split(s, ".")
 	switch {
 	case len(parts) == 1 && identRE.MatchString(parts[0]):
 		return tableName{name: parts[0]}, nil
-	case len(parts) == 2 && d != dialectSQLite && identRE.MatchString(parts[0]) && identRE.MatchString(parts[1]):
+	case len(parts) == 2 && d == dialectMySQL && identRE.MatchString(parts[0]) && identRE.MatchString(parts[1]):
 		return tableName{schema: parts[0], name: parts[1]}, nil
 	}
 	return tableName{}, fmt.Errorf("idemsql: invalid table name %q: want [a-z_][a-z0-9_]* (at most 48 characters)"+
-		", or schema.table on postgres and mysql", s)
+		", or schema.table on mysql", s)
 }
 
 // quote quotes an identifier that identRE (or a fixed column name) already
@@ -188,40 +202,69 @@ func (d dialect) bind(q string) string {
 type queries struct {
 	cols string // the record's columns, in recordRow's order
 
-	claimPG        string // PostgreSQL: insert or return the existing row, one statement, committed asynchronously
-	claimPGDurable string // PostgreSQL: claimPG committed synchronously (idemstore.ClaimRequest.Durable)
-	insertLite     string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
-	upsertMy       string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
-	upsertMyRet    string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
-	selectNow      string // the row plus the database clock
-	takeExpired    string // fenced takeover of an expired record
-	takeStale      string // fenced takeover of an in-progress record whose lease ended
-	takeFreed      string // fenced claim of a released record
-	settle         string
-	settlePipe     string // PostgreSQL: the settle raising on a missed fence, sent with COMMIT (settleAndCommit)
-	// settleScriptParts is PostgreSQL's settlePins, settlePipe and COMMIT
-	// in one query string, the timeouts in it and split where the
-	// settle's arguments go (settleScript).
-	settleScriptParts []string
-	settlePins        string // PostgreSQL: the settings pinned before the settle, in a statement of their own
-	release           string
-	keep              string
-	get               string
-	purge             string
-	pickMy            string // MySQL: the expired batch PurgeExpired deletes by primary key
-	listStale         string
+	pg pgQueries // PostgreSQL: package pgsql's statements
 
-	// PostgreSQL: set_config values for the lock and statement timeouts.
-	lockTimeoutPG, stmtTimeoutPG string
+	insertLite  string // SQLite: INSERT … ON CONFLICT DO NOTHING RETURNING
+	upsertMy    string // MySQL: INSERT … ON DUPLICATE KEY UPDATE (conditional)
+	upsertMyRet string // MariaDB 10.5+: upsertMy returning the row it left; "" elsewhere
+	selectNow   string // the row plus the database clock
+	takeExpired string // fenced takeover of an expired record
+	takeStale   string // fenced takeover of an in-progress record whose lease ended
+	takeFreed   string // fenced claim of a released record
+	settle      string
+	release     string
+	keep        string
+	get         string
+	purge       string
+	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
+	listStale   string
 }
 
-// syncOnPG is the synchronous_commit a PostgreSQL statement pins when its
-// commit must be durable: on, or remote_apply when the session asks for
-// that, which is stronger. Any other value (off, local, remote_write, which
-// a handler may have set) is weaker than on, and becomes on. Its function
-// and operator name their schema, as the statements it goes into may be
-// parsed under a handler's search_path.
-const syncOnPG = "CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply' THEN 'remote_apply' ELSE 'on' END"
+// pgQueries are the PostgreSQL statements that package pgsql builds for
+// idempgx too, in their one-statement forms (pgsql.OneClaim, OneUpdate,
+// OneSelect): each runs its prelude inside it, in one round trip. The
+// claim and the takeovers come in two forms, indexed by
+// idemstore.ClaimRequest.Durable: behind pgsql's ClaimPrelude (its commit
+// does not wait for the WAL flush) and behind its DurablePrelude.
+// Release runs behind the plain prelude, Keep behind the durable one. They
+// return pgsql.RecordCols (recordRow.destPG).
+type pgQueries struct {
+	claim, takeover, replace, reuse [2]string
+	release, keep, get, listStale   string
+	purge                           string // pgsql.Purge, run as it is: it returns no values, and skips the rows it would wait for
+	selectNow                       string // the row and now(), as the claim's second branch reads it
+
+	// The settle: settlePrelude pins, for the rest of the handler's
+	// transaction, the settings the settle and its COMMIT run under
+	// (synchronous_commit at least on among them: the outcome is durable
+	// when Settle returns), then settle, pgsql.Settle, which raises with
+	// pgsql.LeaseLostMarker when its fence misses, so that a COMMIT sent
+	// behind it in the same query string does not run (settleAndCommit).
+	settlePrelude, settle string
+}
+
+// pgBuild builds the PostgreSQL statements for the qualified table t.
+func pgBuild(t tableName, lock time.Duration) pgQueries {
+	// Values travel as text with lib/pq, and with pgx's stdlib in its
+	// simple-protocol modes: the statements pin the text formats too.
+	st := pgsql.New(t.pg(), pgsql.Options{LockTimeout: lock, StatementTimeout: 2 * lock, TextFormats: true})
+	pre := [2]string{st.ClaimPrelude, st.DurablePrelude}
+	var q pgQueries
+	for i, p := range pre {
+		q.claim[i] = st.OneClaim(p)
+		q.takeover[i] = pgsql.OneUpdate(p, st.Takeover)
+		q.replace[i] = pgsql.OneUpdate(p, st.Replace)
+		q.reuse[i] = pgsql.OneUpdate(p, st.Reuse)
+	}
+	q.release = pgsql.OneUpdate(st.Prelude, st.Release)
+	q.keep = pgsql.OneUpdate(st.DurablePrelude, st.Keep)
+	q.get = pgsql.OneSelect(st.Prelude, st.Get)
+	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
+	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
+	q.settlePrelude, q.settle = st.DurablePrelude, st.Settle
+	q.purge = st.Purge
+	return q
+}
 
 // mysqlTimeouts is MariaDB's per-statement prefix bounding lock waits and
 // run time; "" for MySQL, where Store.mysqlSession sets the session
@@ -264,37 +307,6 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	if d == dialectMySQL {
 		my = mysqlTimeouts(maria, lock)
 	}
-
-	// PostgreSQL: one round trip answers both "inserted" and "here is the
-	// row that was there". The outer SELECT reads the statement's
-	// snapshot, which does not contain the CTE's own insert; NOT EXISTS
-	// keeps it from returning a row as well when the INSERT did insert
-	// (a concurrent purge deleted the row the snapshot still shows, and
-	// the INSERT waited for it). It returns no row when the conflicting row
-	// committed after the snapshot was taken: Claim loops on that.
-	//
-	// cfg runs before the INSERT produces its row, so its settings hold
-	// for the INSERT's waits: lock_timeout bounds the wait for a row
-	// another transaction holds (a settle not yet committed), and
-	// synchronous_commit off lets the claim's own commit skip the WAL
-	// flush (this statement's transaction only): the settle's synchronous
-	// commit later flushes the WAL up to and including it, a claim lost
-	// in a crash took its holder's transaction with it, and a handler that
-	// needs the claim durable sooner (idem.DownstreamKey) waits for the
-	// flush through its transaction (pgTx.Sync). A Durable claim pins it
-	// on instead (syncOnPG).
-	claimPG := func(syncCommit string) string {
-		return "WITH cfg AS (SELECT set_config('synchronous_commit', " + syncCommit + ", true) AS sc, set_config('lock_timeout', ?, true) AS lt)," +
-			" ins AS (INSERT INTO " + T + " " + insertCols +
-			" SELECT CAST(? AS text), CAST(? AS text), CAST(? AS bytea), 'in_progress', CAST(? AS text), CAST(? AS text), CAST(? AS text), now(), now(), " +
-			d.nowPlus() + ", " + d.nowPlus() +
-			" FROM cfg ON CONFLICT (principal, " + K + ") DO NOTHING RETURNING " + q.cols + ")" +
-			" SELECT true AS inserted, ins.*, " + nowCol + " FROM ins" +
-			" UNION ALL SELECT false AS inserted, " + q.cols + ", " + nowCol + " FROM " + T +
-			" WHERE principal = ? AND " + K + " = ? AND NOT EXISTS (SELECT 1 FROM ins)"
-	}
-	q.claimPG = claimPG("'off'")
-	q.claimPGDurable = claimPG(syncOnPG)
 
 	// SQLite: the same decision, in two statements that each answer for
 	// themselves: the INSERT returns a row only when it inserted one. It
@@ -365,15 +377,6 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	if d != dialectMySQL {
 		returning = " RETURNING " + q.cols + ", " + nowCol
 	}
-	// PostgreSQL: the writes outside a handler's transaction (takeovers,
-	// release, keep) pin their lock timeout, and commit synchronously
-	// whatever the server's default: a Durable claim that takes a record
-	// over is durable when Claim returns, and so is a Keep.
-	pgCfg, pgFrom := "", ""
-	if d == dialectPostgres {
-		pgCfg = "WITH cfg AS (SELECT pg_catalog.set_config('lock_timeout', ?, true) AS lt, pg_catalog.set_config('synchronous_commit', " + syncOnPG + ", true) AS sc) "
-		pgFrom = " FROM cfg"
-	}
 	// The takeovers are fenced by the token the caller saw and re-check
 	// their condition with the database clock at the moment they run; a
 	// row that changed in between matches nothing and Claim starts over.
@@ -383,12 +386,12 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// taken-over attempt's downstream keys, and its uncertain mark; it is
 	// taken over only when its own lease has ended, and an uncertain one
 	// only when the caller asks for it (the last bind parameter).
-	q.takeExpired = pgCfg + my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
+	q.takeExpired = my + "UPDATE " + T + " SET fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, nonce = ?," +
 		" status = NULL, headers = NULL, body = NULL, uncertain = FALSE, created_at = " + now + ", locked_at = " + now +
-		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND expires_at <= " + now + returning
-	q.takeStale = pgCfg + my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
-		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+	q.takeStale = my + "UPDATE " + T + " SET lease_token = ?, request_id = ?, locked_at = " + now +
+		", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND state = 'in_progress' AND fingerprint = ?" +
 		" AND lease_expires_at <= " + now + " AND expires_at > " + now + " AND (NOT uncertain OR ?)" + returning
 	// A released row is free: the new attempt's fingerprint, token, lease
@@ -400,68 +403,20 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// each seeing the values assigned before it (unless MariaDB's
 	// SIMULTANEOUS_ASSIGNMENT, where all see the old row, as they always
 	// do on PostgreSQL and SQLite).
-	fp := "?"
-	if d == dialectPostgres {
-		fp = "CAST(? AS bytea)"
-	}
-	q.takeFreed = pgCfg + my + "UPDATE " + T + " SET nonce = CASE WHEN fingerprint = " + fp + " THEN nonce ELSE ? END," +
+	q.takeFreed = my + "UPDATE " + T + " SET nonce = CASE WHEN fingerprint = ? THEN nonce ELSE ? END," +
 		" fingerprint = ?, state = 'in_progress', lease_token = ?, request_id = ?, uncertain = FALSE," +
-		" created_at = " + now + ", locked_at = " + now + ", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() + pgFrom +
+		" created_at = " + now + ", locked_at = " + now + ", lease_expires_at = " + d.nowPlus() + ", expires_at = " + d.nowPlus() +
 		where + " AND lease_token = ? AND state = 'released' AND expires_at > " + now + returning
 
 	held := where + " AND lease_token = ? AND state = 'in_progress'"
-	q.release = pgCfg + my + "UPDATE " + T + " SET state = 'released', uncertain = FALSE" + pgFrom + held
+	q.release = my + "UPDATE " + T + " SET state = 'released', uncertain = FALSE" + held
 	// Keep ends the lease now, so the record is stale at once, and marks it
 	// uncertain, so that only a claim that asks Reconcile takes it over.
-	q.keep = pgCfg + my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + pgFrom + held
+	q.keep = my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + held
 	settle := "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?, uncertain = FALSE" + held
-	if d == dialectPostgres {
-		// The settle's settings, pinned over whatever SET or SET LOCAL the
-		// handler ran, in a statement before the settle: a
-		// statement_timeout set inside a statement applies from the next
-		// statement on, so a handler's '1ms' would otherwise bound the
-		// settle itself. They last to the transaction's end, so they also
-		// bound the COMMIT, and synchronous_commit makes the COMMIT wait
-		// for its WAL flush (syncOnPG) even when the handler turned it off:
-		// the outcome, and every asynchronously committed claim before it,
-		// is durable when Settle returns.
-		//
-		// search_path is pinned with them, so that the settle's statements,
-		// which the server parses after this one ran, resolve their
-		// operators (the fence's =, the count's =) in pg_catalog: a
-		// handler's schema put first with an = that is always true would
-		// otherwise make the settle update other principals' records. This
-		// statement itself is parsed under the handler's search_path, so
-		// it names the schema of everything in it.
-		q.settlePins = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)," +
-			" pg_catalog.set_config('lock_timeout', ?, true), pg_catalog.set_config('statement_timeout', ?, true)," +
-			" pg_catalog.set_config('synchronous_commit', " + syncOnPG + ", true)"
-		q.settle = settle
-		// The same, for a batch with COMMIT behind it: a missed fence must
-		// abort the transaction, not merely report zero rows, or the COMMIT
-		// would commit the handler's writes without the outcome. The CASE
-		// raises (SQLSTATE 22P02, carrying leaseLostMarker) unless exactly
-		// one row was updated; the server then skips the COMMIT.
-		q.settlePipe = "WITH u AS (" + settle + " RETURNING 1)" +
-			" SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('" + leaseLostMarker + ": the fenced UPDATE matched ' || count(*) || ' rows')::int END FROM u"
-	} else {
-		q.settle = my + settle
-	}
+	q.settle = my + settle
 
 	switch d {
-	case dialectPostgres:
-		// SKIP LOCKED lets several sweepers share the work; the outer
-		// condition re-checks expiry on the row version being deleted.
-		// Settled rows come from the expires index, which holds only them;
-		// the few expired in-progress rows from the lease index, which
-		// holds only those. It binds the limit three times.
-		q.purge = "WITH settled AS (SELECT principal, " + K + " FROM " + T +
-			" WHERE state <> 'in_progress' AND expires_at <= now() ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)," +
-			" held AS (SELECT principal, " + K + " FROM " + T +
-			" WHERE state = 'in_progress' AND expires_at <= now() LIMIT ? FOR UPDATE SKIP LOCKED)" +
-			" DELETE FROM " + T + " AS t USING (SELECT principal, " + K + " FROM settled UNION ALL" +
-			" SELECT principal, " + K + " FROM held LIMIT ?) AS d" +
-			" WHERE t.principal = d.principal AND t." + K + " = d." + K + " AND t.expires_at <= now()"
 	case dialectMySQL:
 		// A DELETE … ORDER BY expires_at LIMIT lets the optimizer scan the
 		// primary key when most rows have expired, and InnoDB then locks
@@ -480,17 +435,14 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	q.listStale = "SELECT " + q.cols + " FROM " + T + " WHERE state = 'in_progress' AND lease_expires_at <= " + now +
 		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
-	q.lockTimeoutPG = strconv.FormatInt(max(lock.Milliseconds(), 1), 10) + "ms"
-	q.stmtTimeoutPG = strconv.FormatInt(max(2*lock.Milliseconds(), 1), 10) + "ms"
-	if d == dialectPostgres {
-		// The timeouts are digits and "ms": safe as literals.
-		pins := strings.Replace(strings.Replace(q.settlePins, "?", "'"+q.lockTimeoutPG+"'", 1), "?", "'"+q.stmtTimeoutPG+"'", 1)
-		q.settleScriptParts = strings.Split(pins+"; "+q.settlePipe+"; COMMIT", "?")
-	}
-	for _, p := range []*string{&q.claimPG, &q.claimPGDurable, &q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
-		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.settlePipe, &q.settlePins, &q.release, &q.keep,
+	for _, p := range []*string{&q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
+		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.release, &q.keep,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
+	}
+	if d == dialectPostgres {
+		q.pg = pgBuild(t, lock)
+		q.selectNow = q.pg.selectNow
 	}
 	return q
 }

@@ -11,6 +11,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -78,15 +79,15 @@ func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
 		t.Fatal("the test server runs with synchronous_commit=off; this test needs it on")
 	}
 
-	for query, want := range map[string]string{s.q.claimPG: "off", s.q.claimPGDurable: "on"} {
+	for query, want := range map[string]string{s.q.pg.claim[0]: "off", s.q.pg.claim[1]: "on"} {
 		var inClaim string
 		tx, err := db.Begin()
 		if err != nil {
 			t.Fatal(err)
 		}
 		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-		rows, err := tx.Query(query, s.q.lockTimeoutPG, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Nonce,
-			r.Lease.Microseconds(), r.Retention.Microseconds(), r.Principal, r.Key)
+		rows, err := tx.Query(query, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Retention.Microseconds(),
+			r.Nonce, r.Lease.Microseconds())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,8 +221,8 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 		}
 	}
 	var ok bool
-	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
-		AND CAST(current_setting('`+syncLSNSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
+	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
+		AND CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
 		t.Fatal(err)
 	}
 	if !ok {
@@ -237,10 +238,11 @@ func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
 
 // TestPostgresDurableClaimCommitsSynchronously: a trigger on the store's
 // table records synchronous_commit as each write of the store sees it, on
-// sessions whose own default is off. A claim that inserts runs with it off,
-// unless Durable; the takeovers (of a stale claim, of a released record)
-// and Keep, which do not hand their durability to a later Sync, run with
-// it on.
+// sessions whose own default is off. A claim runs with it off unless
+// Durable, whether it inserts or takes a row over (a stale claim, a
+// released record: the next BeginTx records a WAL position past the
+// takeover, so a Sync covers it as it covers an insert); Keep, whose
+// durability nothing later waits for, runs with it on.
 func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 	s, db := pgStore(t, 4, "synchronous_commit=off")
 	if got := showSync(t, db); got != "off" {
@@ -309,8 +311,8 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // async's lease ends
 	takeover := req(async.Key, "body", "takeover-"+suffix(), time.Hour, time.Hour)
 	claim(takeover, true)
-	if got := sawSync(takeover.Token); got != "on" {
-		t.Fatalf("a takeover ran with synchronous_commit %q, want on", got)
+	if got := sawSync(takeover.Token); got != "off" {
+		t.Fatalf("a takeover that is not Durable ran with synchronous_commit %q, want off", got)
 	}
 	if err := s.Keep(ctx, leaseOfReq(takeover)); err != nil {
 		t.Fatal(err)
@@ -326,54 +328,15 @@ func TestPostgresDurableClaimCommitsSynchronously(t *testing.T) {
 		t.Fatal(err)
 	}
 	freed := req(durable.Key, "other body", "freed-"+suffix(), time.Hour, time.Hour)
+	freed.Durable = true
 	claim(freed, false)
 	if got := sawSync(freed.Token); got != "on" {
-		t.Fatalf("the claim of a released record ran with synchronous_commit %q, want on", got)
+		t.Fatalf("the Durable claim of a released record ran with synchronous_commit %q, want on", got)
 	}
 }
 
 func leaseOfReq(r idemstore.ClaimRequest) idemstore.Lease {
 	return idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token}
-}
-
-// TestPostgresSettleCommitsDurably: the settle commits with synchronous_commit
-// at least on whatever the handler set, session-wide or LOCAL: right after
-// Settle returns, another connection finds the WAL flushed past a position
-// read inside the handler's transaction. Without the pin the WAL writer
-// would flush it up to 200 ms later; five rounds per setting make a miss
-// all but certain to show.
-func TestPostgresSettleCommitsDurably(t *testing.T) {
-	s, db := pgStore(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, set := range []string{"SET synchronous_commit = off", "SET LOCAL synchronous_commit = off"} {
-		t.Run(set, func(t *testing.T) {
-			for i := range 5 {
-				r := req("settle-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-				if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-					t.Fatalf("claim: %+v %v", res, err)
-				}
-				txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-				if err != nil {
-					t.Fatal(err)
-				}
-				htx, _ := Tx(txCtx)
-				if err := execOn(htx, set); err != nil {
-					t.Fatal(err)
-				}
-				var inside string
-				if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&inside); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201}}); err != nil {
-					t.Fatal(err)
-				}
-				if !flushedTo(t, db, inside) {
-					t.Fatalf("round %d: after Settle the WAL is not flushed up to %s, read inside the handler's transaction", i, inside)
-				}
-			}
-		})
-	}
 }
 
 // querier is what showSync and flushedTo read through: the *sql.DB or the
@@ -386,4 +349,55 @@ type querier interface {
 func execOn(h *Handle, q string) error {
 	_, err := h.ExecContext(context.Background(), q)
 	return err
+}
+
+// TestPostgresSettleOneByOne: on a driver that cannot send the settle's
+// settings, the settle and COMMIT as one query string, they run one by one
+// with the same guarantees: the outcome is stored with the handler's write,
+// and a settle whose lease was taken over returns idemstore.ErrLeaseLost
+// and commits nothing of the handler's.
+func TestPostgresSettleOneByOne(t *testing.T) {
+	s, db := pgStore(t, 2)
+	s.pgScript = false
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	effects := "idem_dur_fx_" + suffix()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+effects+" (k text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + effects) })
+	outcome := idemstore.Outcome{State: idemstore.StateCompleted, Response: idem.Response{Status: 201, Body: []byte("done")}}
+	for _, lose := range []bool{false, true} {
+		r := req("one-"+suffix(), "body", "tok-"+suffix(), 20*time.Millisecond, time.Hour)
+		if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		htx, _ := Tx(txCtx)
+		if err := execOn(htx, "INSERT INTO "+effects+" VALUES ('"+r.Key+"')"); err != nil {
+			t.Fatal(err)
+		}
+		if lose {
+			time.Sleep(30 * time.Millisecond)
+			next := req(r.Key, "body", "tok-"+suffix(), time.Minute, time.Hour)
+			if res, err := s.Claim(ctx, next); err != nil || !res.Reclaimed {
+				t.Fatalf("takeover: %+v %v", res, err)
+			}
+		}
+		err = tx.Settle(ctx, outcome)
+		var n int
+		if qerr := db.QueryRowContext(ctx, "SELECT count(*) FROM "+effects+" WHERE k = $1", r.Key).Scan(&n); qerr != nil {
+			t.Fatal(qerr)
+		}
+		rec, gerr := s.Get(ctx, r.Principal, r.Key)
+		switch {
+		case lose && (!errors.Is(err, idemstore.ErrLeaseLost) || n != 0):
+			t.Fatalf("settle after a takeover = %v with %d handler writes committed, want idemstore.ErrLeaseLost and none", err, n)
+		case !lose && (err != nil || n != 1 || gerr != nil || rec.State != idemstore.StateCompleted || string(rec.Response.Body) != "done"):
+			t.Fatalf("settle = %v, %d handler writes, record %+v %v; want the outcome stored with the write", err, n, rec, gerr)
+		}
+	}
 }

@@ -52,7 +52,7 @@ func TestFaults(t *testing.T) {
 					through := idemsqltest.Fixture{DB: db, Store: store, Setup: setup, Effects: direct.Effects}
 					return through.Backend()
 				},
-				Claim:  []byte("DO NOTHING RETURNING"),
+				Claim:  []byte("ON CONFLICT (principal, key) DO NOTHING"),
 				Commit: []byte("COMMIT"),
 				Effect: []byte("INSERT INTO " + direct.Effects.Table),
 			})

@@ -19,6 +19,7 @@ import (
 	mysqldriver "github.com/go-sql-driver/mysql"
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
 // oddMySQLMode is a sql_mode a handler (or a DSN) may set: MariaDB's
@@ -304,17 +305,19 @@ func TestTableNames(t *testing.T) {
 		d    dialect
 		ok   bool
 	}{
-		{"idempotency_keys", dialectPostgres, true},
-		{"billing.idem", dialectPostgres, true},
+		// PostgreSQL's are pgsql.ParseTable's (TestParseTable there).
+		{"Billing.Idem", dialectPostgres, true},
+		{strings.Repeat("a", pgsql.MaxTableLen+1), dialectPostgres, false},
+		{"idempotency_keys", dialectMySQL, true},
 		{"billing.idem", dialectMySQL, true},
 		{"billing.idem", dialectSQLite, false},
-		{"Idem", dialectPostgres, false},
+		{"Idem", dialectMySQL, false},
 		{"idem;drop table x", dialectMySQL, false},
 		{`idem"`, dialectSQLite, false},
-		{"a.b.c", dialectPostgres, false},
-		{"", dialectPostgres, false},
-		{"9idem", dialectPostgres, false},
-		{strings.Repeat("a", 49), dialectPostgres, false},
+		{"a.b.c", dialectMySQL, false},
+		{"", dialectSQLite, false},
+		{"9idem", dialectMySQL, false},
+		{strings.Repeat("a", 49), dialectMySQL, false},
 	} {
 		_, err := parseTableName(c.name, c.d)
 		if (err == nil) != c.ok {
@@ -324,7 +327,7 @@ func TestTableNames(t *testing.T) {
 }
 
 func TestMigrationRendering(t *testing.T) {
-	for _, d := range []dialect{dialectPostgres, dialectMySQL, dialectSQLite} {
+	for _, d := range []dialect{dialectMySQL, dialectSQLite} {
 		b, err := migrations.ReadFile("migrations/" + d.String() + ".sql")
 		if err != nil {
 			t.Fatal(err)
@@ -746,9 +749,9 @@ func TestTakeoverRechecksWhatKeepChanges(t *testing.T) {
 			next := req(held.Key, "a", "t2", time.Hour, time.Hour)
 			takeover := func(takeOverUncertain bool) bool {
 				t.Helper()
-				_, ok, err := s.takeover(ctx, s.q.takeStale, s.lockArgs(
-					next.Token, next.RequestID, next.Lease.Microseconds(), next.Retention.Microseconds(),
-					next.Principal, next.Key, seen.rec.LeaseToken, next.Fingerprint, takeOverUncertain), next)
+				next.TakeOverUncertain = takeOverUncertain
+				query, args := s.takeoverStmt(takeStale, next, seen.rec.LeaseToken)
+				_, ok, err := s.takeover(ctx, query, args, next)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -4,24 +4,30 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
 // Schema returns the SQL that creates the store's table and its indexes
-// for its dialect and table name: the embedded migrations/<dialect>.sql,
-// with the table, its indexes and its constraints renamed when WithTable
-// chose another name, and the table qualified as the store names it. It is
-// idempotent (CREATE … IF NOT EXISTS); feed it to goose, golang-migrate,
-// atlas or your own tool, or call Migrate.
+// for its dialect and table name, the table qualified as the store names
+// it. On PostgreSQL it is the schema idempgx creates (pgsql.Migrations);
+// on MySQL and SQLite the embedded migrations/<dialect>.sql, with the
+// table, its indexes and its constraints renamed when WithTable chose
+// another name. It is idempotent (CREATE … IF NOT EXISTS); feed it to
+// goose, golang-migrate, atlas or your own tool, or call Migrate.
 func (s *Store) Schema() string {
+	if s.dialect == dialectPostgres {
+		return s.qtable.pg().SchemaSQL()
+	}
 	b, err := migrations.ReadFile("migrations/" + s.dialect.String() + ".sql")
 	if err != nil {
 		panic(err) // embedded at build time: cannot happen
@@ -51,8 +57,9 @@ func renderMigration(sqlText string, d dialect, t tableName) string {
 
 // Migrate creates the store's table and indexes if they do not exist
 // (Schema), then checks the table (Check). It is idempotent. On
-// PostgreSQL it runs in one transaction under an advisory lock, so
-// instances starting together do not trip over each other. A table made
+// PostgreSQL it runs in one transaction under the advisory lock idempgx's
+// Migrate takes for the same table, so instances starting together, with
+// either store, do not trip over each other. A table made
 // by an earlier version of the store, which lacks a column an index needs,
 // is reported as Check reports it: a *SchemaError naming the column.
 func (s *Store) Migrate(ctx context.Context) error {
@@ -86,7 +93,7 @@ func (s *Store) migrate(ctx context.Context, pool *sql.DB) error {
 		return s.wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "idemsql:migrate:"+s.Table()); err != nil {
+	if _, err := tx.ExecContext(ctx, pgsql.MigrateLockSQL, s.qtable.pg().MigrateLockKey()); err != nil {
 		return s.wrap("migrate: advisory lock", err)
 	}
 	for _, st := range stmts {
@@ -145,11 +152,11 @@ func (s *Store) Check(ctx context.Context) error {
 	fail := func(column, problem string) error {
 		return idemstore.WrapStoreError("idemsql", "check", idemstore.ClassOther, &SchemaError{Table: s.Table(), Column: column, Problem: problem})
 	}
+	if s.dialect == dialectPostgres {
+		return s.checkPostgres(ctx, pool, fail)
+	}
 	var rows *sql.Rows
 	switch s.dialect {
-	case dialectPostgres:
-		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
-			" WHERE table_schema = $1 AND table_name = $2 LIMIT 1000", s.qtable.schema, s.qtable.name)
 	case dialectMySQL:
 		rows, err = pool.QueryContext(ctx, "SELECT column_name, data_type FROM information_schema.columns"+
 			" WHERE table_schema = ? AND table_name = ? LIMIT 1000", s.qtable.schema, s.qtable.name)
@@ -189,7 +196,7 @@ func (s *Store) Check(ctx context.Context) error {
 	T := s.dialect.qualified(s.qtable)
 	K := s.dialect.quote("key")
 	probes := []string{"SELECT " + s.q.cols + " FROM " + T + " WHERE 1 = 0 LIMIT 1"}
-	if s.dialect != dialectSQLite {
+	if s.dialect == dialectMySQL {
 		probes = append(probes,
 			"UPDATE "+T+" SET state = state, headers = headers, body = body, status = status,"+
 				" lease_expires_at = lease_expires_at, uncertain = uncertain WHERE 1 = 0",
@@ -205,6 +212,65 @@ func (s *Store) Check(ctx context.Context) error {
 			return s.wrap("check", err)
 		}
 	}
+	return nil
+}
+
+// checkPostgres is Check on PostgreSQL: idempgx's check (pgsql.CheckSQL,
+// pgsql.Diagnose), which also finds a missing unique index on (principal,
+// key) and a privilege the user lacks. The first problem is reported, a
+// column's before the table's.
+func (s *Store) checkPostgres(ctx context.Context, pool *sql.DB, fail func(column, problem string) error) error {
+	var (
+		cols, privileges []string
+		unique           bool
+	)
+	err := pool.QueryRowContext(ctx, pgsql.CheckSQL, s.qtable.pg().Ident()).Scan(pgTextArray(&cols), &unique, pgTextArray(&privileges))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fail("", "does not exist, or this database user cannot see it: run Migrate or feed Schema() to your migration tool")
+	}
+	if err != nil {
+		return s.wrap("check", err)
+	}
+	missing, wrongType := pgsql.Diagnose(cols, unique, privileges)
+	for _, m := range missing {
+		if col, ok := strings.CutPrefix(m, "column "); ok {
+			return fail(col, "is missing: the table predates this version of the store, or was made by hand")
+		}
+	}
+	if len(wrongType) > 0 {
+		col, problem, _ := strings.Cut(wrongType[0], ": ")
+		return fail(col, "is "+problem)
+	}
+	if len(missing) > 0 {
+		return fail("", "lacks the "+missing[0])
+	}
+	return nil
+}
+
+// textArray scans a PostgreSQL text[] that a driver returns in its text
+// form (pgx's stdlib and lib/pq both do) into a []string.
+type textArray struct{ dst *[]string }
+
+func pgTextArray(dst *[]string) textArray { return textArray{dst} }
+
+func (a textArray) Scan(src any) error {
+	var s string
+	switch x := src.(type) {
+	case string:
+		s = x
+	case []byte:
+		s = string(x)
+	case nil:
+		*a.dst = nil
+		return nil
+	default:
+		return fmt.Errorf("idemsql: cannot scan %T into a text array", src)
+	}
+	v, err := pgsql.ParseTextArray(s)
+	if err != nil {
+		return err
+	}
+	*a.dst = v
 	return nil
 }
 

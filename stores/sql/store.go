@@ -68,10 +68,13 @@ type config struct {
 	logger      *slog.Logger
 }
 
-// WithTable makes the store use the table name instead of DefaultTable. The
-// name is lower-case letters, digits and underscores, at most 48
-// characters, optionally prefixed with a schema ("billing.idempotency_keys")
-// on PostgreSQL and MySQL (where a schema is a database). New rejects
+// WithTable makes the store use the table name instead of DefaultTable. On
+// PostgreSQL the name is one idempgx takes: "table" or "schema.table", each
+// part letters, digits and underscores, not starting with a digit, the
+// table at most 40 bytes (its index names are derived from it), case kept.
+// On MySQL and SQLite it is lower-case letters, digits and underscores, at
+// most 48 characters, optionally prefixed with a database on MySQL
+// ("billing.idempotency_keys"). New rejects
 // anything else, so the name can never carry SQL. An unqualified name is
 // qualified by New: on PostgreSQL with the schema the connection's
 // search_path selects when New runs (current_schema(), public by default),
@@ -436,20 +439,16 @@ func (s *Store) claimOnce(ctx context.Context, req idemstore.ClaimRequest) (res 
 		if s.dialect == dialectMySQL {
 			return res, false, nil
 		}
-		taken, ok, terr := s.takeover(ctx, s.q.takeExpired, s.lockArgs(
-			req.Fingerprint, req.Token, req.RequestID, req.Nonce, req.Lease.Microseconds(), req.Retention.Microseconds(),
-			req.Principal, req.Key, rec.LeaseToken,
-		), req)
+		query, args := s.takeoverStmt(takeExpired, req, rec.LeaseToken)
+		taken, ok, terr := s.takeover(ctx, query, args, req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
 		return idemstore.ClaimResult{Claimed: true, Record: taken.rec, Now: taken.now}, true, nil
 
 	case rec.State == idemstore.StateReleased:
-		taken, ok, terr := s.takeover(ctx, s.q.takeFreed, s.lockArgs(
-			req.Fingerprint, req.Nonce, req.Fingerprint, req.Token, req.RequestID, req.Lease.Microseconds(), req.Retention.Microseconds(),
-			req.Principal, req.Key, rec.LeaseToken,
-		), req)
+		query, args := s.takeoverStmt(takeFreed, req, rec.LeaseToken)
+		taken, ok, terr := s.takeover(ctx, query, args, req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
@@ -459,10 +458,8 @@ func (s *Store) claimOnce(ctx context.Context, req idemstore.ClaimRequest) (res 
 		bytes.Equal(rec.Fingerprint, req.Fingerprint) && (!rec.Uncertain || req.TakeOverUncertain):
 		// Its own lease ended (its holder crashed, hung or kept it): taken
 		// over, keeping its nonce and its uncertain mark.
-		taken, ok, terr := s.takeover(ctx, s.q.takeStale, s.lockArgs(
-			req.Token, req.RequestID, req.Lease.Microseconds(), req.Retention.Microseconds(),
-			req.Principal, req.Key, rec.LeaseToken, req.Fingerprint, req.TakeOverUncertain,
-		), req)
+		query, args := s.takeoverStmt(takeStale, req, rec.LeaseToken)
+		taken, ok, terr := s.takeover(ctx, query, args, req)
 		if terr != nil || !ok {
 			return res, false, terr
 		}
@@ -473,29 +470,55 @@ func (s *Store) claimOnce(ctx context.Context, req idemstore.ClaimRequest) (res 
 	return idemstore.ClaimResult{Record: rec, Now: now}, true, nil
 }
 
-// lockArgs prepends PostgreSQL's lock timeout to a statement's arguments
-// (its statements set it in a leading CTE).
-func (s *Store) lockArgs(args ...any) []any {
-	if s.dialect != dialectPostgres {
-		return args
+// The fenced takeovers claimOnce runs.
+type takeoverKind int
+
+const (
+	takeExpired takeoverKind = iota // a row past its retention
+	takeFreed                       // a released row
+	takeStale                       // an in-progress row whose lease ended
+)
+
+// takeoverStmt returns the dialect's statement for a takeover of kind by
+// req of the row held under the token old, and its arguments.
+func (s *Store) takeoverStmt(kind takeoverKind, req idemstore.ClaimRequest, old string) (string, []any) {
+	lease, retention := req.Lease.Microseconds(), req.Retention.Microseconds()
+	if s.dialect == dialectPostgres {
+		pg := s.q.pg
+		switch kind {
+		case takeExpired:
+			return pg.replace[durable(req)], []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, retention, old, req.Nonce, lease}
+		case takeFreed:
+			return pg.reuse[durable(req)], []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, retention, old, req.Nonce, lease}
+		}
+		return pg.takeover[durable(req)], []any{req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, retention, old, lease, req.TakeOverUncertain}
 	}
-	return append([]any{s.q.lockTimeoutPG}, args...)
+	switch kind {
+	case takeExpired:
+		return s.q.takeExpired, []any{req.Fingerprint, req.Token, req.RequestID, req.Nonce, lease, retention, req.Principal, req.Key, old}
+	case takeFreed:
+		return s.q.takeFreed, []any{req.Fingerprint, req.Nonce, req.Fingerprint, req.Token, req.RequestID, lease, retention, req.Principal, req.Key, old}
+	}
+	return s.q.takeStale, []any{req.Token, req.RequestID, lease, retention, req.Principal, req.Key, old, req.Fingerprint, req.TakeOverUncertain}
 }
 
-// claimPostgres inserts or returns the existing row in one statement,
-// committed synchronously only when req.Durable.
+// durable indexes pgQueries' claim and takeover forms.
+func durable(req idemstore.ClaimRequest) int {
+	if req.Durable {
+		return 1
+	}
+	return 0
+}
+
+// claimPostgres inserts or returns the existing row in one statement
+// (pgsql.OneClaim), committed synchronously only when req.Durable.
 func (s *Store) claimPostgres(ctx context.Context, req idemstore.ClaimRequest) (r rowWithNow, inserted, found bool, err error) {
 	pool, err := s.pool()
 	if err != nil {
 		return r, false, false, err
 	}
-	query := s.q.claimPG
-	if req.Durable {
-		query = s.q.claimPGDurable
-	}
-	rows, err := pool.QueryContext(ctx, query, s.q.lockTimeoutPG,
-		req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, req.Nonce,
-		req.Lease.Microseconds(), req.Retention.Microseconds(), req.Principal, req.Key)
+	rows, err := pool.QueryContext(ctx, s.q.pg.claim[durable(req)], req.Principal, req.Key, req.Fingerprint,
+		req.Token, req.RequestID, req.Retention.Microseconds(), req.Nonce, req.Lease.Microseconds())
 	if err != nil {
 		return r, false, false, err
 	}
@@ -505,7 +528,7 @@ func (s *Store) claimPostgres(ctx context.Context, req idemstore.ClaimRequest) (
 		return r, false, false, rows.Err()
 	}
 	var rr recordRow
-	if err := rows.Scan(append([]any{&inserted}, rr.dest(true)...)...); err != nil {
+	if err := rows.Scan(append([]any{&inserted}, rr.destPG(true)...)...); err != nil {
 		return r, false, false, err
 	}
 	if rows.Next() {
@@ -575,7 +598,7 @@ func (s *Store) claimReturning(ctx context.Context, req idemstore.ClaimRequest) 
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
-	return scanRow(rows, true)
+	return scanRow(rows, s.dialect, true)
 }
 
 // mariaReturning reports whether a MariaDB VERSION() ("10.11.6-MariaDB-…")
@@ -774,18 +797,18 @@ func (s *Store) queryRow(ctx context.Context, withNow bool, query string, args .
 	if err != nil {
 		return rowWithNow{}, false, err
 	}
-	return scanRow(rows, withNow)
+	return scanRow(rows, s.dialect, withNow)
 }
 
 // scanRow reads at most one record row (plus the database clock when
 // withNow) from rows completely, and closes them.
-func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
+func scanRow(rows *sql.Rows, d dialect, withNow bool) (rowWithNow, bool, error) {
 	defer rows.Close()
 	if !rows.Next() {
 		return rowWithNow{}, false, rows.Err()
 	}
 	var r recordRow
-	if err := rows.Scan(r.dest(withNow)...); err != nil {
+	if err := rows.Scan(r.destOf(d, withNow)...); err != nil {
 		return rowWithNow{}, false, err
 	}
 	// Drain and close: SQLite's RETURNING and MySQL's result sets finish
@@ -807,7 +830,11 @@ func scanRow(rows *sql.Rows, withNow bool) (rowWithNow, bool, error) {
 // the row keeps its nonce until it expires. It returns idemstore.ErrLeaseLost
 // when it matched nothing.
 func (s *Store) Release(ctx context.Context, lease idemstore.Lease) error {
-	return s.endLease(ctx, "release", s.q.release, lease)
+	q := s.q.release
+	if s.dialect == dialectPostgres {
+		q = s.q.pg.release
+	}
+	return s.endLease(ctx, "release", q, lease)
 }
 
 // Keep implements idemstore.Store: an UPDATE, fenced like Release, that marks the
@@ -815,14 +842,18 @@ func (s *Store) Release(ctx context.Context, lease idemstore.Lease) error {
 // leaving it in progress. It returns idemstore.ErrLeaseLost when it matched
 // nothing. On PostgreSQL it commits synchronously.
 func (s *Store) Keep(ctx context.Context, lease idemstore.Lease) error {
-	return s.endLease(ctx, "keep", s.q.keep, lease)
+	q := s.q.keep
+	if s.dialect == dialectPostgres {
+		q = s.q.pg.keep
+	}
+	return s.endLease(ctx, "keep", q, lease)
 }
 
 // endLease runs Release's or Keep's fenced UPDATE.
 func (s *Store) endLease(ctx context.Context, op, query string, lease idemstore.Lease) error {
 	var n int64
 	if err := s.writeTurn(ctx, func() (err error) {
-		n, err = s.exec(ctx, query, s.lockArgs(lease.Principal, lease.Key, lease.Token)...)
+		n, err = s.exec(ctx, query, lease.Principal, lease.Key, lease.Token)
 		return err
 	}); err != nil {
 		return s.wrap(op, err)
@@ -836,7 +867,11 @@ func (s *Store) endLease(ctx context.Context, op, query string, lease idemstore.
 // Get implements idemstore.Store. It returns idemstore.ErrNotFound when no record
 // exists; an expired record is returned as it is.
 func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, error) {
-	r, ok, err := s.queryRow(ctx, false, s.q.get, principal, key)
+	q := s.q.get
+	if s.dialect == dialectPostgres {
+		q = s.q.pg.get
+	}
+	r, ok, err := s.queryRow(ctx, false, q, principal, key)
 	if err != nil {
 		return idem.Record{}, s.wrap("get", err)
 	}
@@ -886,7 +921,7 @@ func (s *Store) purgeOnce(ctx context.Context, limit int) (int, error) {
 	var n int64
 	err := s.writeTurn(ctx, func() (err error) {
 		if s.dialect == dialectPostgres {
-			n, err = s.exec(ctx, s.q.purge, limit, limit, limit)
+			n, err = s.exec(ctx, s.q.pg.purge, limit)
 		} else {
 			n, err = s.exec(ctx, s.q.purge, limit)
 		}
@@ -944,7 +979,11 @@ func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error)
 	if err != nil {
 		return nil, s.wrap("list stale", err)
 	}
-	rows, err := pool.QueryContext(ctx, s.q.listStale, limit)
+	q := s.q.listStale
+	if s.dialect == dialectPostgres {
+		q = s.q.pg.listStale
+	}
+	rows, err := pool.QueryContext(ctx, q, limit)
 	if err != nil {
 		return nil, s.wrap("list stale", err)
 	}
@@ -952,7 +991,7 @@ func (s *Store) ListStale(ctx context.Context, limit int) ([]idem.Record, error)
 	var out []idem.Record
 	for rows.Next() {
 		var r recordRow
-		if err := rows.Scan(r.dest(false)...); err != nil {
+		if err := rows.Scan(r.destOf(s.dialect, false)...); err != nil {
 			return nil, s.wrap("list stale", err)
 		}
 		rec, err := r.record()
@@ -976,6 +1015,25 @@ type recordRow struct {
 	uncertain                                      boolValue
 }
 
+// destOf is dest, or destPG on PostgreSQL.
+func (r *recordRow) destOf(d dialect, withNow bool) []any {
+	if d == dialectPostgres {
+		return r.destPG(withNow)
+	}
+	return r.dest(withNow)
+}
+
+// destPG is the scan destination for pgsql.RecordCols (and the clock).
+func (r *recordRow) destPG(withNow bool) []any {
+	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID, &r.nonce,
+		&r.created, &r.locked, &r.leaseUntil, &r.expires, &r.uncertain, &r.status, &r.headers, &r.body}
+	if withNow {
+		d = append(d, &r.now)
+	}
+	return d
+}
+
+// dest is the scan destination for queries.cols (and the clock).
 func (r *recordRow) dest(withNow bool) []any {
 	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID, &r.nonce,
 		&r.status, &r.headers, &r.body, &r.created, &r.locked, &r.leaseUntil, &r.expires, &r.uncertain}

@@ -14,6 +14,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
 // txKey is the context key under which BeginTx puts the transaction. No
@@ -261,13 +262,15 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	if body == nil {
 		body = []byte{}
 	}
+	if t.store.dialect == dialectPostgres {
+		return t.settlePostgres(ctx, []any{t.lease.Principal, t.lease.Key, t.lease.Token,
+			string(outcome.State), outcome.Response.Status, idemstore.EncodeHeader(outcome.Response.Header), body})
+	}
 	q := t.store.q
 	args := []any{string(outcome.State), outcome.Response.Status, idemstore.EncodeHeader(outcome.Response.Header), body,
 		t.lease.Principal, t.lease.Key, t.lease.Token}
 	query := q.settle
 	switch {
-	case t.store.dialect == dialectPostgres:
-		// Its timeouts go in settlePins, sent before the settle.
 	case t.marked && t.store.dialect == dialectSQLite:
 		query += sqliteMarkerHolds
 		args = append(args, t.lease.Token)
@@ -275,18 +278,7 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 		query += mysqlMarkerHolds
 		args = append(args, t.lease.Token)
 	}
-	var err error
-	if t.store.dialect == dialectPostgres {
-		if sent, err := t.settleAndCommit(ctx, args); sent {
-			return err
-		}
-		// Another driver: the timeouts, the settle and COMMIT one by one.
-		_, err = t.store.execOn(ctx, t.conn, q.settlePins, q.lockTimeoutPG, q.stmtTimeoutPG)
-	}
-	var res sql.Result
-	if err == nil {
-		res, err = t.store.execOn(ctx, t.conn, query, args...)
-	}
+	res, err := t.store.execOn(ctx, t.conn, query, args...)
 	if err != nil {
 		ended := t.serverEnded(ctx)
 		t.endConn(ctx, false)
@@ -310,6 +302,34 @@ func (t *storeTx) Settle(ctx context.Context, outcome idemstore.Outcome) error {
 	case n != 1:
 		t.endConn(ctx, false)
 		return fmt.Errorf("idemsql: settle: the fenced UPDATE matched %d rows", n)
+	}
+	return t.commit(ctx)
+}
+
+// settlePostgres settles on PostgreSQL with pgsql.Settle's args: in one
+// round trip with the settings and COMMIT (settleAndCommit), or, on a
+// driver that cannot send them as one query string, one by one. The settle
+// raises when its fence misses (pgsql.LeaseLostMarker): the lease was lost
+// to a takeover, and the transaction is rolled back.
+func (t *storeTx) settlePostgres(ctx context.Context, args []any) error {
+	if sent, err := t.settleAndCommit(ctx, args); sent {
+		return err
+	}
+	pg := t.store.q.pg
+	_, err := t.conn.ExecContext(ctx, pg.settlePrelude)
+	if err == nil {
+		_, err = t.conn.ExecContext(ctx, pg.settle, args...)
+	}
+	if err != nil {
+		ended := !isLeaseLost(err) && t.serverEnded(ctx)
+		t.endConn(ctx, false)
+		switch {
+		case isLeaseLost(err):
+			return idemstore.ErrLeaseLost
+		case ended:
+			return fmt.Errorf("idemsql: settle: the database rolled the transaction back by itself; nothing was stored: %w", idemstore.ErrTxEnded)
+		}
+		return t.store.wrap("settle", err)
 	}
 	return t.commit(ctx)
 }
@@ -437,81 +457,32 @@ func (t *storeTx) ungate() {
 // WAL flush (see buildQueries).
 type pgTx struct{ *storeTx }
 
-// syncLSNSetting is the transaction-local setting BEGIN puts the WAL
-// insert position into (see dialect.beginSQL).
-const syncLSNSetting = "idem.sync_lsn"
-
-// PostgreSQL statements of pgTx.Sync: the first reads the position BEGIN
-// recorded, which is past the claim's commit record and before the
-// handler's own writes, and whether the flushed WAL has reached it; the
-// next ones ask again. Waiting for the position at the time of the call
-// instead would wait for the handler's uncommitted writes too, which the
-// WAL writer does not flush on an idle server until a page fills or the
-// background writer logs (up to 15 s).
-const (
-	syncFirstPG = "SELECT CAST(l AS text), pg_catalog.pg_current_wal_flush_lsn() >= l FROM (SELECT CAST(pg_catalog.current_setting('" + syncLSNSetting + "') AS pg_lsn) AS l) AS w"
-	syncPollPG  = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= CAST($1 AS pg_lsn)"
-)
-
-// Sync backs off between its polls from syncMinWait, doubling up to
-// syncMaxWait. The WAL writer flushes asynchronously committed WAL within
-// wal_writer_delay (200 ms by default), and any synchronous commit on the
-// server flushes it sooner.
-const (
-	syncMinWait = time.Millisecond
-	syncMaxWait = 20 * time.Millisecond
-)
-
-// Sync implements idemstore.Syncer: it returns once the WAL is flushed past the
-// claim of the transaction's attempt, so the claim survives a database
-// crash. It runs on the transaction's own connection, never on another from
-// the pool, and writes nothing: it reads the WAL insert position, then
-// polls the flush position until it is there or ctx is done. A handler's
+// Sync implements idemstore.Syncer: it returns once the WAL is flushed past
+// the claim of the transaction's attempt, so the claim survives a database
+// crash (pgsql.WaitFlushed). It runs on the transaction's own connection,
+// never on another from the pool, and writes nothing. A handler's
 // transaction that failed already cannot run it, and a failure of its
 // statements aborts the transaction as a handler's would.
 func (t pgTx) Sync(ctx context.Context) error {
-	var (
-		lsn     string
-		flushed bool
-	)
-	if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
-		return conn.QueryRowContext(ctx, syncFirstPG).Scan(&lsn, &flushed)
-	}); err != nil {
-		return err
-	}
-	for wait := syncMinWait; !flushed; wait = min(2*wait, syncMaxWait) {
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return t.store.wrap("sync", fmt.Errorf("the WAL is not flushed up to the claim (%s): %w", lsn, ctx.Err()))
-		case <-timer.C:
-		}
-		if err := t.syncQuery(ctx, func(conn *sql.Conn) error {
-			return conn.QueryRowContext(ctx, syncPollPG, lsn).Scan(&flushed)
-		}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return t.store.wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery))
 }
 
-// syncQuery runs one of Sync's statements on the transaction's connection,
-// as long as the transaction is open and has not failed, and records its
-// failure as a handler statement's would be.
-func (t pgTx) syncQuery(ctx context.Context, run func(*sql.Conn) error) error {
+// syncQuery is Sync's pgsql.QueryRow: it runs one of Sync's statements on
+// the transaction's connection, as long as the transaction is open and has
+// not failed, and records its failure as a handler statement's would be.
+func (t pgTx) syncQuery(ctx context.Context, query string, dest ...any) error {
 	t.mu.Lock()
 	closed, failed := t.closed, t.failed
 	t.mu.Unlock()
 	switch {
 	case closed:
-		return t.store.wrap("sync", errFinished)
+		return errFinished
 	case failed != nil:
-		return t.store.wrap("sync", fmt.Errorf("%w (first failure: %v)", idemstore.ErrTxAborted, failed))
+		return fmt.Errorf("%w (first failure: %v)", idemstore.ErrTxAborted, failed)
 	}
-	if err := run(t.conn); err != nil {
+	if err := t.conn.QueryRowContext(ctx, query).Scan(dest...); err != nil {
 		t.seen(err)
-		return t.store.wrap("sync", err)
+		return err
 	}
 	return nil
 }

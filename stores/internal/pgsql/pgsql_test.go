@@ -178,3 +178,83 @@ func TestDiagnose(t *testing.T) {
 		t.Errorf("wrong types %v, want %v", w, want)
 	}
 }
+
+func TestParseLSN(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want pgsql.LSN
+	}{
+		{"0/0", 0}, {"16/B374D848", 0x16_B374D848}, {"FFFFFFFF/FFFFFFFF", 1<<64 - 1},
+	} {
+		got, err := pgsql.ParseLSN(c.in)
+		if err != nil || got != c.want || got.String() != c.in {
+			t.Errorf("ParseLSN(%q) = %v (%s), %v; want %v", c.in, uint64(got), got, err, uint64(c.want))
+		}
+	}
+	for _, bad := range []string{"", "16", "16/", "/1", "G/1", "1/100000000", "-1/1"} {
+		if got, err := pgsql.ParseLSN(bad); err == nil {
+			t.Errorf("ParseLSN(%q) = %v, want an error", bad, got)
+		}
+	}
+}
+
+func TestParseTextArray(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"{}", []string{}},
+		{"{a}", []string{"a"}},
+		{"{principal:text,key:text,status:int4}", []string{"principal:text", "key:text", "status:int4"}},
+		{`{"a b:text","x,y:int4",plain,"q\"uote\\:text",""}`, []string{"a b:text", "x,y:int4", "plain", `q"uote\:text`, ""}},
+	} {
+		got, err := pgsql.ParseTextArray(c.in)
+		if err != nil || !slices.Equal(got, c.want) || got == nil {
+			t.Errorf("ParseTextArray(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "{", "}", "a", "{a,}", "{,a}", "{NULL}", `{"a}`, `{"a"b}`, "{{a}}"} {
+		if got, err := pgsql.ParseTextArray(bad); err == nil {
+			t.Errorf("ParseTextArray(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestOneStatementForms: the one-statement forms run their prelude in a CTE
+// the statement reads from, keep the statement's text and parameters, and
+// refuse a statement of another shape.
+func TestOneStatementForms(t *testing.T) {
+	s := pgsql.New(pgsql.Table{Schema: "s", Name: "t"}, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second})
+	claim := s.OneClaim(s.ClaimPrelude)
+	for _, want := range []string{"WITH cfg AS (" + s.ClaimPrelude + "),", "SELECT $1, $2, $3, 'in_progress', $4, $5, $7,",
+		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING ", "NOT EXISTS (SELECT 1 FROM ins)"} {
+		if !strings.Contains(claim, want) {
+			t.Errorf("OneClaim lacks %q:\n%s", want, claim)
+		}
+	}
+	for _, c := range []struct{ got, stmt, join, sep string }{
+		{pgsql.OneUpdate(s.Prelude, s.Takeover), s.Takeover, "\nFROM cfg\nWHERE ", "\nWHERE "},
+		{pgsql.OneUpdate(s.Prelude, s.Release), s.Release, "\nFROM cfg\nWHERE ", "\nWHERE "},
+		{pgsql.OneSelect(s.Prelude, s.Get), s.Get, " FROM cfg, ", " FROM "},
+		{pgsql.OneSelect(s.Prelude, s.ListStale), s.ListStale, " FROM cfg, ", " FROM "},
+	} {
+		rest, ok := strings.CutPrefix(c.got, "WITH cfg AS ("+s.Prelude+")\n")
+		if !ok || strings.Replace(rest, c.join, c.sep, 1) != c.stmt {
+			t.Errorf("one-statement form of\n%s\nis\n%s", c.stmt, c.got)
+		}
+	}
+	for name, f := range map[string]func(){
+		"OneUpdate of a SELECT":   func() { pgsql.OneUpdate(s.Prelude, s.Get) },
+		"OneSelect of an UPDATE":  func() { pgsql.OneSelect(s.Prelude, s.Keep) },
+		"OneClaim of another set": func() { pgsql.Statements{Claim: "INSERT", ClaimRead: "SELECT 1"}.OneClaim(s.Prelude) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s did not panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}

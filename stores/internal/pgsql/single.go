@@ -1,0 +1,68 @@
+package pgsql
+
+import (
+	"fmt"
+	"strings"
+)
+
+// This file holds the one-statement forms of the statement set, for a
+// driver that cannot pipeline (database/sql): each is one of New's
+// statements with its prelude run inside it, as a CTE the statement reads
+// from, so that it costs one round trip in its own implicit transaction.
+// The prelude's set_config calls run before the statement's first row is
+// produced, so the lock timeout, synchronous_commit and the text formats
+// hold for its lock waits, its commit and its output; the statement
+// timeout and search_path pinned with them apply from the next statement
+// on, which is why the statements name the table qualified.
+
+// OneClaim returns the claim, Claim and ClaimRead, as one statement that
+// runs prelude (ClaimPrelude, or DurablePrelude for a durable claim) first
+// and takes Claim's parameters. It returns one row, a boolean (true when
+// it inserted the row) followed by RecordCols and now(), or no row when
+// the conflicting row committed after the statement's snapshot was taken
+// (run it again). The INSERT's own row is not in that snapshot: the second
+// branch reads the existing row only when the INSERT inserted none.
+//
+// The one statement costs the server more than the pipelined pair (a CTE,
+// UNION ALL and an anti-join, initialised on every run), in one round trip
+// as the pair does.
+func (s Statements) OneClaim(prelude string) string {
+	insert, values, ok := strings.Cut(s.Claim, "\nVALUES (")
+	values, conflict, ok2 := strings.Cut(values, ")\nON CONFLICT ")
+	read, ok3 := strings.CutPrefix(s.ClaimRead, "SELECT ")
+	if !ok || !ok2 || !ok3 {
+		panic("pgsql: OneClaim: the claim's statements lost their shape")
+	}
+	return fmt.Sprintf(`WITH cfg AS (%s),
+ins AS (%s
+SELECT %s FROM cfg
+ON CONFLICT %s
+RETURNING %s)
+SELECT true, ins.*, now() FROM ins
+UNION ALL
+SELECT false, %s AND NOT EXISTS (SELECT 1 FROM ins)`, prelude, insert, values, conflict, RecordCols, read)
+}
+
+// OneUpdate returns update, one of the UPDATE statements (Takeover,
+// Replace, Reuse, Release, Keep), as one statement that runs prelude first
+// and takes update's parameters and returns what it returns.
+func OneUpdate(prelude, update string) string {
+	set, where, ok := strings.Cut(update, "\nWHERE ")
+	if !ok || !strings.HasPrefix(set, "UPDATE ") {
+		panic("pgsql: OneUpdate: not one of the store's UPDATE statements")
+	}
+	return "WITH cfg AS (" + prelude + ")\n" + set + "\nFROM cfg\nWHERE " + where
+}
+
+// OneSelect returns query, one of the record-returning SELECT statements
+// (Get, ListStale), as one statement that runs prelude first and takes
+// query's parameters: the prelude's CTE is joined to the table, so every
+// row the statement returns is produced, and its values put into text,
+// after the prelude ran.
+func OneSelect(prelude, query string) string {
+	sel, from, ok := strings.Cut(query, " FROM ")
+	if !ok || !strings.HasPrefix(sel, "SELECT ") {
+		panic("pgsql: OneSelect: not one of the store's SELECT statements")
+	}
+	return "WITH cfg AS (" + prelude + ")\n" + sel + " FROM cfg, " + from
+}
