@@ -27,9 +27,6 @@ func ClaimPrelude(s *Store, durable bool) string {
 	return s.sql.ClaimPrelude
 }
 
-// TakeoverSQL exposes the stale takeover's UPDATE.
-func TakeoverSQL(s *Store) string { return s.sql.Takeover }
-
 // SyncTarget runs the first statement of tx's Sync and returns the WAL
 // position Sync would wait for.
 func SyncTarget(ctx context.Context, tx idemstore.Tx) (string, error) {

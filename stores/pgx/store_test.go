@@ -236,56 +236,6 @@ func TestSchema(t *testing.T) {
 	}
 }
 
-// TestTakeoverRechecksTheRow: the stale takeover's UPDATE decides on the
-// row's latest version, not on what the claim read before it: it matches
-// nothing for a row whose own lease has not ended, whatever lease the new
-// request asks for, nor for an Uncertain row (a Keep that landed between
-// the claim's read and its UPDATE) unless the request may take it over,
-// and it keeps the Uncertain mark when it may.
-func TestTakeoverRechecksTheRow(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, newPool(t, 2, nil))
-	ctx := testCtx(t)
-	takeover := func(held idemstore.ClaimRequest, takeOverUncertain bool) int64 {
-		t.Helper()
-		next := claimReq(held.Principal, held.Key, "body", time.Microsecond)
-		tag, err := e.Pool.Exec(ctx, idempgx.TakeoverSQL(e.Store), next.Principal, next.Key, next.Fingerprint, next.Token,
-			next.RequestID, int64(3600e6), held.Token, int64(1), takeOverUncertain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tag.RowsAffected()
-	}
-	claim := func(lease time.Duration) idemstore.ClaimRequest {
-		t.Helper()
-		req := claimReq("alice", "recheck-"+randHex(4), "body", lease)
-		if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-			t.Fatalf("claim: %+v %v", res, err)
-		}
-		return req
-	}
-
-	if n := takeover(claim(time.Hour), true); n != 0 {
-		t.Fatalf("the takeover matched %d rows of a record whose own lease has an hour left", n)
-	}
-	if n := takeover(claim(time.Microsecond), false); n != 1 {
-		t.Fatalf("the takeover matched %d rows of a record whose lease ended, want 1", n)
-	}
-	kept := claim(time.Hour)
-	if err := e.Store.Keep(ctx, leaseOf(kept)); err != nil {
-		t.Fatal(err)
-	}
-	if n := takeover(kept, false); n != 0 {
-		t.Fatalf("the takeover without TakeOverUncertain matched %d rows of a kept record", n)
-	}
-	if n := takeover(kept, true); n != 1 {
-		t.Fatalf("the takeover with TakeOverUncertain matched %d rows of a kept record, want 1", n)
-	}
-	if rec, err := e.Store.Get(ctx, "alice", kept.Key); err != nil || !rec.Uncertain || rec.LeaseToken == kept.Token {
-		t.Fatalf("taken-over kept record = %+v, %v; want it Uncertain under the new token", rec, err)
-	}
-}
-
 // TestHandlerTx: the handler's view of the transaction runs in it at read
 // committed and is closed once settled, savepoints included. (Savepoints
 // behaving as pgx's is TestBehaviourSameAsPgxTx.)
