@@ -17,18 +17,21 @@ SOAKTIME ?= 10m
 ## output when it ends and the time of each), then the bench module's
 ## round-trip bounds on MariaDB, SQLite and Redis (about 5 s; its own tables
 ## and keys) and its pgbench scripts against the stores' schema (it replaces
-## the idem_bench tables: not beside the load generator).
-## make nemesis is not part of it: it does not fit the 15-minute budget.
+## the idem_bench tables: not beside the load generator), and last a 60 s
+## round of make nemesis (nemesis-short: its own PostgreSQL cluster and
+## network namespace; needs root and iptables, installed when missing).
 TESTJOBS ?= 3
 # Slowest first, so that the parallel lanes end together.
 TEST_ORDER := stores/sql examples stores/redis stores/gorm stores/pgx conformance core cmd/idemctl client adapters/nethttp adapters/gin adapters/echo adapters/fiber adapters/grpc stores/internal observers/prometheus observers/otel
 ifneq ($(sort $(MODULES)),$(sort $(TEST_ORDER)))
 $(error TEST_ORDER must list every module of MODULES, and only those)
 endif
-test: services
+test: services nemesis-deps
 	@JOBS=$(TESTJOBS) GO=$(GO) bash scripts/test.sh $(TEST_ORDER)
 	@echo "== bench (TestRoundTripsOtherStores, TestPgbenchScripts)"
 	@cd bench && $(GO) test -race -count=1 -timeout 5m -run '^(TestRoundTripsOtherStores|TestPgbenchScripts)$$' .
+	@echo "== nemesis-short"
+	@cd examples && $(GO) run ./nemesis $(NEMESIS_SHORT)
 
 ## services: make sure PostgreSQL, MariaDB, Redis and a three-node Redis Cluster are up (installs them if missing).
 services:
