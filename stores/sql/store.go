@@ -12,7 +12,7 @@
 // statements do. On PostgreSQL a claim commits without waiting for its WAL
 // flush, and the Tx is an idemstore.Syncer that waits for it on its own
 // connection; MySQL and SQLite claims are durable when Claim returns. See
-// README.md for the statement each dialect uses and why.
+// docs/design-notes.md for the statement each dialect uses and why.
 //
 // The package imports no database driver: the application's own driver
 // is the only one linked.
