@@ -65,58 +65,6 @@ func flushedTo(t *testing.T, db querier, lsn string) bool {
 	return durable
 }
 
-// TestPostgresClaimOnlyCommitsWithoutFlush: on PostgreSQL the claim
-// statement turns synchronous_commit off for its own transaction and for
-// nothing else: the session (one pooled connection here) keeps its setting,
-// and so does the handler's transaction, whose settle commit flushes the
-// claim with it. The Durable claim's statement turns it on.
-func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
-	s, db := pgStore(t, 1) // every statement below shares one session
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	server := showSync(t, db)
-	if server == "off" {
-		t.Fatal("the test server runs with synchronous_commit=off; this test needs it on")
-	}
-
-	for query, want := range map[string]string{s.q.pg.claim[0]: "off", s.q.pg.claim[1]: "on"} {
-		var inClaim string
-		tx, err := db.Begin()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-		rows, err := tx.Query(query, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Retention.Microseconds(),
-			r.Nonce, r.Lease.Microseconds())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = rows.Close()
-		inClaim = showSync(t, tx)
-		_ = tx.Rollback()
-		if inClaim != want {
-			t.Fatalf("synchronous_commit in the claim's transaction = %q, want %s", inClaim, want)
-		}
-	}
-
-	r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	if got := showSync(t, db); got != server {
-		t.Fatalf("synchronous_commit after a claim = %q, want the session's %q", got, server)
-	}
-	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	htx, _ := Tx(txCtx)
-	if got := showSync(t, htx); got != server {
-		t.Fatalf("synchronous_commit in the handler's transaction = %q, want %q", got, server)
-	}
-}
-
 // TestPostgresSyncOnTheTxConnection: the Tx of a PostgreSQL attempt is an
 // idemstore.Syncer whose Sync returns once the claim before it is durable, on
 // the transaction's own connection: the pool here has one connection,
