@@ -11,7 +11,6 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
-	"github.com/idemgo/idem/stores/internal/pgsql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -132,55 +131,6 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 	_ = tx.Rollback(ctx)
 	if err := tx.(idemstore.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {
 		t.Fatalf("Sync after Rollback = %v, want the transaction finished", err)
-	}
-}
-
-// TestPostgresSyncWaitsForTheClaimOnly: the position Sync waits for is the
-// one BEGIN recorded, at or past the claim's commit and before the
-// handler's first write, never the position when DownstreamKey is called,
-// which includes the handler's uncommitted writes: on an idle server the
-// WAL writer does not flush those until a page fills or the background
-// writer logs, up to 15 s, and DownstreamKey would fail at StoreTimeout.
-func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
-	s, db := pgStore(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	var claimed string
-	if err := db.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
-		t.Fatal(err)
-	}
-	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	htx, _ := Tx(txCtx)
-	var beforeWrites string
-	if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&beforeWrites); err != nil {
-		t.Fatal(err)
-	}
-	for range 50 {
-		if err := execOn(htx, "CREATE TEMPORARY TABLE IF NOT EXISTS idem_sync_writes (v text); INSERT INTO idem_sync_writes VALUES (repeat('x', 1000))"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var ok bool
-	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
-		AND CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	if !ok {
-		t.Fatalf("Sync's position is not between the claim's (%s) and the handler's first write (%s)", claimed, beforeWrites)
-	}
-	if err := tx.(idemstore.Syncer).Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !flushedTo(t, db, claimed) {
-		t.Fatalf("Sync returned before the WAL was flushed up to the claim (%s)", claimed)
 	}
 }
 
