@@ -36,18 +36,11 @@ type cluster struct {
 // user when running as root).
 func newCluster(ctx context.Context, dir string, ns *netns, port int) (*cluster, error) {
 	c := &cluster{dir: dir, data: filepath.Join(dir, "data"), ns: ns, port: port}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("running as root needs the postgres user to own the cluster: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, err
-		}
-		c.runAs = "postgres"
+	runAs, err := ownAsServer(dir, "postgres")
+	if err != nil {
+		return nil, err
 	}
+	c.runAs = runAs
 	if out, err := c.pg(ctx, "initdb", "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("initdb: %w: %s", err, lastLines(out, 5))
 	}
@@ -228,4 +221,23 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// ownAsServer gives dir to the server's system user (postgres, mysql) when
+// running as root, since neither server runs as root, and returns that
+// user's name; otherwise it returns "" and the server runs as the caller.
+func ownAsServer(dir, name string) (runAs string, err error) {
+	if os.Geteuid() != 0 {
+		return "", nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return "", fmt.Errorf("running as root needs the %s user to own the server's files: %w", name, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return "", err
+	}
+	return name, nil
 }

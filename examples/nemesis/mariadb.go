@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -39,18 +38,11 @@ type mariadb struct {
 // the mysql user when running as root).
 func newMariaDB(ctx context.Context, dir string, ns *netns, port int) (*mariadb, error) {
 	m := &mariadb{dir: dir, data: filepath.Join(dir, "data"), ns: ns, port: port}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("mysql")
-		if err != nil {
-			return nil, fmt.Errorf("running as root needs the mysql user to own the server's files: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, err
-		}
-		m.runAs = "mysql"
+	runAs, err := ownAsServer(dir, "mysql")
+	if err != nil {
+		return nil, err
 	}
+	m.runAs = runAs
 	args := []string{"mariadb-install-db", "--no-defaults", "--datadir=" + m.data, "--auth-root-authentication-method=normal", "--skip-test-db"}
 	if m.runAs != "" {
 		args = append(args, "--user="+m.runAs)
