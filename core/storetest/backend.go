@@ -168,6 +168,15 @@ type Backend struct {
 	// first DownstreamKey return only once what came before is durable.
 	// Nil for a server without such a position (memstore, Redis, MySQL).
 	Durability func(t testing.TB) (b Backend, mark func() (flushedPast func() bool))
+	// DurabilitySetting returns a fresh Backend whose store reaches its
+	// server over one connection, and show, which reads the server's wait
+	// for durability (PostgreSQL's synchronous_commit) in the handler's
+	// transaction when ctx carries one, else on that connection's session.
+	// The SessionKeepsDurability case then checks that claims, Durable or
+	// not, and a settle leave the session's setting as it was and that the
+	// handler's transaction starts with it. Nil for a server without such
+	// a setting.
+	DurabilitySetting func(t testing.TB) (b Backend, show func(ctx context.Context) string)
 	// Misconfigured returns a store on the Backend's server whose table
 	// does not exist; Unreachable, one on a server that does not answer.
 	// The Misconfigured and Unreachable cases check how their errors

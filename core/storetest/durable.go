@@ -104,3 +104,35 @@ func testDurable(t *testing.T, b Backend) {
 		}()
 	}
 }
+
+// testSessionKeepsDurability: with Backend.DurabilitySetting, what a claim
+// sets for its own commit (to wait for durability or not) stays in its
+// transaction: claims, Durable or not, and a settle leave the session's
+// setting as it was, so a pool hands the connection on unchanged, and the
+// handler's transaction starts with the session's setting.
+func testSessionKeepsDurability(t *testing.T, b Backend) {
+	if b.DurabilitySetting == nil {
+		t.Skip("not applicable: the store's server has no durability setting to read (Backend.DurabilitySetting)")
+	}
+	db, show := b.DurabilitySetting(t)
+	ctx := ctxT(t)
+	session := show(ctx)
+	for _, durable := range []bool{false, true} {
+		req := claimReq("alice", uniq("session"), "body")
+		req.Durable = durable
+		mustClaim(t, db.Store, req)
+		if got := show(ctx); got != session {
+			t.Fatalf("the session's setting after a claim (Durable %v) = %q, want %q", durable, got, session)
+		}
+	}
+	_, txCtx, tx := claimAndBegin(t, db)
+	if got := show(txCtx); got != session {
+		t.Fatalf("the setting in the handler's transaction = %q, want the session's %q", got, session)
+	}
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("s")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := show(ctx); got != session {
+		t.Fatalf("the session's setting after a settle = %q, want %q", got, session)
+	}
+}

@@ -108,6 +108,7 @@ func suite() []suiteCase {
 		{"AbandonedHolder", testAbandonedHolder},
 		{"BoundedWaits", testBoundedWaits},
 		{"Durable", testDurable},
+		{"SessionKeepsDurability", testSessionKeepsDurability},
 		{"Misconfigured", testMisconfigured},
 		{"Unreachable", testUnreachable},
 		{"SessionLeftBehind", testSessionLeftBehind},

@@ -89,6 +89,22 @@ func pgxBackend(t testing.TB) storetest.Backend {
 			return func() bool { return flushedPast(t, testCtx(t), e.Pool, pos) }
 		}
 	}
+	b.DurabilitySetting = func(t testing.TB) (storetest.Backend, func(context.Context) string) {
+		one := newEnv(t, newPool(t, 1, nil))
+		return one.Backend(), func(ctx context.Context) string {
+			var q interface {
+				QueryRow(context.Context, string, ...any) pgx.Row
+			} = one.Pool
+			if h, ok := idempgx.Tx(ctx); ok {
+				q = h
+			}
+			var v string
+			if err := q.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
 	b.Peer = func(t testing.TB) storetest.Peer { return notifyPeer(t, e) }
 	b.Eavesdrop = func(t testing.TB) func() []string { return eavesdrop(t, e) }
 	b.Misconfigured = func(t testing.TB) idemstore.Store { return e.storeOn(t, e.Pool, e.Schema+".missing") }

@@ -11,7 +11,6 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
-	"github.com/idemgo/idem/stores/internal/pgsql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -63,58 +62,6 @@ func flushedTo(t *testing.T, db querier, lsn string) bool {
 		t.Fatal(err)
 	}
 	return durable
-}
-
-// TestPostgresClaimOnlyCommitsWithoutFlush: on PostgreSQL the claim
-// statement turns synchronous_commit off for its own transaction and for
-// nothing else: the session (one pooled connection here) keeps its setting,
-// and so does the handler's transaction, whose settle commit flushes the
-// claim with it. The Durable claim's statement turns it on.
-func TestPostgresClaimOnlyCommitsWithoutFlush(t *testing.T) {
-	s, db := pgStore(t, 1) // every statement below shares one session
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	server := showSync(t, db)
-	if server == "off" {
-		t.Fatal("the test server runs with synchronous_commit=off; this test needs it on")
-	}
-
-	for query, want := range map[string]string{s.q.pg.claim[0]: "off", s.q.pg.claim[1]: "on"} {
-		var inClaim string
-		tx, err := db.Begin()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-		rows, err := tx.Query(query, r.Principal, r.Key, r.Fingerprint, r.Token, r.RequestID, r.Retention.Microseconds(),
-			r.Nonce, r.Lease.Microseconds())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = rows.Close()
-		inClaim = showSync(t, tx)
-		_ = tx.Rollback()
-		if inClaim != want {
-			t.Fatalf("synchronous_commit in the claim's transaction = %q, want %s", inClaim, want)
-		}
-	}
-
-	r := req("dur-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	if got := showSync(t, db); got != server {
-		t.Fatalf("synchronous_commit after a claim = %q, want the session's %q", got, server)
-	}
-	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	htx, _ := Tx(txCtx)
-	if got := showSync(t, htx); got != server {
-		t.Fatalf("synchronous_commit in the handler's transaction = %q, want %q", got, server)
-	}
 }
 
 // TestPostgresSyncOnTheTxConnection: the Tx of a PostgreSQL attempt is an
@@ -184,55 +131,6 @@ func TestPostgresSyncOnTheTxConnection(t *testing.T) {
 	_ = tx.Rollback(ctx)
 	if err := tx.(idemstore.Syncer).Sync(ctx); err == nil || !strings.Contains(err.Error(), "finished") {
 		t.Fatalf("Sync after Rollback = %v, want the transaction finished", err)
-	}
-}
-
-// TestPostgresSyncWaitsForTheClaimOnly: the position Sync waits for is the
-// one BEGIN recorded, at or past the claim's commit and before the
-// handler's first write, never the position when DownstreamKey is called,
-// which includes the handler's uncommitted writes: on an idle server the
-// WAL writer does not flush those until a page fills or the background
-// writer logs, up to 15 s, and DownstreamKey would fail at StoreTimeout.
-func TestPostgresSyncWaitsForTheClaimOnly(t *testing.T) {
-	s, db := pgStore(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r := req("sync-"+suffix(), "body", "tok-"+suffix(), time.Minute, time.Hour)
-	if res, err := s.Claim(ctx, r); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	var claimed string
-	if err := db.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&claimed); err != nil {
-		t.Fatal(err)
-	}
-	txCtx, tx, err := s.BeginTx(ctx, idemstore.Lease{Principal: r.Principal, Key: r.Key, Token: r.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	htx, _ := Tx(txCtx)
-	var beforeWrites string
-	if err := htx.QueryRowContext(context.Background(), "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&beforeWrites); err != nil {
-		t.Fatal(err)
-	}
-	for range 50 {
-		if err := execOn(htx, "CREATE TEMPORARY TABLE IF NOT EXISTS idem_sync_writes (v text); INSERT INTO idem_sync_writes VALUES (repeat('x', 1000))"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var ok bool
-	if err := htx.QueryRowContext(context.Background(), `SELECT CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) >= CAST($1 AS pg_lsn)
-		AND CAST(current_setting('`+pgsql.SyncSetting+`') AS pg_lsn) <= CAST($2 AS pg_lsn)`, claimed, beforeWrites).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	if !ok {
-		t.Fatalf("Sync's position is not between the claim's (%s) and the handler's first write (%s)", claimed, beforeWrites)
-	}
-	if err := tx.(idemstore.Syncer).Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !flushedTo(t, db, claimed) {
-		t.Fatalf("Sync returned before the WAL was flushed up to the claim (%s)", claimed)
 	}
 }
 

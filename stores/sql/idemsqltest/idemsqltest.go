@@ -414,6 +414,7 @@ func (f *Fixture) Backend() storetest.Backend {
 			return g.Backend(), rowWrites(t, g.DB, g.table)
 		}
 		b.Durability = f.durability
+		b.DurabilitySetting = f.durabilitySetting
 	}
 	return b
 }
@@ -529,6 +530,27 @@ func (f *Fixture) durability(t testing.TB) (storetest.Backend, func() func() boo
 			}
 			return past
 		}
+	}
+}
+
+// durabilitySetting is storetest.Backend.DurabilitySetting on PostgreSQL:
+// a fixture on one connection, and its synchronous_commit.
+func (f *Fixture) durabilitySetting(t testing.TB) (storetest.Backend, func(context.Context) string) {
+	db := OpenDB(t, f.Setup)
+	db.SetMaxOpenConns(1)
+	g := NewFixtureOn(t, db, f.Setup)
+	return g.Backend(), func(ctx context.Context) string {
+		var v string
+		var err error
+		if h, ok := idemsql.Tx(ctx); ok {
+			err = h.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&v)
+		} else {
+			err = db.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&v)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
 	}
 }
 
