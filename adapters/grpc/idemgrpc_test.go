@@ -127,18 +127,8 @@ func TestClassifyIsTheInterceptors(t *testing.T) {
 func TestReconcileTakeover(t *testing.T) {
 	store := memstore.MustNew()
 	reconciled := &testpb.ActReply{EffectId: "pay_1", Attempt: "from the provider"}
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
+	idempotent := aliceInterceptor(t, idem.Config{Store: store, RequestTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond,
 		Reconcile: func(context.Context, idem.Record) (*idem.Response, error) { return idemgrpc.Stored(reconciled, nil) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Engine:    eng,
-		Principal: func(context.Context) (string, error) { return "alice", nil },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	req := &testpb.ActRequest{EffectId: "pay_1"}
 	input, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	// A holder that claimed and died.
@@ -167,18 +157,8 @@ func TestReconcileTakeover(t *testing.T) {
 // full method name, a bounded set, never by anything the client sent.
 func TestEventRouteIsTheFullMethod(t *testing.T) {
 	var routes []string
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
+	idempotent := aliceInterceptor(t, idem.Config{Store: memstore.MustNew(),
 		Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) { routes = append(routes, ev.Route) })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	idempotent, err := idemgrpc.New(idemgrpc.Config{
-		Engine:    eng,
-		Principal: func(context.Context) (string, error) { return "alice", nil },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	info := &grpc.UnaryServerInfo{FullMethod: testpb.TestService_Act_FullMethodName}
 	handler := func(ctx context.Context, req any) (any, error) { return &testpb.ActReply{}, nil }
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-route"))
@@ -206,18 +186,8 @@ func TestWaitInFlight(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const bound = 500 * time.Millisecond
-			eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(),
+			idempotent := aliceInterceptor(t, idem.Config{Store: memstore.MustNew(),
 				RouteWaitInFlight: map[string]time.Duration{testpb.TestService_Act_FullMethodName: bound}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			idempotent, err := idemgrpc.New(idemgrpc.Config{
-				Engine:    eng,
-				Principal: func(context.Context) (string, error) { return "alice", nil },
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
 			info := &grpc.UnaryServerInfo{FullMethod: testpb.TestService_Act_FullMethodName}
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("idempotency-key", "k-wait"))
 			req := &testpb.ActRequest{EffectId: "pay_1"}
@@ -253,4 +223,23 @@ func TestWaitInFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// aliceInterceptor returns the interceptor of an engine on cfg (with the
+// suite's fingerprint key) whose every call is alice's.
+func aliceInterceptor(t *testing.T, cfg idem.Config) grpc.UnaryServerInterceptor {
+	t.Helper()
+	cfg.FingerprintKey = storetest.FingerprintKey
+	eng, err := idem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idempotent, err := idemgrpc.New(idemgrpc.Config{
+		Engine:    eng,
+		Principal: func(context.Context) (string, error) { return "alice", nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idempotent
 }
