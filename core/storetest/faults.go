@@ -97,12 +97,7 @@ func RunFaults(t *testing.T, target FaultTarget) {
 	}
 	for _, m := range moments {
 		t.Run(m.name, func(t *testing.T) {
-			proxy, err := faultproxy.New(target.Addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = proxy.Close() })
-			b := target.Connect(t, proxy.Addr())
+			proxy, b := proxied(t, target)
 			eng, err := idem.New(idem.Config{FingerprintKey: FingerprintKey,
 				Store: b.Store, RequestTimeout: 500 * time.Millisecond, StoreTimeout: time.Second, Lease: FaultLease,
 			})
@@ -238,15 +233,23 @@ func checkLanded(t *testing.T, key string, first, final *idem.Response) {
 	}
 }
 
-// testBeginResent: see FaultTarget.Begin.
-func testBeginResent(t *testing.T, target FaultTarget) {
+// proxied returns a fault proxy in front of target's server, closed when
+// the test ends, and a Backend connected through it.
+func proxied(t *testing.T, target FaultTarget) (*faultproxy.Proxy, Backend) {
+	t.Helper()
 	proxy, err := faultproxy.New(target.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	b := target.Connect(t, proxy.Addr())
+	return proxy, target.Connect(t, proxy.Addr())
+}
+
+// testBeginResent: see FaultTarget.Begin.
+func testBeginResent(t *testing.T, target FaultTarget) {
+	proxy, b := proxied(t, target)
 	ctx := ctxT(t)
+	var err error
 	req := claimReq("alice", uniq("begin"), "body")
 	mustClaim(t, b.Store, req)
 	var txCtx context.Context
@@ -271,13 +274,9 @@ func testBeginResent(t *testing.T, target FaultTarget) {
 
 // testResent: see FaultTarget.Takeover and Release.
 func testResent(t *testing.T, target FaultTarget) {
-	proxy, err := faultproxy.New(target.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	b := target.Connect(t, proxy.Addr())
+	proxy, b := proxied(t, target)
 	ctx := ctxT(t)
+	var err error
 	cut := func(pattern []byte, when faultproxy.When, fn func()) {
 		t.Helper()
 		if !proxy.CutWhile(pattern, when, time.Second, fn) {
