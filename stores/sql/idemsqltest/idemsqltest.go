@@ -468,6 +468,23 @@ func (f *Fixture) unreachable(t testing.TB) idemstore.Store {
 	return s
 }
 
+// openPrivate opens a *sql.DB of its own for setup (a server set-up, not
+// sqlite), closed when the test ends: for a test that sizes or configures
+// its pool, which OpenDB's shared one must never be.
+func openPrivate(t testing.TB, setup string) *sql.DB {
+	t.Helper()
+	dsn := PostgresDSN()
+	if setup == "mysql" {
+		dsn = MySQLDSN()
+	}
+	db, err := sql.Open(map[string]string{"pgx": "pgx", "pq": "postgres", "mysql": "mysql"}[setup], dsn)
+	if err != nil {
+		t.Fatalf("open %s: %v", setup, err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
 // storeOn is a store on db and table, not migrated.
 func storeOn(t testing.TB, db *sql.DB, table string, opts ...idemsql.Option) *idemsql.Store {
 	t.Helper()
@@ -536,7 +553,7 @@ func (f *Fixture) durability(t testing.TB) (storetest.Backend, func() func() boo
 // durabilitySetting is storetest.Backend.DurabilitySetting on PostgreSQL:
 // a fixture on one connection, and its synchronous_commit.
 func (f *Fixture) durabilitySetting(t testing.TB) (storetest.Backend, func(context.Context) string) {
-	db := OpenDB(t, f.Setup)
+	db := openPrivate(t, f.Setup)
 	db.SetMaxOpenConns(1)
 	g := NewFixtureOn(t, db, f.Setup)
 	return g.Backend(), func(ctx context.Context) string {
