@@ -500,9 +500,18 @@ func storeOn(t testing.TB, db *sql.DB, table string, opts ...idemsql.Option) *id
 // holds it (storetest.Backend.HoldRecord).
 func (f *Fixture) holdRecord(t testing.TB, principal, key string) func() {
 	t.Helper()
-	other, err := f.DB.Begin()
+	// Bounded: a pool with no connection left (a handler holding the
+	// last one) fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	conn, err := f.DB.Conn(ctx)
+	cancel()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("hold the record: no connection: %v", err)
+	}
+	other, err := conn.BeginTx(context.Background(), nil)
+	if err != nil {
+		_ = conn.Close()
+		t.Fatalf("hold the record: begin: %v", err)
 	}
 	q := "UPDATE " + f.table + ` SET state = state WHERE principal = $1 AND "key" = $2`
 	if f.Effects.Dialect == "mysql" {
@@ -511,14 +520,16 @@ func (f *Fixture) holdRecord(t testing.TB, principal, key string) func() {
 	res, err := other.Exec(q, principal, key)
 	if err != nil {
 		_ = other.Rollback()
+		_ = conn.Close()
 		t.Fatalf("hold the record: %v", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 && f.Effects.Dialect != "mysql" { // MySQL counts changed rows only
 		_ = other.Rollback()
+		_ = conn.Close()
 		t.Fatalf("hold the record: %d rows", n)
 	}
 	var once sync.Once
-	end := func() { once.Do(func() { _ = other.Rollback() }) }
+	end := func() { once.Do(func() { _ = other.Rollback(); _ = conn.Close() }) }
 	t.Cleanup(end)
 	return end
 }
