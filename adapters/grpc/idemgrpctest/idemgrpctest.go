@@ -300,6 +300,18 @@ func testFirstThenReplay(t *testing.T, s *suite) {
 	}
 }
 
+// concurrently makes n calls of req as alice under key at once and returns
+// their answers.
+func concurrently(t *testing.T, c testpb.TestServiceClient, key string, req *testpb.ActRequest, n int) []answer {
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers[i] = call(t, c, "alice", key, req) })
+	}
+	wg.Wait()
+	return answers
+}
+
 // testConcurrentRunOnce: calls racing on one key run the method once; the
 // others get Aborted with a RetryInfo, and a retry afterwards the reply.
 func testConcurrentRunOnce(t *testing.T, s *suite) {
@@ -307,12 +319,7 @@ func testConcurrentRunOnce(t *testing.T, s *suite) {
 	id := randHex(8)
 	req := &testpb.ActRequest{EffectId: id, DelayMs: 300}
 	const n = 8
-	answers := make([]answer, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { answers[i] = call(t, c, "alice", "k-"+id, req) })
-	}
-	wg.Wait()
+	answers := concurrently(t, c, "k-"+id, req, n)
 	ok := 0
 	for _, a := range answers {
 		switch a.code {
@@ -645,12 +652,7 @@ func testWaitInFlight(t *testing.T, s *suite) {
 	id := randHex(8)
 	req := &testpb.ActRequest{EffectId: id, DelayMs: 500}
 	const n = 6
-	answers := make([]answer, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { answers[i] = call(t, c, "alice", "k-"+id, req) })
-	}
-	wg.Wait()
+	answers := concurrently(t, c, "k-"+id, req, n)
 	var first *testpb.ActReply
 	replayed := 0
 	for _, a := range answers {
