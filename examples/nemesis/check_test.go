@@ -145,7 +145,7 @@ func TestDelayProxyDelaysEachWay(t *testing.T) {
 			}()
 		}
 	}()
-	p, err := newDelayProxy(ln.Addr().String())
+	p, err := newDelayProxy("127.0.0.1:0", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

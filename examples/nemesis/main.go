@@ -23,6 +23,12 @@
 //	go run ./nemesis -duration 40s -stores pgx         # a short round
 //	go run ./nemesis -replica                          # and a failover to a streaming replica
 //	go run ./nemesis -duration 2m -stores gorm-mysql   # GORM on MariaDB
+//
+// With -proxy it runs only its delaying proxy, without root, until
+// interrupted: a link with latency between a service and its database on
+// one machine, for measuring what round trips cost (BENCHMARKS.md):
+//
+//	go run ./nemesis -proxy 127.0.0.1:6543=127.0.0.1:5432 -proxy-delay 250us
 package main
 
 import (
@@ -33,6 +39,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -93,7 +100,15 @@ func main() {
 	flag.StringVar(&faults, "faults", strings.Join(allFaults[:6], ","), "the schedule, applied in order and again from the start")
 	flag.BoolVar(&o.replica, "replica", false, "give each store's round a streaming replica (pg_basebackup -R) and end the schedule with a failover to it")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs, the cluster's files) for a look afterwards")
+	proxy := flag.String("proxy", "", "LISTEN=TARGET: only forward TCP from LISTEN (loopback) to TARGET, each chunk held back -proxy-delay each way, until interrupted")
+	proxyDelay := flag.Duration("proxy-delay", 250*time.Microsecond, "with -proxy, the delay each way")
 	flag.Parse()
+	if *proxy != "" {
+		if err := runProxy(*proxy, *proxyDelay); err != nil {
+			log.Fatalf("nemesis: -proxy: %v", err)
+		}
+		return
+	}
 	o.stores = strings.Split(stores, ",")
 	o.faults = strings.Split(faults, ",")
 	if o.replica && !slices.Contains(o.faults, "failover") {
@@ -127,6 +142,37 @@ func main() {
 	case failed:
 		os.Exit(1)
 	}
+}
+
+// runProxy forwards from LISTEN to TARGET (spec "LISTEN=TARGET") with delay
+// each way until SIGINT or SIGTERM.
+func runProxy(spec string, delay time.Duration) error {
+	listen, target, ok := strings.Cut(spec, "=")
+	if !ok || listen == "" || target == "" {
+		return fmt.Errorf("want LISTEN=TARGET, got %q", spec)
+	}
+	if host, _, err := net.SplitHostPort(listen); err != nil || !isLoopback(host) {
+		return fmt.Errorf("LISTEN %q must be a loopback address with a port", listen)
+	}
+	if delay < 0 {
+		return fmt.Errorf("-proxy-delay %v is negative", delay)
+	}
+	p, err := newDelayProxy(listen, target)
+	if err != nil {
+		return err
+	}
+	p.setDelay(delay)
+	log.Printf("forwarding %s to %s, %v each way", p.addr(), target, delay)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	return p.close()
+}
+
+// isLoopback reports whether host is a loopback IP address.
+func isLoopback(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 func runAll(ctx context.Context, cl *cleanup, o options) (failed bool, err error) {
@@ -286,7 +332,7 @@ func runStore(ctx context.Context, cl *cleanup, o options, store, bin, dir strin
 	frameworks := []string{"gin", "nethttp", "echo", "fiber"}
 	var proxies []*delayProxy
 	for i := range o.instances {
-		p, err := newDelayProxy(fmt.Sprintf("%s:%d", ns.inner, ns.dport))
+		p, err := newDelayProxy("127.0.0.1:0", fmt.Sprintf("%s:%d", ns.inner, ns.dport))
 		if err != nil {
 			return false, err
 		}

@@ -22,8 +22,10 @@ type delayProxy struct {
 	wg    sync.WaitGroup
 }
 
-func newDelayProxy(target string) (*delayProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// newDelayProxy listens on listen (a loopback address; port 0 picks one)
+// and forwards to target.
+func newDelayProxy(listen, target string) (*delayProxy, error) {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, err
 	}
