@@ -565,40 +565,6 @@ func (s *Store) takeOver(ctx context.Context, prelude, query string, req idemsto
 	return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 }
 
-// scanRecord scans pgsql.RecordCols, followed by now() when now is not nil.
-func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
-	var (
-		rec     idem.Record
-		state   string
-		status  *int32
-		headers []byte
-		body    []byte
-	)
-	dest := make([]any, 0, 16)
-	dest = append(dest, &rec.Principal, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken,
-		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.ExpiresAt,
-		&rec.Uncertain, &status, &headers, &body)
-	if now != nil {
-		dest = append(dest, now)
-	}
-	if err := row.Scan(dest...); err != nil {
-		return idem.Record{}, err
-	}
-	rec.State = idemstore.State(state)
-	if status != nil {
-		hdr, err := idemstore.DecodeHeader(headers)
-		if err != nil {
-			return idem.Record{}, fmt.Errorf("decode stored headers: %w", err)
-		}
-		resp := &idem.Response{Status: int(*status), Header: hdr, Body: body}
-		if resp.Body == nil {
-			resp.Body = []byte{}
-		}
-		rec.Response = resp
-	}
-	return rec, nil
-}
-
 // Release implements idemstore.Store: an UPDATE to 'released' fenced by the
 // lease token and the in_progress state, clearing Uncertain; the row keeps
 // its nonce until it expires; a store with a subscription (Subscribe) sends
