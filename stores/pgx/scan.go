@@ -26,8 +26,9 @@ func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
 // exec mode but Exec and SimpleProtocol receives it), is decoded straight
 // from its raw values (decodeBinary), as pgx's default type map would
 // decode it into the same Go types; any other row (text format, other
-// column types, a NULL or a value the decoding refuses) goes through pgx's
-// Scan, so its errors are pgx's own. Everything a scan needs lives in this
+// column types, a connection whose type map registered its own codec for
+// one of them, a NULL or a value the decoding refuses) goes through pgx's
+// Scan, so its errors and values are pgx's own. Everything a scan needs lives in this
 // one value.
 type recordScanner struct {
 	now *time.Time
@@ -44,10 +45,37 @@ type recordScanner struct {
 }
 
 func (s *recordScanner) ScanRow(rows pgx.Rows) error {
-	if ok, err := s.decodeBinary(rows.FieldDescriptions(), rows.RawValues()); ok {
-		return err
+	if c := rows.Conn(); c != nil && pgxDecodes(c.TypeMap()) {
+		if ok, err := s.decodeBinary(rows.FieldDescriptions(), rows.RawValues()); ok {
+			return err
+		}
 	}
 	return s.scanGeneric(rows)
+}
+
+// recordTypes are the distinct types of recordOIDs, and defaultTypes pgx's
+// own for them, which decodeBinary decodes as pgx does.
+var (
+	recordTypes  = [...]uint32{pgtype.TextOID, pgtype.ByteaOID, pgtype.TimestamptzOID, pgtype.BoolOID, pgtype.Int4OID}
+	defaultTypes = func() (t [len(recordTypes)]*pgtype.Type) {
+		m := pgtype.NewMap()
+		for i, oid := range recordTypes {
+			t[i], _ = m.TypeForOID(oid)
+		}
+		return t
+	}()
+)
+
+// pgxDecodes reports whether m decodes the record's types with pgx's own
+// codecs: a connection that registered another (a timestamptz codec with
+// a ScanLocation, say) is scanned by pgx, as it asked.
+func pgxDecodes(m *pgtype.Map) bool {
+	for i, oid := range recordTypes {
+		if t, _ := m.TypeForOID(oid); t != defaultTypes[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // scanGeneric scans through pgx's type map.

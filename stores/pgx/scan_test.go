@@ -11,23 +11,44 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
 
 	idempgx "github.com/idemgo/idem/stores/pgx"
+	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
 // TestScanRecordAgreesWithPgx: the store decodes its rows' binary values
 // itself; every record it reads must be the one pgx's own Scan makes of the
 // same row, and a row pgx refuses (an infinite time, a NULL where the
-// record has no room for one) must be refused too. In the text exec modes
-// both take pgx's path.
+// record has no room for one) must be refused too. In the text exec modes,
+// and on a connection with a timestamptz codec of its own, both take pgx's
+// path.
 func TestScanRecordAgreesWithPgx(t *testing.T) {
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
-		t.Run(mode.String(), func(t *testing.T) {
-			e := newEnv(t, newPool(t, 1, nil)) // one connection, whose buffers every query reuses
+	cases := []struct {
+		name     string
+		mode     pgx.QueryExecMode
+		utcTimes bool // the connection's type map scans timestamptz in UTC
+	}{
+		{"cache_statement", pgx.QueryExecModeCacheStatement, false},
+		{"exec", pgx.QueryExecModeExec, false},
+		{"own_timestamptz_codec", pgx.QueryExecModeCacheStatement, true},
+	}
+	for _, c := range cases {
+		mode := c.mode
+		t.Run(c.name, func(t *testing.T) {
+			cfg := idempgxtest.PoolConfig(t, 1) // one connection, whose buffers every query reuses
+			if c.utcTimes {
+				cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+					conn.TypeMap().RegisterType(&pgtype.Type{Name: "timestamptz", OID: pgtype.TimestamptzOID,
+						Codec: &pgtype.TimestamptzCodec{ScanLocation: time.UTC}})
+					return nil
+				}
+			}
+			e := newEnv(t, idempgxtest.OpenPool(t, cfg))
 			ctx := testCtx(t)
 			T := e.Store.Table()
 			rows := []string{
