@@ -1,6 +1,9 @@
 package idempgx
 
 import (
+	"time"
+
+	idem "github.com/idemgo/idem/core"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -18,3 +21,21 @@ func TxControlStatement(sql string) (string, bool) { return txControl(sql) }
 // the handle hands out: the tests end the transaction on it behind the
 // handle, to prove that the store detects it.
 func RawConn(h *Handle) *pgx.Conn { return h.rawConn() }
+
+// ScanRecord scans the row rows is on as the store does; with generic,
+// through pgx's type map alone (the scanner's fallback). With now, the
+// row's last column is now().
+func ScanRecord(rows pgx.Rows, now, generic bool) (idem.Record, time.Time, error) {
+	var t time.Time
+	s := &recordScanner{}
+	if now {
+		s.now = &t
+	}
+	var err error
+	if generic {
+		err = s.scanGeneric(rows)
+	} else {
+		err = rows.Scan(s)
+	}
+	return s.rec, t, err
+}

@@ -322,10 +322,10 @@ func (s *Store) query(ctx context.Context, each func(pgx.Rows) error, stmt strin
 
 // queryBehind is query behind another prelude.
 func (s *Store) queryBehind(ctx context.Context, prelude string, each func(pgx.Rows) error, stmt string, args ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(prelude)
-	b.Queue(stmt, args...)
-	br := s.pool.SendBatch(ctx, b)
+	b := newBatch()
+	b.queue(prelude)
+	b.queue(stmt, args...)
+	br := s.pool.SendBatch(ctx, &b.Batch)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return err
@@ -357,10 +357,10 @@ func (s *Store) exec(ctx context.Context, stmt string, args ...any) (pgconn.Comm
 
 // execBehind is exec behind another prelude.
 func (s *Store) execBehind(ctx context.Context, prelude, stmt string, args ...any) (pgconn.CommandTag, error) {
-	b := &pgx.Batch{}
-	b.Queue(prelude)
-	b.Queue(stmt, args...)
-	br := s.pool.SendBatch(ctx, b)
+	b := newBatch()
+	b.queue(prelude)
+	b.queue(stmt, args...)
+	br := s.pool.SendBatch(ctx, &b.Batch)
 	_, err := br.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {
@@ -492,12 +492,12 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 // SELECT, one round trip. inserted reports whether the INSERT wrote the
 // row; found whether the SELECT returned one.
 func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
-	b := &pgx.Batch{}
-	b.Queue(prelude)
-	b.Queue(s.sql.Claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
+	b := newBatch()
+	b.queue(prelude)
+	b.queue(s.sql.Claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
 		micros(req.Lease))
-	b.Queue(s.sql.ClaimRead, req.Principal, req.Key)
-	br := s.pool.SendBatch(ctx, b)
+	b.queue(s.sql.ClaimRead, req.Principal, req.Key)
+	br := s.pool.SendBatch(ctx, &b.Batch)
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -565,40 +565,6 @@ func (s *Store) takeOver(ctx context.Context, prelude, query string, req idemsto
 	return idemstore.ClaimResult{Claimed: true, Record: rec, Now: now}, true, nil
 }
 
-// scanRecord scans pgsql.RecordCols, followed by now() when now is not nil.
-func scanRecord(row pgx.Row, now *time.Time) (idem.Record, error) {
-	var (
-		rec     idem.Record
-		state   string
-		status  *int32
-		headers []byte
-		body    []byte
-	)
-	dest := make([]any, 0, 16)
-	dest = append(dest, &rec.Principal, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken,
-		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.ExpiresAt,
-		&rec.Uncertain, &status, &headers, &body)
-	if now != nil {
-		dest = append(dest, now)
-	}
-	if err := row.Scan(dest...); err != nil {
-		return idem.Record{}, err
-	}
-	rec.State = idemstore.State(state)
-	if status != nil {
-		hdr, err := idemstore.DecodeHeader(headers)
-		if err != nil {
-			return idem.Record{}, fmt.Errorf("decode stored headers: %w", err)
-		}
-		resp := &idem.Response{Status: int(*status), Header: hdr, Body: body}
-		if resp.Body == nil {
-			resp.Body = []byte{}
-		}
-		rec.Response = resp
-	}
-	return rec, nil
-}
-
 // Release implements idemstore.Store: an UPDATE to 'released' fenced by the
 // lease token and the in_progress state, clearing Uncertain; the row keeps
 // its nonce until it expires; a store with a subscription (Subscribe) sends
@@ -646,11 +612,11 @@ func (s *Store) Keep(ctx context.Context, l idemstore.Lease) error {
 func (s *Store) fenced(ctx context.Context, op, prelude, stmt string, l idemstore.Lease, notify bool) error {
 	var affected int64
 	err := s.onConn(ctx, func() error {
-		b := &pgx.Batch{}
-		b.Queue(prelude)
-		b.Queue(stmt, l.Principal, l.Key, l.Token)
-		notified := notify && s.queueNotify(b, l.Principal, l.Key)
-		br := s.pool.SendBatch(ctx, b)
+		b := newBatch()
+		b.queue(prelude)
+		b.queue(stmt, l.Principal, l.Key, l.Token)
+		notified := notify && s.queueNotify(&b.Batch, l.Principal, l.Key)
+		br := s.pool.SendBatch(ctx, &b.Batch)
 		_, err := br.Exec()
 		var tag pgconn.CommandTag
 		if err == nil {

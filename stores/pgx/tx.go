@@ -195,13 +195,13 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if body == nil {
 		body = []byte{}
 	}
-	b := &pgx.Batch{}
-	b.Queue(t.store.sql.SettleCheck, t.marker)
-	b.Queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
+	b := newBatch()
+	b.queue(t.store.sql.SettleCheck, t.marker)
+	b.queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
 		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
-	notified := t.store.queueNotify(b, t.lease.Principal, t.lease.Key)
-	b.Queue("COMMIT")
-	br := t.conn.SendBatch(ctx, b)
+	notified := t.store.queueNotify(&b.Batch, t.lease.Principal, t.lease.Key)
+	b.queue("COMMIT")
+	br := t.conn.SendBatch(ctx, &b.Batch)
 	_, checkErr := br.Exec()
 	// The UPDATE's statement returns 1 or raises; there is no third
 	// answer, so a nil error means exactly one row was updated.
