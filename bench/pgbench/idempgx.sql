@@ -53,6 +53,7 @@ WITH u AS (
 	WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND lease_token = 'tok' AND state = 'in_progress'
 	RETURNING 1
 )
-SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idempgx lease lost: fenced update matched ' || count(*) || ' rows')::int END FROM u;
+SELECT CASE WHEN EXISTS (SELECT FROM u) THEN 1
+	ELSE ('idempgx lease lost: fenced update matched no row (backend ' || pg_backend_pid() || ')')::int END;
 COMMIT;
 \endpipeline
