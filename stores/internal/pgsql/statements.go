@@ -201,8 +201,9 @@ func New(t Table, o Options) Statements {
 	// explicit, as the claim's concurrency argument needs it whatever the
 	// server's default; READ WRITE too, whatever a handler left in
 	// default_transaction_read_only. BeginSetup follows it in the same
-	// pipeline, a prepared statement like the store's others, so the
-	// server parses and plans it once per connection. It sets the marker
+	// pipeline, sent like the store's other statements: in pgx's default
+	// exec mode prepared, so the server parses and plans it once per
+	// connection, not on every request. It sets the marker
 	// and reads the WAL insert position Sync waits for (SyncSetting): in
 	// the first statements on the transaction's connection after the
 	// claim returned, since later the handler's own writes would be past
