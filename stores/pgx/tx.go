@@ -43,7 +43,8 @@ func Tx(ctx context.Context) (*Handle, bool) {
 }
 
 // BeginTx implements idemstore.Store. It acquires a pool connection and begins
-// a READ COMMITTED transaction on it (one round trip). The wait for the
+// a READ COMMITTED transaction on it, BEGIN and the statement that sets
+// the transaction up pipelined (one round trip). The wait for the
 // connection ends with ctx (the engine bounds it by StoreTimeout); BEGIN
 // runs on a context detached from ctx's cancellation; both are bounded by
 // WithTxTimeout. A
@@ -78,13 +79,26 @@ func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context
 		data := c.Conn().PgConn().CustomData()
 		known := data[deadPeerKey] == s.deadPeer
 		delete(data, deadPeerKey)
-		tx, err := c.Conn().BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite,
-			BeginQuery: s.sql.BeginQuery(marker, !known)})
+		setup := s.sql.BeginSetup
+		if !known {
+			setup = s.sql.BeginPeerSetup
+		}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite})
+		b.Queue(setup, marker)
+		br := c.Conn().SendBatch(bctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		if err != nil {
 			c.Release() // destroyed by the pool unless idle
 			return err
 		}
-		conn, real = c, tx
+		conn, real = c, br.Tx()
 		return nil
 	})
 	if err != nil {

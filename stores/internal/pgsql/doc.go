@@ -28,13 +28,14 @@
 //     on pgx's stdlib reaches it through the connection's Raw), or any
 //     driver's that sends several extended-protocol statements before one
 //     Sync.
-//   - The handler's transaction begins with Statements.BeginQuery, one
-//     simple-protocol query that sets the lease marker (LeaseSetting), the
-//     WAL position a Sync waits for (SyncSetting) and, on a connection not
-//     known to have them, the dead-peer bounds (DeadPeerFor, DeadPeer.Pins).
+//   - The handler's transaction begins with BEGIN and Statements.BeginSetup
+//     pipelined, which sets the lease marker (LeaseSetting), the WAL
+//     position a Sync waits for (SyncSetting) and, on a connection not
+//     known to have them (BeginPeerSetup), the dead-peer bounds
+//     (DeadPeerFor, DeadPeer.Pins).
 //     The settle sends SettleCheck, Settle and COMMIT in one pipeline:
 //     SettleCheck sets the dead-peer bounds again and raises with
-//     TxEndedMarker when the marker is not the one BeginQuery set (the
+//     TxEndedMarker when the marker is not the one BeginSetup set (the
 //     transaction ended behind the store),
 //     Settle raises with LeaseLostMarker when its fence missed, and either
 //     error makes the server skip the COMMIT.

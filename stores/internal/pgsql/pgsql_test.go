@@ -123,15 +123,13 @@ func TestStatements(t *testing.T) {
 			t.Errorf("%s does not return RecordCols", name)
 		}
 	}
-	for _, peer := range []bool{false, true} {
-		begin := bin.BeginQuery("00ff", peer)
-		if !strings.HasPrefix(begin, "begin isolation level read committed read write;") ||
-			!strings.HasSuffix(begin, "set local "+pgsql.LeaseSetting+" = '00ff'") ||
-			strings.Contains(begin, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") != peer || !strings.Contains(begin, pgsql.SyncSetting) {
-			t.Errorf("BeginQuery(peer %v): %s", peer, begin)
+	for peer, setup := range map[bool]string{false: bin.BeginSetup, true: bin.BeginPeerSetup} {
+		if !strings.Contains(setup, "pg_catalog.set_config('"+pgsql.LeaseSetting+"', $1, true)") ||
+			strings.Contains(setup, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") != peer || !strings.Contains(setup, pgsql.SyncSetting) {
+			t.Errorf("BeginSetup (peer %v): %s", peer, setup)
 		}
-		if _, bad := sqlguard.TxControl(sqlguard.PostgreSQL, begin); !bad {
-			t.Errorf("the guard does not refuse BeginQuery's BEGIN (peer %v)", peer)
+		if v := sqlguard.Inspect(sqlguard.PostgreSQL, setup); v.Refused != "" || !v.Single || v.Ops != nil {
+			t.Errorf("BeginSetup (peer %v) reads as %+v", peer, v)
 		}
 	}
 	if !strings.Contains(bin.SettleCheck, "pg_catalog.set_config('tcp_user_timeout', '15000', false)") {

@@ -56,28 +56,19 @@ type Statements struct {
 	// released, stale, oldest locked_at, expired.
 	Get, Purge, ListStale, Stats string
 
-	// BeginPrefix begins the handler's transaction, one simple-protocol
-	// query; the lease marker follows it as a quoted literal (see
-	// BeginQuery). BeginPeerPrefix is BeginPrefix that also sets the
-	// dead-peer settings for the session (DeadPeer.Pins), for a
-	// connection not known to have them.
-	BeginPrefix, BeginPeerPrefix string
+	// BeginSetup ($1 marker) runs right behind the BEGIN of the handler's
+	// transaction, in the same pipeline: it sets the lease marker
+	// (LeaseSetting) and the WAL position Sync waits for (SyncSetting),
+	// for the transaction. BeginPeerSetup is BeginSetup that also sets the
+	// dead-peer settings for the session (DeadPeer.Pins), for a connection
+	// not known to have them.
+	BeginSetup, BeginPeerSetup string
 	// SettleCheck ($1 marker) and Settle ($1 principal, $2 key,
 	// $3 token, $4 state, $5 status, $6 headers, $7 body) are the
 	// settle's statements, pipelined with COMMIT: SettleCheck raises
-	// with TxEndedMarker when the transaction is not the one BeginQuery
-	// began, Settle with LeaseLostMarker when its fence missed.
+	// with TxEndedMarker when the transaction is not the one BeginSetup
+	// ran in, Settle with LeaseLostMarker when its fence missed.
 	SettleCheck, Settle string
-}
-
-// BeginQuery returns BeginPrefix, or with peer BeginPeerPrefix, followed
-// by marker, which must be the hexadecimal marker the store made (no quote
-// can be in it).
-func (s Statements) BeginQuery(marker string, peer bool) string {
-	if peer {
-		return s.BeginPeerPrefix + "'" + marker + "'"
-	}
-	return s.BeginPrefix + "'" + marker + "'"
 }
 
 // pinnedSettings are the session settings the store's statements depend
@@ -113,7 +104,7 @@ func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 // in the handler's transaction: keepalive probes after Idle seconds of
 // silence, every Interval seconds, Count of them unanswered; and
 // tcp_user_timeout (UserTimeout, milliseconds) for data the client never
-// acknowledges. SettleCheck, and BeginPeerPrefix on a connection not
+// acknowledges. SettleCheck, and BeginPeerSetup on a connection not
 // known to have them, set them for the session (Pins).
 type DeadPeer struct {
 	Idle, Interval, Count int64 // seconds, seconds, probes
@@ -145,7 +136,8 @@ func (p DeadPeer) Total() time.Duration { return time.Duration(p.UserTimeout) * 
 // whatever the handler set, and the settle's COMMIT keeps them for the
 // session; a transaction that does not end in that COMMIT takes back the
 // handler's changes with it. A connection is known to have them once a
-// settle on it committed; until then its BEGIN is BeginPeerPrefix.
+// settle on it committed; until then its BEGIN is followed by
+// BeginPeerSetup.
 func (p DeadPeer) Pins() string {
 	return fmt.Sprintf(`pg_catalog.set_config('tcp_keepalives_idle', '%d', false),
 	pg_catalog.set_config('tcp_keepalives_interval', '%d', false),
@@ -153,19 +145,19 @@ func (p DeadPeer) Pins() string {
 	pg_catalog.set_config('tcp_user_timeout', '%d', false)`, p.Idle, p.Interval, p.Count, p.UserTimeout)
 }
 
-// LeaseSetting is the transaction-local setting BeginQuery puts a random
+// LeaseSetting is the transaction-local setting BeginSetup puts a random
 // marker into. SettleCheck checks it in the same transaction: a different value
-// means the transaction BeginQuery began has ended and another one began
+// means the transaction BeginSetup ran in has ended and another one began
 // (COMMIT; BEGIN by a route the handle does not see: the connection a
 // QueryRewriter is given, a statement the SQL guard misreads), so its work may
 // have committed without the outcome.
 const LeaseSetting = "idem.lease"
 
 // TxEndedMarker is in the error the settle's first statement raises when
-// the marker is not the one BeginQuery set.
+// the marker is not the one BeginSetup set.
 const TxEndedMarker = "idempgx transaction ended"
 
-// SyncSetting is the transaction-local setting BeginQuery puts the WAL insert
+// SyncSetting is the transaction-local setting BeginSetup puts the WAL insert
 // position into when the transaction begins: past the claim's commit
 // record, which committed before the transaction began, and before anything
 // the handler writes. Sync waits for the WAL to be flushed up to it.
@@ -204,29 +196,27 @@ func New(t Table, o Options) Statements {
 	// safe behind PgBouncer and leaves the pool's sessions as they were.
 	s.ClaimPrelude = s.Prelude + ",\n\tpg_catalog.set_config('synchronous_commit', 'off', true)"
 	p := DeadPeerFor(o.StatementTimeout)
-	// READ COMMITTED is explicit, as the claim's concurrency argument needs
-	// it whatever the server's default; READ WRITE too, whatever a handler
-	// left in default_transaction_read_only. The keepalive settings bound
-	// how long the server keeps this transaction for a client that went
-	// away (see DeadPeerTimeout). They are session settings (DeadPeer.Pins),
-	// which SettleCheck sets in every settle, so only the first BEGIN on a
-	// connection sets them (BeginPeerPrefix): in a query the server parses
-	// anew on every call, as pgx sends BeginQuery, each function call costs
-	// more to look up, plan and run than a SET LOCAL
-	// (bench/pgbench/callgrind.sh -variants). The marker is a SET LOCAL, a
-	// utility statement with nothing to plan or execute, and the SELECT is
-	// there for what only a function can tell: the WAL insert position
-	// Sync waits for (SyncSetting). That is read here, in the
-	// first statement on the transaction's connection after the claim
-	// returned: later, the handler's own writes would be past it, and those
-	// are not flushed before some commit follows them (see SyncSQL).
-	s.BeginPrefix = fmt.Sprintf(`begin isolation level read committed read write;
-select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true);
-set local %s = `, SyncSetting, LeaseSetting)
-	s.BeginPeerPrefix = fmt.Sprintf(`begin isolation level read committed read write;
-select pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
-	%s;
-set local %s = `, SyncSetting, p.Pins(), LeaseSetting)
+	// The handler's transaction begins with BEGIN ISOLATION LEVEL READ
+	// COMMITTED READ WRITE (the store's pgx.TxOptions): READ COMMITTED is
+	// explicit, as the claim's concurrency argument needs it whatever the
+	// server's default; READ WRITE too, whatever a handler left in
+	// default_transaction_read_only. BeginSetup follows it in the same
+	// pipeline, sent like the store's other statements: in pgx's default
+	// exec mode prepared, so the server parses and plans it once per
+	// connection, not on every request. It sets the marker
+	// and reads the WAL insert position Sync waits for (SyncSetting): in
+	// the first statements on the transaction's connection after the
+	// claim returned, since later the handler's own writes would be past
+	// it, and those are not flushed before some commit follows them (see
+	// SyncSQL). The keepalive settings bound how long the server keeps
+	// this transaction for a client that went away (see DeadPeerTimeout).
+	// They are session settings (DeadPeer.Pins), which SettleCheck sets in
+	// every settle, so only a connection's first transaction sets them
+	// here (BeginPeerSetup). The statement is parsed under the session's
+	// search_path, so its function and type names carry their schema.
+	s.BeginSetup = fmt.Sprintf(`SELECT pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
+	pg_catalog.set_config('%s', $1, true)`, SyncSetting, LeaseSetting)
+	s.BeginPeerSetup = s.BeginSetup + ",\n\t" + p.Pins()
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
 	// '1ms' included). It is its own statement because a timeout set in a
@@ -378,16 +368,20 @@ LIMIT $1`, T, RecordCols)
 	// one round trip, so a missed fence must not merely report zero rows: it
 	// must abort the transaction, or the COMMIT queued behind it would commit
 	// the handler's writes without the outcome. The CASE raises an error
-	// (SQLSTATE 22P02, carrying LeaseLostMarker) unless exactly one row was
-	// updated; the server then skips the COMMIT.
+	// (SQLSTATE 22P02, carrying LeaseLostMarker) unless the UPDATE changed
+	// a row, which the primary key makes at most one; the server then skips
+	// the COMMIT. EXISTS over the CTE costs the server less than count(*),
+	// whose aggregate is set up on every run. The error's text calls a
+	// function that is not immutable, pg_backend_pid(): the planner would
+	// otherwise evaluate the cast of a constant text, and raise, while it
+	// plans the statement.
 	s.Settle = fmt.Sprintf(`WITH u AS (
 	UPDATE %s SET state = $4, status = $5, headers = $6::bytea, body = $7, uncertain = false
 	WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	RETURNING 1
 )
-SELECT CASE WHEN count(*) = 1 THEN 1
-	ELSE ('%s: fenced update matched ' || count(*) || ' rows')::int END
-FROM u`, T, LeaseLostMarker)
+SELECT CASE WHEN EXISTS (SELECT FROM u) THEN 1
+	ELSE ('%s: fenced update matched no row (backend ' || pg_backend_pid() || ')')::int END`, T, LeaseLostMarker)
 	s.Stats = fmt.Sprintf(`SELECT now(),
 	count(*) FILTER (WHERE state = 'in_progress'),
 	count(*) FILTER (WHERE state = 'completed'),
@@ -401,7 +395,7 @@ FROM %s`, T)
 }
 
 // SyncSQL reads, on the transaction's connection, the WAL position
-// BeginPrefix took (SyncSetting, NULL if the handler removed it), the
+// BeginSetup took (SyncSetting, NULL if the handler removed it), the
 // insert position now and the flush position, as text: the first poll of
 // a Sync. SyncPollSQL reads the flush position again. Both call only
 // pg_catalog functions, so nothing in the handler's session changes what
