@@ -26,7 +26,8 @@ const (
 	// sees the statement.
 	Before When = iota
 	// After forwards the matching chunk, then cuts before the server's
-	// answer reaches the client.
+	// answer reaches the client; the server has run the statement by the
+	// time the connection to it ends.
 	After
 )
 
@@ -210,6 +211,17 @@ func (p *Proxy) upstream(l *link) {
 				}
 				_ = l.client.Close()
 				_, _ = l.server.Write(chunk)
+				// Half-close: the server reads the chunk whole and
+				// answers it before it sees the end of the stream, so
+				// the statement in it has run when the link ends.
+				// Closing outright with an answer unread resets the
+				// connection, and the server could drop the chunk
+				// unread. The answer goes nowhere (the client side is
+				// closed): the copy back ends the link when it comes.
+				if tc, ok := l.server.(*net.TCPConn); ok && tc.CloseWrite() == nil {
+					_ = tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+					return
+				}
 				l.close()
 				return
 			}
