@@ -55,12 +55,15 @@ func (d dialect) beginSQL() string {
 	case dialectSQLite:
 		return "BEGIN IMMEDIATE"
 	}
-	// The WAL insert position right after BEGIN is past the claim's commit
-	// record (the claim returned before the transaction began) and before
-	// any write of the handler's: what pgTx.Sync waits for. Kept in the
-	// transaction, one simple-protocol round trip with BEGIN.
-	return "BEGIN; SELECT pg_catalog.set_config('" + pgsql.SyncSetting + "', pg_catalog.pg_current_wal_insert_lsn()::text, true)"
+	return "BEGIN; " + pgSyncMark
 }
+
+// pgSyncMark keeps the WAL insert position right after BEGIN in the
+// transaction: it is past the claim's commit record (the claim returned
+// before the transaction began) and before any write of the handler's,
+// which is what pgTx.Sync waits for. It runs in BEGIN's round trip.
+const pgSyncMark = "SELECT pg_catalog.set_config('" + pgsql.SyncSetting +
+	"', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true)"
 
 // DefaultTable is the table the store uses unless WithTable names another.
 // The store qualifies it (and any unqualified WithTable name) in New: on
@@ -234,13 +237,20 @@ type pgQueries struct {
 	purge                           string // pgsql.Purge, run as it is: it returns no values, and skips the rows it would wait for
 	selectNow                       string // the row and now(), as the claim's second branch reads it
 
-	// The settle: settlePrelude pins, for the rest of the handler's
-	// transaction, the settings the settle and its COMMIT run under
-	// (synchronous_commit at least on among them: the outcome is durable
-	// when Settle returns), then settle, pgsql.Settle, which raises with
-	// pgsql.LeaseLostMarker when its fence misses, so that a COMMIT sent
-	// behind it in the same query string does not run (settleAndCommit).
+	// The settle on a driver that is not one of simpleQueryDrivers:
+	// settlePrelude pins, for the rest of the handler's transaction, the
+	// settings the settle and its COMMIT run under (synchronous_commit at
+	// least on among them: the outcome is durable when Settle returns),
+	// then settle, pgsql.Settle, which raises with pgsql.LeaseLostMarker
+	// when its fence misses; each is a statement of its own.
 	settlePrelude, settle string
+
+	// The settle in one simple-protocol query string (settleAndCommit):
+	// localPins, then settleOne, pgsql.Settle that pins synchronous_commit
+	// itself, run as the session's prepared statement (pgSession), then
+	// COMMIT.
+	localPins, settleOne string
+	session              pgSession
 }
 
 // pgBuild builds the PostgreSQL statements for the qualified table t.
@@ -262,6 +272,10 @@ func pgBuild(t tableName, lock time.Duration) pgQueries {
 	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
 	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
 	q.settlePrelude, q.settle = st.DurablePrelude, st.Settle
+	// The one-round-trip settle returns an integer only: no text format
+	// changes what it reads or returns, so it pins none.
+	q.localPins, q.settleOne = st.LocalPins, st.OneSettle("SELECT "+pgsql.DurableCommit)
+	q.session = newPGSession(q.settleOne)
 	q.purge = st.Purge
 	return q
 }

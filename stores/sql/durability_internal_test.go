@@ -14,10 +14,17 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
-// pgStore opens PostgreSQL on a pool of at most conns connections, whose
-// sessions start with the run-time parameters params ("name=value"), and a
-// store on a fresh table, dropped afterwards.
+// pgStore opens PostgreSQL through pgx's stdlib on a pool of at most
+// conns connections, whose sessions start with the run-time parameters
+// params ("name=value"), and a store on a fresh table, dropped afterwards.
 func pgStore(t *testing.T, conns int, params ...string) (*Store, *sql.DB) {
+	t.Helper()
+	return pgStoreOn(t, "pgx", conns, params...)
+}
+
+// pgStoreOn is pgStore through the database/sql driver named driver
+// ("pgx" or lib/pq's "postgres").
+func pgStoreOn(t *testing.T, driver string, conns int, params ...string) (*Store, *sql.DB) {
 	t.Helper()
 	dsn := os.Getenv("IDEM_PG_DSN")
 	if dsn == "" {
@@ -26,12 +33,18 @@ func pgStore(t *testing.T, conns int, params ...string) (*Store, *sql.DB) {
 	for _, p := range params {
 		dsn += " " + p
 	}
-	db, err := sql.Open("pgx", dsn)
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatalf("PostgreSQL unreachable (IDEM_PG_DSN): %v", err)
 	}
 	db.SetMaxOpenConns(conns)
 	t.Cleanup(func() { _ = db.Close() })
+	return pgStoreOnDB(t, db), db
+}
+
+// pgStoreOnDB is a store on db on a fresh table, dropped afterwards.
+func pgStoreOnDB(t *testing.T, db *sql.DB) *Store {
+	t.Helper()
 	s, err := New(db, WithTable("idem_dur_"+suffix()))
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +53,7 @@ func pgStore(t *testing.T, conns int, params ...string) (*Store, *sql.DB) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + s.Table()) })
-	return s, db
+	return s
 }
 
 // showSync reads synchronous_commit where db runs (a session, a

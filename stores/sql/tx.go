@@ -50,8 +50,9 @@ type storeTx struct {
 	conn   *sql.Conn
 	handle Handle
 
-	marked bool // MySQL: the marker row is in place
-	gated  bool // SQLite: holds the store's write turn until finished
+	marked   bool // MySQL: the marker row is in place
+	prepared bool // PostgreSQL: the session has the store's prepared statements (pgSession)
+	gated    bool // SQLite: holds the store's write turn until finished
 
 	mu         sync.Mutex
 	done       bool     // Settle or Rollback ran
@@ -103,7 +104,12 @@ func (s *Store) begin(ctx context.Context, lease idemstore.Lease) (*storeTx, err
 		return nil, err
 	}
 	t := &storeTx{store: s, lease: lease, conn: conn}
-	if _, err := conn.ExecContext(ctx, s.dialect.beginSQL()); err != nil {
+	if s.dialect == dialectPostgres {
+		err = t.beginPostgres(ctx)
+	} else {
+		_, err = conn.ExecContext(ctx, s.dialect.beginSQL())
+	}
+	if err != nil {
 		t.discard()
 		return nil, err
 	}

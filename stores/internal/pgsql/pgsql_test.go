@@ -241,10 +241,19 @@ func TestOneStatementForms(t *testing.T) {
 			t.Errorf("one-statement form of\n%s\nis\n%s", c.stmt, c.got)
 		}
 	}
+	settle := s.OneSettle("SELECT " + pgsql.DurableCommit)
+	if want := strings.Replace(strings.Replace(s.Settle, "WITH u AS (", "WITH cfg AS (SELECT "+pgsql.DurableCommit+"),\nu AS (", 1),
+		"\n\tWHERE ", "\n\tFROM cfg\n\tWHERE ", 1); settle != want {
+		t.Errorf("one-statement form of\n%s\nis\n%s", s.Settle, settle)
+	}
+	if want := "SET LOCAL search_path = pg_catalog, pg_temp;\nSET LOCAL lock_timeout = '1000ms';\nSET LOCAL statement_timeout = '1000ms'"; s.LocalPins != want {
+		t.Errorf("LocalPins = %q, want %q", s.LocalPins, want)
+	}
 	for name, f := range map[string]func(){
-		"OneUpdate of a SELECT":   func() { pgsql.OneUpdate(s.Prelude, s.Get) },
-		"OneSelect of an UPDATE":  func() { pgsql.OneSelect(s.Prelude, s.Keep) },
-		"OneClaim of another set": func() { pgsql.Statements{Claim: "INSERT", ClaimRead: "SELECT 1"}.OneClaim(s.Prelude) },
+		"OneSettle of another set": func() { pgsql.Statements{Settle: s.Release}.OneSettle(s.Prelude) },
+		"OneUpdate of a SELECT":    func() { pgsql.OneUpdate(s.Prelude, s.Get) },
+		"OneSelect of an UPDATE":   func() { pgsql.OneSelect(s.Prelude, s.Keep) },
+		"OneClaim of another set":  func() { pgsql.Statements{Claim: "INSERT", ClaimRead: "SELECT 1"}.OneClaim(s.Prelude) },
 	} {
 		func() {
 			defer func() {

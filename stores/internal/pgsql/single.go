@@ -66,3 +66,18 @@ func OneSelect(prelude, query string) string {
 	}
 	return "WITH cfg AS (" + prelude + ")\n" + sel + " FROM cfg, " + from
 }
+
+// OneSettle returns Settle as one statement that runs prelude first, as a
+// CTE the fenced UPDATE reads from, and takes Settle's parameters. The
+// UPDATE produces its row only after the prelude ran, so a setting the
+// prelude makes (synchronous_commit, say) holds for the UPDATE and for
+// the rest of the transaction, its COMMIT included; a statement timeout
+// set there would apply from the next statement on only.
+func (s Statements) OneSettle(prelude string) string {
+	set, where, ok := strings.Cut(s.Settle, "\n\tWHERE ")
+	rest, ok2 := strings.CutPrefix(set, "WITH u AS (\n\tUPDATE ")
+	if !ok || !ok2 {
+		panic("pgsql: OneSettle: the settle lost its shape")
+	}
+	return "WITH cfg AS (" + prelude + "),\nu AS (\n\tUPDATE " + rest + "\n\tFROM cfg\n\tWHERE " + where
+}

@@ -31,6 +31,13 @@ type Statements struct {
 	// synchronous_commit off. DurablePrelude goes before a durable claim's
 	// statements and Keep: the prelude with DurableCommit.
 	Prelude, ClaimPrelude, DurablePrelude string
+	// LocalPins are the prelude's name resolution and timeouts (without
+	// the text formats) as SET LOCAL statements, for a simple-protocol
+	// query string that runs in the transaction they pin: there a
+	// utility statement costs the server less than a function call it
+	// parses and plans anew each time. Each applies from the next
+	// statement on.
+	LocalPins string
 
 	// Claim: INSERT … ON CONFLICT DO NOTHING ($1 principal, $2 key,
 	// $3 fingerprint, $4 token, $5 request id, $6 retention µs, $7 nonce,
@@ -186,6 +193,9 @@ func New(t Table, o Options) Statements {
 	pins := pinnedSettings(o)
 	T := t.Ident()
 	s.Prelude = "SELECT " + pins
+	s.LocalPins = fmt.Sprintf(`SET LOCAL search_path = pg_catalog, pg_temp;
+SET LOCAL lock_timeout = '%dms';
+SET LOCAL statement_timeout = '%dms'`, millis(o.LockTimeout), millis(o.StatementTimeout))
 	// The statements whose guarantee is durability commit durably whatever
 	// the session says: Keep (a kept record that a crash took back would
 	// be taken over and run again without Reconcile) and a Durable claim.
