@@ -62,8 +62,7 @@ func (d dialect) beginSQL() string {
 // transaction: it is past the claim's commit record (the claim returned
 // before the transaction began) and before any write of the handler's,
 // which is what pgTx.Sync waits for. It runs in BEGIN's round trip.
-const pgSyncMark = "SELECT pg_catalog.set_config('" + pgsql.SyncSetting +
-	"', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true)"
+const pgSyncMark = "SELECT " + pgsql.SyncMark
 
 // DefaultTable is the table the store uses unless WithTable names another.
 // The store qualifies it (and any unqualified WithTable name) in New: on

@@ -170,6 +170,11 @@ const TxEndedMarker = "idempgx transaction ended"
 // the handler writes. Sync waits for the WAL to be flushed up to it.
 const SyncSetting = "idem.sync_lsn"
 
+// SyncMark is the expression that keeps the WAL insert position in
+// SyncSetting for the rest of the transaction, for a SELECT list: BeginSetup's,
+// and idemsql's BEGIN's.
+const SyncMark = "pg_catalog.set_config('" + SyncSetting + "', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true)"
+
 // DurableCommit pins synchronous_commit, for the rest of the transaction it
 // runs in, to a commit that waits for its WAL to be flushed: 'on' (and the
 // synchronous standbys' flush, where there are any), or 'remote_apply'
@@ -224,8 +229,8 @@ SET LOCAL statement_timeout = '%dms'`, millis(o.LockTimeout), millis(o.Statement
 	// every settle, so only a connection's first transaction sets them
 	// here (BeginPeerSetup). The statement is parsed under the session's
 	// search_path, so its function and type names carry their schema.
-	s.BeginSetup = fmt.Sprintf(`SELECT pg_catalog.set_config('%s', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
-	pg_catalog.set_config('%s', $1, true)`, SyncSetting, LeaseSetting)
+	s.BeginSetup = fmt.Sprintf(`SELECT %s,
+	pg_catalog.set_config('%s', $1, true)`, SyncMark, LeaseSetting)
 	s.BeginPeerSetup = s.BeginSetup + ",\n\t" + p.Pins()
 	// The settle's first statement: the marker check, and the settings
 	// pinned over whatever the handler set (SET LOCAL statement_timeout =
