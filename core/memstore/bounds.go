@@ -29,21 +29,21 @@ func responseSize(resp *idem.Response) int64 {
 	return n
 }
 
-// put stores e under k, replacing what was there, and keeps the counts.
-// Callers hold s.mu.
-func (s *Store) put(k recordKey, e entry) {
-	old, ok := s.records[k]
-	if ok {
-		s.account(k.principal, -1, -old.size(k))
+// put stores e under k, replacing old (nil when k held nothing), and keeps
+// the counts. Callers hold s.mu and have just read old from s.records.
+func (s *Store) put(k recordKey, e entry, old *entry) {
+	records, bytes := 1, e.size(k)
+	if old != nil {
+		records, bytes = 0, bytes-old.size(k)
 	}
 	s.records[k] = e
-	if !ok || old.expires != e.expires {
+	if old == nil || old.expires != e.expires {
 		s.expiries.push(expiry{at: e.expires, k: k})
 		if len(s.expiries) > 2*len(s.records)+staleSlack {
 			s.expiries.rebuild(s.records)
 		}
 	}
-	s.account(k.principal, 1, e.size(k))
+	s.account(k.principal, records, bytes)
 }
 
 // remove deletes k, whose entry is e, and keeps the counts. Callers hold

@@ -125,3 +125,34 @@ func TestMaxBytes(t *testing.T) {
 		t.Fatalf("expired records' bytes were not reclaimed: %v", err)
 	}
 }
+
+// TestReclaimKeepsCounts: a key claimed again over its released record
+// replaces the record, so the store's counts of records and bytes stay
+// where they were, and a principal can reuse one key without filling its
+// share.
+func TestReclaimKeepsCounts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := memstore.MustNew(memstore.WithMaxRecords(10)) // a share of 1 record
+	req := idemstore.ClaimRequest{Principal: "alice", Key: "k", Fingerprint: []byte("fp"), Token: "t0",
+		Nonce: "n", Lease: time.Minute, Retention: time.Hour}
+	var bytes int64
+	for i := range 5 {
+		req.Token = fmt.Sprintf("t%d", i)
+		res, err := s.Claim(ctx, req)
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %d: %v %+v", i, err, res)
+		}
+		if i == 0 {
+			bytes = s.Bytes()
+		} else if got := s.Bytes(); got != bytes {
+			t.Fatalf("claim %d counts %d bytes, the first %d", i, got, bytes)
+		}
+		if err := s.Release(ctx, idemstore.Lease{Principal: req.Principal, Key: req.Key, Token: req.Token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.Len() != 1 {
+		t.Fatalf("%d records, want 1", s.Len())
+	}
+}

@@ -203,12 +203,16 @@ func (s *Store) Claim(_ context.Context, req idemstore.ClaimRequest) (idemstore.
 	default:
 		return idemstore.ClaimResult{Record: e.record(k), Now: now}, nil
 	}
-	e = newEntry(&req, nonce, created, t)
-	e.uncertain = uncertain
-	s.put(k, e)
+	var old *entry
+	if ok {
+		old = &e
+	}
+	n := newEntry(&req, nonce, created, t)
+	n.uncertain = uncertain
+	s.put(k, n, old)
 	// The store keeps its own copy, so the record can be made of the
 	// caller's request.
-	rec := e.meta(k)
+	rec := n.meta(k)
 	rec.Fingerprint, rec.LeaseToken, rec.RequestID, rec.Nonce = req.Fingerprint, req.Token, req.RequestID, nonce
 	return idemstore.ClaimResult{Claimed: true, Reclaimed: reclaimed, Record: rec, Now: now}, nil
 }
@@ -410,8 +414,9 @@ func (st *storeTx) Settle(_ context.Context, out idemstore.Outcome) error {
 	if err := s.room(s.now().UnixNano(), k.principal, 0, responseSize(&out.Response)); err != nil {
 		return fmt.Errorf("memstore: settle: %w", err)
 	}
+	old := e
 	e.settle(out.State, &out.Response)
-	s.put(k, e)
+	s.put(k, e, &old)
 	for _, fn := range tx.onCommit {
 		fn()
 	}
