@@ -430,17 +430,19 @@ var snapshots = sync.Pool{New: func() any { return new(snapshot) }}
 func save(resp *fasthttp.Response) *snapshot {
 	s := snapshots.Get().(*snapshot)
 	resp.Header.CopyTo(&s.header)
-	for _, k := range earlierSkip {
-		s.header.Del(k)
-	}
 	s.skipBody, s.streamBody, s.immediateFlush = resp.SkipBody, resp.StreamBody, resp.ImmediateHeaderFlush
 	return s
 }
 
-// restore empties resp back to the snapshot.
+// restore empties resp back to the snapshot, but for the headers in
+// earlierSkip. They are dropped here rather than in save: most responses
+// keep the handler's and are never restored.
 func (s *snapshot) restore(resp *fasthttp.Response) {
 	resp.ResetBody()
 	s.header.CopyTo(&resp.Header)
+	for _, k := range earlierSkip {
+		resp.Header.Del(k)
+	}
 	resp.SkipBody, resp.StreamBody, resp.ImmediateHeaderFlush = s.skipBody, s.streamBody, s.immediateFlush
 }
 
@@ -484,12 +486,22 @@ func sameBytes(a, b []byte) bool {
 // storedHeader is the part of a response header a store keeps: the values
 // of the allow-listed names, copied out of fasthttp's buffers into one
 // string (a store may keep them as long as the record), in a map whose
-// value slices share one array. The map and the array are reused from
-// request to request: the engine hands them to Settle, which must not keep
-// them (see idemstore.Tx).
+// value slices share one array. The map, the array and the scratch space
+// the values are gathered in are reused from request to request: the
+// engine hands the map to Settle, which must not keep it (see
+// idemstore.Tx).
 type storedHeader struct {
 	h    http.Header
 	vals []string
+	// raw holds the values back to back while the header is read, and
+	// fields their names and where each ends in raw.
+	raw    []byte
+	fields []storedField
+}
+
+type storedField struct {
+	name string
+	end  int
 }
 
 // storedHeaders recycles storedHeaders: a map and value slices made anew
@@ -497,27 +509,23 @@ type storedHeader struct {
 var storedHeaders = sync.Pool{New: func() any { return &storedHeader{h: make(http.Header)} }}
 
 // storedHeader copies the allow-listed values of src into a storedHeader
-// from the pool: a first pass sizes the copy, a second makes it.
+// from the pool, in one pass over src.
 func (m *middleware) storedHeader(src *fasthttp.ResponseHeader) *storedHeader {
-	n, size := 0, 0
-	src.VisitAll(func(k, v []byte) {
-		if m.storedName(k) != "" {
-			n, size = n+1, size+len(v)
-		}
-	})
 	sh := storedHeaders.Get().(*storedHeader)
-	if cap(sh.vals) < n {
-		sh.vals = make([]string, 0, n)
-	}
-	var b strings.Builder
-	b.Grow(size)
 	src.VisitAll(func(k, v []byte) {
 		if name := m.storedName(k); name != "" {
-			start := b.Len()
-			b.Write(v)
-			sh.add(name, b.String()[start:])
+			sh.raw = append(sh.raw, v...)
+			sh.fields = append(sh.fields, storedField{name, len(sh.raw)})
 		}
 	})
+	if n := len(sh.fields); cap(sh.vals) < n {
+		sh.vals = make([]string, 0, n)
+	}
+	all, start := string(sh.raw), 0
+	for _, f := range sh.fields {
+		sh.add(f.name, all[start:f.end])
+		start = f.end
+	}
 	return sh
 }
 
@@ -551,18 +559,23 @@ func (sh *storedHeader) add(name, v string) {
 	}
 }
 
-// maxPooledValues bounds the values a pooled storedHeader is sized for: a
-// response with unusually many must not leave a large array in the pool.
-const maxPooledValues = 64
+// maxPooledValues and maxPooledRaw bound the values and bytes a pooled
+// storedHeader is sized for: a response with unusually many must not leave
+// a large array in the pool.
+const (
+	maxPooledValues = 64
+	maxPooledRaw    = 16 << 10
+)
 
 // release empties sh and puts it back in the pool.
 func (sh *storedHeader) release() {
-	if cap(sh.vals) > maxPooledValues {
+	if cap(sh.vals) > maxPooledValues || cap(sh.raw) > maxPooledRaw {
 		return
 	}
 	clear(sh.h)
 	clear(sh.vals) // no reference to this request's values stays behind
 	sh.vals = sh.vals[:0]
+	sh.raw, sh.fields = sh.raw[:0], sh.fields[:0]
 	storedHeaders.Put(sh)
 }
 
