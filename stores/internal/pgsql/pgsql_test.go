@@ -225,7 +225,8 @@ func TestOneStatementForms(t *testing.T) {
 	s := pgsql.New(pgsql.Table{Schema: "s", Name: "t"}, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second})
 	claim := s.OneClaim(s.ClaimPrelude)
 	for _, want := range []string{"WITH cfg AS (" + s.ClaimPrelude + "),", "SELECT $1, $2, $3, 'in_progress', $4, $5, $7,",
-		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING ", "NOT EXISTS (SELECT 1 FROM ins)"} {
+		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING 1)",
+		"SELECT EXISTS (SELECT FROM ins), " + pgsql.RecordCols + ", now() FROM (SELECT) AS one LEFT JOIN \"s\".\"t\" ON principal = $1 AND key = $2"} {
 		if !strings.Contains(claim, want) {
 			t.Errorf("OneClaim lacks %q:\n%s", want, claim)
 		}
