@@ -28,9 +28,9 @@ import (
 // snapshot was taken (the INSERT waited for it): run the claim again.
 //
 // The one statement costs the server more than the pipelined pair; the
-// flag as an EXISTS over the INSERT and the row by a LEFT JOIN from a row
-// of no columns cost it less than a UNION ALL of the INSERT's RETURNING and
-// the read (bench/pgbench/callgrind.sh).
+// row by a LEFT JOIN from the one row of the flag, an EXISTS over the
+// INSERT, costs it less than a UNION ALL of the INSERT's RETURNING and the
+// read (bench/pgbench/callgrind.sh).
 func (s Statements) OneClaim(prelude string) string {
 	insert, values, ok := strings.Cut(s.Claim, "\nVALUES (")
 	values, conflict, ok2 := strings.Cut(values, ")\nON CONFLICT ")
@@ -45,7 +45,8 @@ ins AS (%s
 SELECT %s FROM cfg
 ON CONFLICT %s
 RETURNING 1)
-SELECT EXISTS (SELECT FROM ins), %s FROM (SELECT) AS one LEFT JOIN %s ON %s`, prelude, insert, values, conflict, read, table, where)
+SELECT one.inserted, %s
+FROM (SELECT EXISTS (SELECT FROM ins) AS inserted) AS one LEFT JOIN %s ON %s`, prelude, insert, values, conflict, read, table, where)
 }
 
 // OneUpdate returns update, one of the UPDATE statements (Takeover,

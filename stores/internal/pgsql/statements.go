@@ -210,9 +210,10 @@ const RecordCols = `principal, key, fingerprint, state, lease_token, request_id,
 
 // recordCols are RecordCols and now() as the statements built with o
 // return them: with SendTimes each time through timestamptz_send, named
-// as its column. Four set_config calls for the text formats cost the
-// server more than the five calls (bench/pgbench/callgrind.sh), and
-// EXTRACT(EPOCH …) as an integer more than both.
+// as its column. The five calls cost the server less than the three
+// set_config calls for the text formats of times they make unnecessary,
+// and those less than EXTRACT(EPOCH …) as an integer
+// (bench/pgbench/callgrind.sh; docs/design-notes.md).
 func recordCols(o Options) (cols, now string) {
 	if !o.SendTimes {
 		return RecordCols, "now()"
