@@ -329,9 +329,8 @@ func TestCommitBoundedBySettleContext(t *testing.T) {
 
 // TestClaimNeverReturnsTwoRows: on PostgreSQL a claim whose INSERT waited
 // for a release (an uncommitted DELETE of the row) inserts, while its
-// snapshot still shows the deleted row; NOT EXISTS (SELECT 1 FROM ins)
-// keeps the statement from answering both rows, and the claim is the
-// caller's own.
+// snapshot still shows the deleted row; the claim goes by the INSERT's
+// flag, not by that row, and is the caller's own.
 func TestClaimNeverReturnsTwoRows(t *testing.T) {
 	f := idemsqltest.NewFixture(t, "pgx")
 	ctx := testCtx(t)
@@ -444,12 +443,19 @@ func TestCheckNamesTheMissingPiece(t *testing.T) {
 // TestImmuneToTheSession: the store's statements do not depend on session
 // state a handler can leave on a pooled connection — PostgreSQL's
 // search_path (and a TEMP table named like the store's), TimeZone,
-// DateStyle and IntervalStyle; MySQL's sql_mode, time_zone,
+// DateStyle, IntervalStyle and bytea_output (pgx's binary and simple
+// protocols, lib/pq's text); MySQL's sql_mode, time_zone,
 // sql_select_limit and USE; SQLite's TEMP tables. One connection carries
 // all of it, and every store call runs on it.
 func TestImmuneToTheSession(t *testing.T) {
-	for _, setup := range []string{"pgx", "pq", "mysql", "sqlite"} {
+	for _, setup := range []string{"pgx", "pgx-simple", "pq", "mysql", "sqlite"} {
 		t.Run(setup, func(t *testing.T) {
+			// pgx-simple: pgx's stdlib in its simple protocol, where
+			// values travel as text as with lib/pq.
+			simple := setup == "pgx-simple"
+			if simple {
+				setup = "pgx"
+			}
 			d := idemsqltest.Dialect(setup)
 			direct := idemsqltest.NewFixture(t, setup)
 			db := direct.DB
@@ -457,6 +463,14 @@ func TestImmuneToTheSession(t *testing.T) {
 				driver, dsn := map[string]string{"pgx": "pgx", "pq": "postgres", "mysql": "mysql"}[setup], idemsqltest.PostgresDSN()
 				if d == "mysql" {
 					dsn = idemsqltest.MySQLDSN()
+				}
+				if simple {
+					pc, err := pgx.ParseConfig(dsn)
+					if err != nil {
+						t.Fatal(err)
+					}
+					dsn = fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable default_query_exec_mode=simple_protocol",
+						pc.Host, pc.Port, pc.User, pc.Database)
 				}
 				var err error
 				if db, err = sql.Open(driver, dsn); err != nil {
@@ -477,7 +491,7 @@ func TestImmuneToTheSession(t *testing.T) {
 			case "postgres":
 				session = []string{"CREATE TEMP TABLE " + name + " (x int)", "SET search_path TO pg_catalog",
 					"SET TIME ZONE 'Pacific/Kiritimati'", "SET DateStyle = 'SQL, DMY'", "SET IntervalStyle = 'iso_8601'",
-					"SET lock_timeout = '1ms'"}
+					"SET bytea_output = 'escape'", "SET lock_timeout = '1ms'"}
 			case "mysql":
 				mustExec(t, db, "CREATE DATABASE IF NOT EXISTS idem_replica")
 				session = []string{"USE idem_replica", "CREATE TEMPORARY TABLE IF NOT EXISTS " + name + " (x INT)",

@@ -255,8 +255,9 @@ type pgQueries struct {
 // pgBuild builds the PostgreSQL statements for the qualified table t.
 func pgBuild(t tableName, lock time.Duration) pgQueries {
 	// Values travel as text with lib/pq, and with pgx's stdlib in its
-	// simple-protocol modes: the statements pin the text formats too.
-	st := pgsql.New(t.pg(), pgsql.Options{LockTimeout: lock, StatementTimeout: 2 * lock, TextFormats: true})
+	// simple-protocol modes: the statements return times in their binary
+	// form (pgTime) and pin the text format of bytea.
+	st := pgsql.New(t.pg(), pgsql.Options{LockTimeout: lock, StatementTimeout: 2 * lock, TextFormats: true, SendTimes: true})
 	pre := [2]string{st.ClaimPrelude, st.DurablePrelude}
 	var q pgQueries
 	for i, p := range pre {

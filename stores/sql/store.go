@@ -22,6 +22,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -517,19 +518,38 @@ func (s *Store) claimPostgres(ctx context.Context, req idemstore.ClaimRequest) (
 	if err != nil {
 		return r, false, false, err
 	}
+	lease, ret := req.Lease.Microseconds(), req.Retention.Microseconds()
 	rows, err := pool.QueryContext(ctx, s.q.pg.claim[durable(req)], req.Principal, req.Key, req.Fingerprint,
-		req.Token, req.RequestID, req.Retention.Microseconds(), req.Nonce, req.Lease.Microseconds())
+		req.Token, req.RequestID, ret, req.Nonce, lease)
 	if err != nil {
 		return r, false, false, err
 	}
 	defer rows.Close()
 	if !rows.Next() {
-		// The conflicting row committed after this statement's snapshot.
-		return r, false, false, rows.Err()
+		if err := rows.Err(); err != nil {
+			return r, false, false, err
+		}
+		return r, false, false, errors.New("the claim statement returned no row")
 	}
-	var rr recordRow
-	if err := rows.Scan(append([]any{&inserted}, rr.destPG(true)...)...); err != nil {
+	// The flag, whether the read found a row, and the clock first: the
+	// row's columns are NULL when it found none.
+	var (
+		rr  recordRow
+		row sql.NullString
+	)
+	dest := make([]any, 0, 17)
+	dest = append(dest, &inserted, &row)
+	for range 14 {
+		dest = append(dest, skipValue{})
+	}
+	dest = append(dest, (*pgTime)(&rr.now))
+	if err := rows.Scan(dest...); err != nil {
 		return r, false, false, err
+	}
+	if !inserted && row.Valid {
+		if err := rows.Scan(append([]any{&inserted}, rr.destPG(true)...)...); err != nil {
+			return r, false, false, err
+		}
 	}
 	if rows.Next() {
 		return r, false, false, errors.New("the claim statement returned more than one row")
@@ -537,9 +557,33 @@ func (s *Store) claimPostgres(ctx context.Context, req idemstore.ClaimRequest) (
 	if err := rows.Close(); err != nil {
 		return r, false, false, err
 	}
+	switch {
+	case inserted:
+		return rowWithNow{claimedRecord(req, rr.now.t), rr.now.t}, true, true, nil
+	case !row.Valid:
+		// The conflicting row committed after this statement's snapshot.
+		return r, false, false, nil
+	}
 	rec, err := rr.record()
-	return rowWithNow{rec, rr.now.t}, inserted, err == nil, err
+	return rowWithNow{rec, rr.now.t}, false, err == nil, err
 }
+
+// claimedRecord is the record a claim of req inserted at t, the database
+// clock it inserted with: req's own values, its lease and retention from t.
+func claimedRecord(req idemstore.ClaimRequest, t time.Time) idem.Record {
+	return idem.Record{
+		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idemstore.StateInProgress,
+		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
+		CreatedAt: t, LockedAt: t,
+		LeaseExpiresAt: time.UnixMicro(t.UnixMicro() + req.Lease.Microseconds()),
+		ExpiresAt:      time.UnixMicro(t.UnixMicro() + req.Retention.Microseconds()),
+	}
+}
+
+// skipValue is a scan destination that drops its value.
+type skipValue struct{}
+
+func (skipValue) Scan(any) error { return nil }
 
 // claimSQLite reads the row first and inserts only when there is none.
 // SQLite has one writer: a claim that began with its INSERT would queue
@@ -647,12 +691,7 @@ func (s *Store) insertSQLite(ctx context.Context, req idemstore.ClaimRequest) (r
 	if token != req.Token {
 		return rowWithNow{}, false, fmt.Errorf("the claim INSERT returned token %q, not this claim's", token)
 	}
-	t := created.t
-	return rowWithNow{idem.Record{
-		Principal: req.Principal, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint), State: idemstore.StateInProgress,
-		LeaseToken: req.Token, RequestID: req.RequestID, Nonce: req.Nonce,
-		CreatedAt: t, LockedAt: t, LeaseExpiresAt: time.UnixMicro(t.UnixMicro() + lease), ExpiresAt: time.UnixMicro(t.UnixMicro() + ret),
-	}, t}, true, nil
+	return rowWithNow{claimedRecord(req, created.t), created.t}, true, nil
 }
 
 // upsertMyArgs are the arguments of queries.upsertMy for req: the row to
@@ -1026,9 +1065,10 @@ func (r *recordRow) destOf(d dialect, withNow bool) []any {
 // destPG is the scan destination for pgsql.RecordCols (and the clock).
 func (r *recordRow) destPG(withNow bool) []any {
 	d := []any{&r.principal, &r.key, &r.fingerprint, &r.state, &r.token, &r.requestID, &r.nonce,
-		&r.created, &r.locked, &r.leaseUntil, &r.expires, &r.uncertain, &r.status, &r.headers, &r.body}
+		(*pgTime)(&r.created), (*pgTime)(&r.locked), (*pgTime)(&r.leaseUntil), (*pgTime)(&r.expires),
+		&r.uncertain, &r.status, &r.headers, &r.body}
 	if withNow {
-		d = append(d, &r.now)
+		d = append(d, (*pgTime)(&r.now))
 	}
 	return d
 }
@@ -1099,6 +1139,23 @@ func (v *timeValue) parse(s string) error {
 		return fmt.Errorf("idemsql: time %q: %w", s, err)
 	}
 	v.t = time.UnixMicro(n)
+	return nil
+}
+
+// pgTime scans a time as PostgreSQL's statements return it
+// (pgsql.Options.SendTimes): timestamptz_send's eight bytes, big-endian
+// microseconds since 2000-01-01 UTC.
+type pgTime timeValue
+
+// pgEpoch is 2000-01-01 UTC in Unix microseconds.
+const pgEpoch = 946_684_800_000_000
+
+func (v *pgTime) Scan(src any) error {
+	b, ok := src.([]byte)
+	if !ok || len(b) != 8 {
+		return fmt.Errorf("idemsql: cannot scan %T (%v) into a PostgreSQL time", src, src)
+	}
+	v.t = time.UnixMicro(int64(binary.BigEndian.Uint64(b)) + pgEpoch)
 	return nil
 }
 

@@ -91,6 +91,20 @@ func TestStatements(t *testing.T) {
 		!strings.Contains(text.Prelude, "'bytea_output', 'hex'") {
 		t.Errorf("text formats pinned only with TextFormats:\n%s\n%s", bin.Prelude, text.Prelude)
 	}
+	// With SendTimes no statement returns a time as text: bytea_output is
+	// the only format left to pin, and every time goes through
+	// timestamptz_send.
+	send := pgsql.New(tb, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second, TextFormats: true, SendTimes: true})
+	if strings.Contains(send.Prelude, "TimeZone") || strings.Contains(send.Prelude, "DateStyle") ||
+		strings.Contains(send.Prelude, "IntervalStyle") || !strings.Contains(send.Prelude, "'bytea_output', 'hex'") {
+		t.Errorf("SendTimes pins bytea_output alone: %s", send.Prelude)
+	}
+	for name, q := range map[string]string{"ClaimRead": send.ClaimRead, "Takeover": send.Takeover, "Replace": send.Replace,
+		"Reuse": send.Reuse, "Get": send.Get, "ListStale": send.ListStale} {
+		if strings.Contains(q, pgsql.RecordCols) || strings.Count(q, "pg_catalog.timestamptz_send(") < 4 {
+			t.Errorf("%s with SendTimes returns a time as it is:\n%s", name, q)
+		}
+	}
 	for _, p := range []string{bin.ClaimPrelude, bin.DurablePrelude} {
 		if !strings.HasPrefix(p, bin.Prelude) {
 			t.Errorf("%q does not extend the prelude", p)
@@ -225,7 +239,8 @@ func TestOneStatementForms(t *testing.T) {
 	s := pgsql.New(pgsql.Table{Schema: "s", Name: "t"}, pgsql.Options{LockTimeout: time.Second, StatementTimeout: time.Second})
 	claim := s.OneClaim(s.ClaimPrelude)
 	for _, want := range []string{"WITH cfg AS (" + s.ClaimPrelude + "),", "SELECT $1, $2, $3, 'in_progress', $4, $5, $7,",
-		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING ", "NOT EXISTS (SELECT 1 FROM ins)"} {
+		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING 1)",
+		"SELECT one.inserted, " + pgsql.RecordCols + ", now()\nFROM (SELECT EXISTS (SELECT FROM ins) AS inserted) AS one LEFT JOIN \"s\".\"t\" ON principal = $1 AND key = $2"} {
 		if !strings.Contains(claim, want) {
 			t.Errorf("OneClaim lacks %q:\n%s", want, claim)
 		}

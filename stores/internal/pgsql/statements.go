@@ -17,6 +17,15 @@ type Options struct {
 	// binary), so the statements also pin the text formats of
 	// timestamps, intervals and bytea.
 	TextFormats bool
+	// SendTimes: the record-returning statements return each time, now()
+	// included, as its binary form (timestamptz_send: a bytea of eight
+	// bytes, big-endian microseconds since 2000-01-01 UTC), which reads
+	// the same under every session setting. With TextFormats only
+	// bytea_output is then pinned: no statement returns a time or an
+	// interval as text, and none reads one from text (times are now()
+	// plus integer microseconds, the interval literal is read when the
+	// statement is parsed, before any pin applies).
+	SendTimes bool
 }
 
 // Statements is the PostgreSQL statement set of a store, with the table
@@ -76,6 +85,8 @@ type Statements struct {
 	// with TxEndedMarker when the transaction is not the one BeginSetup
 	// ran in, Settle with LeaseLostMarker when its fence missed.
 	SettleCheck, Settle string
+
+	cols, now string // RecordCols and now() as the statements return them
 }
 
 // pinnedSettings are the session settings the store's statements depend
@@ -94,7 +105,11 @@ func pinnedSettings(o Options) string {
 	pins := fmt.Sprintf(`pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '%dms', true),
 	pg_catalog.set_config('statement_timeout', '%dms', true)`, millis(o.LockTimeout), millis(o.StatementTimeout))
-	if o.TextFormats {
+	switch {
+	case o.TextFormats && o.SendTimes:
+		pins += `,
+	pg_catalog.set_config('bytea_output', 'hex', true)`
+	case o.TextFormats:
 		pins += `,
 	pg_catalog.set_config('TimeZone', 'UTC', true),
 	pg_catalog.set_config('DateStyle', 'ISO, MDY', true),
@@ -193,8 +208,26 @@ const DurableCommit = `pg_catalog.set_config('synchronous_commit',
 const RecordCols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
 	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body`
 
+// recordCols are RecordCols and now() as the statements built with o
+// return them: with SendTimes each time through timestamptz_send, named
+// as its column. The five calls cost the server less than the three
+// set_config calls for the text formats of times they make unnecessary,
+// and those less than EXTRACT(EPOCH …) as an integer
+// (bench/pgbench/callgrind.sh; docs/design-notes.md).
+func recordCols(o Options) (cols, now string) {
+	if !o.SendTimes {
+		return RecordCols, "now()"
+	}
+	send := func(c string) string { return "pg_catalog.timestamptz_send(" + c + ") AS " + c }
+	cols = `principal, key, fingerprint, state, lease_token, request_id, nonce,
+	` + send("created_at") + ", " + send("locked_at") + ", " + send("lease_expires_at") + ", " + send("expires_at") +
+		`, uncertain, status, headers, body`
+	return cols, "pg_catalog.timestamptz_send(now())"
+}
+
 func New(t Table, o Options) Statements {
 	var s Statements
+	s.cols, s.now = recordCols(o)
 	pins := pinnedSettings(o)
 	T := t.Ident()
 	s.Prelude = "SELECT " + pins
@@ -295,7 +328,7 @@ SET LOCAL statement_timeout = '%dms'`, millis(o.LockTimeout), millis(o.Statement
 VALUES ($1, $2, $3, 'in_progress', $4, $5, $7, now(), now(), now() + $8::bigint * interval '1 microsecond',
 	now() + $6::bigint * interval '1 microsecond', false)
 ON CONFLICT (principal, key) DO NOTHING`, T)
-	s.ClaimRead = fmt.Sprintf(`SELECT %[2]s, now() FROM %[1]s WHERE principal = $1 AND key = $2`, T, RecordCols)
+	s.ClaimRead = fmt.Sprintf(`SELECT %[2]s, %[3]s FROM %[1]s WHERE principal = $1 AND key = $2`, T, s.cols, s.now)
 
 	// Taking over a stale in_progress row: fenced by the token the caller
 	// saw, and the staleness re-checked on the row's latest version with
@@ -310,7 +343,7 @@ ON CONFLICT (principal, key) DO NOTHING`, T)
 	expires_at = now() + $6::bigint * interval '1 microsecond'
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'in_progress'
 	AND fingerprint = $3 AND lease_expires_at <= now() AND (NOT uncertain OR $9::boolean)
-RETURNING %[2]s, now()`, T, RecordCols)
+RETURNING %[2]s, %[3]s`, T, s.cols, s.now)
 
 	// Replacing a row past its retention: it counts as absent, so every
 	// column starts afresh, the nonce included.
@@ -320,7 +353,7 @@ RETURNING %[2]s, now()`, T, RecordCols)
 	expires_at = now() + $6::bigint * interval '1 microsecond',
 	uncertain = false, status = NULL, headers = NULL, body = NULL
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND expires_at <= now()
-RETURNING %[2]s, now()`, T, RecordCols)
+RETURNING %[2]s, %[3]s`, T, s.cols, s.now)
 
 	// Claiming a released row: the key is free, so the new attempt's
 	// fingerprint, token, lease and retention replace the old, fenced by
@@ -335,7 +368,7 @@ RETURNING %[2]s, now()`, T, RecordCols)
 	lease_expires_at = now() + $9::bigint * interval '1 microsecond',
 	expires_at = now() + $6::bigint * interval '1 microsecond', uncertain = false
 WHERE principal = $1 AND key = $2 AND lease_token = $7 AND state = 'released' AND expires_at > now()
-RETURNING %[2]s, now()`, T, RecordCols)
+RETURNING %[2]s, %[3]s`, T, s.cols, s.now)
 
 	// A release keeps the row, and with it the nonce, until it expires.
 	s.Release = fmt.Sprintf(`UPDATE %s SET state = 'released', uncertain = false
@@ -346,7 +379,7 @@ WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'
 	s.Keep = fmt.Sprintf(`UPDATE %s SET uncertain = true, lease_expires_at = now()
 WHERE principal = $1 AND key = $2 AND lease_token = $3 AND state = 'in_progress'`, T)
 
-	s.Get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, T, RecordCols)
+	s.Get = fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE principal = $1 AND key = $2`, T, s.cols)
 
 	// Several sweepers can run at once: each locks its own batch and skips
 	// rows another holds. The locking re-checks state and expires_at on the
@@ -377,7 +410,7 @@ WHERE t.principal = d.principal AND t.key = d.key`, T)
 	s.ListStale = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE state = 'in_progress' AND lease_expires_at <= now()
 ORDER BY lease_expires_at
-LIMIT $1`, T, RecordCols)
+LIMIT $1`, T, s.cols)
 
 	// The settle, fenced by the lease token. It is pipelined with COMMIT in
 	// one round trip, so a missed fence must not merely report zero rows: it
