@@ -14,16 +14,16 @@
 -- the stores' own statements.
 \set k random(1, 2000000000)
 \startpipeline
-SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-	pg_catalog.set_config('lock_timeout', '2000ms', true),
+SELECT pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
 	pg_catalog.set_config('synchronous_commit', 'off', true);
 INSERT INTO "idem_bench"."pgx_keys" (principal, key, fingerprint, state, lease_token, request_id, nonce,
 	created_at, locked_at, lease_expires_at, expires_at, uncertain)
-VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', now(), now(), now() + 40000000::bigint * interval '1 microsecond',
-	now() + 86400000000::bigint * interval '1 microsecond', false)
+VALUES ('acct', 'pgb-' || :k || '-' || :client_id, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 'in_progress', 'tok', 'req', '0123456789abcdef0123456789abcdef', pg_catalog.now(), pg_catalog.now(),
+	pg_catalog.now() OPERATOR(pg_catalog.+) (40000000::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'),
+	pg_catalog.now() OPERATOR(pg_catalog.+) (86400000000::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'), false)
 ON CONFLICT (principal, key) DO NOTHING;
-SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body, now() FROM "idem_bench"."pgx_keys" WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id;
+SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body, pg_catalog.now() FROM "idem_bench"."pgx_keys" WHERE principal OPERATOR(pg_catalog.=) 'acct' AND key OPERATOR(pg_catalog.=) ('pgb-' || :k || '-' || :client_id);
 \endpipeline
 \startpipeline
 begin isolation level read committed read write;

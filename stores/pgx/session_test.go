@@ -216,3 +216,64 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("claim without INSERT = %v, want ErrMisconfigured (42501)", err)
 	}
 }
+
+// The claim's statements run behind a prelude that does not pin the
+// search_path: they name every function and operator with their schema.
+// On sessions whose search_path puts look-alikes before pg_catalog (a
+// pool configured so, or a handler's SET left on a pooled session), a
+// claim still inserts its own row with the server's clock and reads back
+// its own record, never another principal's.
+func TestClaimUnderAHijackedSearchPath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, newPool(t, 2, nil))
+	ctx := testCtx(t)
+	hijack := strings.ReplaceAll("idem_lookalike_"+randHex(4), "-", "_")
+	for _, stmt := range []string{
+		"CREATE SCHEMA %[1]s",
+		"CREATE FUNCTION %[1]s.t(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'",
+		"CREATE OPERATOR %[1]s.= (LEFTARG = text, RIGHTARG = text, FUNCTION = %[1]s.t)",
+		"CREATE FUNCTION %[1]s.now() RETURNS timestamptz LANGUAGE sql AS 'SELECT ''2000-01-01 00:00:00+00''::timestamptz'",
+		"CREATE FUNCTION %[1]s.p(timestamptz, interval) RETURNS timestamptz LANGUAGE sql AS 'SELECT ''2000-01-01 00:00:00+00''::timestamptz'",
+		"CREATE OPERATOR %[1]s.+ (LEFTARG = timestamptz, RIGHTARG = interval, FUNCTION = %[1]s.p)",
+		"CREATE FUNCTION %[1]s.m(bigint, interval) RETURNS interval LANGUAGE sql AS 'SELECT interval ''0'''",
+		"CREATE OPERATOR %[1]s.* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = %[1]s.m)",
+	} {
+		if _, err := e.Pool.Exec(ctx, fmt.Sprintf(stmt, hijack)); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = e.Pool.Exec(context.Background(), "DROP SCHEMA "+hijack+" CASCADE") })
+	cfg := idempgxtest.PoolConfig(t, 1)
+	cfg.ConnConfig.RuntimeParams["search_path"] = hijack + ", pg_catalog"
+	s := e.storeOn(t, idempgxtest.OpenPool(t, cfg), e.Schema+".idempotency_keys")
+
+	start := time.Now()
+	first := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
+	replay := first
+	replay.Token, replay.RequestID = randHex(16), "req-replay"
+	for _, tc := range []struct {
+		name    string
+		req     idemstore.ClaimRequest
+		claimed bool
+	}{
+		{"a new key", first, true},
+		{"another principal's new key", claimReq("bob", first.Key, "body", time.Minute), true},
+		{"a replay", replay, false},
+	} {
+		res, err := s.Claim(ctx, tc.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		r := res.Record
+		switch {
+		case res.Claimed != tc.claimed:
+			t.Fatalf("%s: claimed %v, want %v", tc.name, res.Claimed, tc.claimed)
+		case r.Principal != tc.req.Principal || r.Key != tc.req.Key || r.LeaseToken != first.Token && r.Principal == "alice":
+			t.Fatalf("%s: got the record of %s/%s (token %s), want %s/%s", tc.name, r.Principal, r.Key, r.LeaseToken, tc.req.Principal, tc.req.Key)
+		case r.CreatedAt.Before(start.Add(-time.Minute)) || r.LockedAt.Before(start.Add(-time.Minute)):
+			t.Fatalf("%s: created %v, locked %v, want about %v", tc.name, r.CreatedAt, r.LockedAt, start)
+		case r.LeaseExpiresAt.Before(start.Add(50*time.Second)) || r.ExpiresAt.Before(start.Add(50*time.Minute)):
+			t.Fatalf("%s: lease ends %v and the record expires %v, want a minute and an hour from %v", tc.name, r.LeaseExpiresAt, r.ExpiresAt, start)
+		}
+	}
+}

@@ -417,9 +417,9 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 		return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: nonce is %d bytes, the store holds %d", len(req.Nonce), maxNonce)
 	}
 	req.RequestID = idemstore.BoundRequestID(req.RequestID)
-	prelude := s.sql.ClaimPrelude
+	prelude, insertPrelude := s.sql.ClaimPrelude, s.sql.InsertPrelude
 	if req.Durable {
-		prelude = s.sql.DurablePrelude
+		prelude, insertPrelude = s.sql.DurablePrelude, s.sql.DurableInsertPrelude
 	}
 	connRetries := 0
 	lostTakeover := false // a stale takeover's answer was lost
@@ -437,7 +437,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 		if attempt > 0 {
 			s.reruns.Add(1)
 		}
-		inserted, rec, now, found, err := s.claimOnce(ctx, prelude, req)
+		inserted, rec, now, found, err := s.claimOnce(ctx, insertPrelude, req)
 		if err != nil {
 			if retryable(err) {
 				continue
@@ -488,8 +488,8 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 	return idemstore.ClaimResult{}, fmt.Errorf("idempgx: claim: %w: gave up after %d attempts under contention", idemstore.ErrTransient, s.maxAttempts)
 }
 
-// claimOnce runs the claim's batch: the prelude, the INSERT and the
-// SELECT, one round trip. inserted reports whether the INSERT wrote the
+// claimOnce runs the claim's batch: the prelude (InsertPrelude or
+// DurableInsertPrelude), the INSERT and the SELECT, one round trip. inserted reports whether the INSERT wrote the
 // row; found whether the SELECT returned one.
 func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	b := newBatch()

@@ -16,9 +16,12 @@
 //     for that transaction only, every setting the statements depend on:
 //     search_path (pg_catalog first, the table schema-qualified), the lock
 //     and statement timeouts, the text formats where values travel as text
-//     (Options.TextFormats), and synchronous_commit.
+//     (Options.TextFormats), and synchronous_commit. The claim's own two
+//     statements name every function and operator with its schema, so
+//     their preludes (InsertPrelude, DurableInsertPrelude) leave the
+//     search_path as the session has it.
 //   - The claim is two statements, Claim and ClaimRead, pipelined behind
-//     ClaimPrelude or DurablePrelude: an INSERT … ON CONFLICT DO NOTHING,
+//     InsertPrelude or DurableInsertPrelude: an INSERT … ON CONFLICT DO NOTHING,
 //     which writes nothing (no transaction id, no WAL) when the key exists,
 //     then a SELECT of the row with its own snapshot. Two plain statements
 //     cost the server fewer instructions than one statement that does both

@@ -24,5 +24,5 @@ func Example() {
 	// "billing"."idempotency_keys"
 	// INSERT INTO "billing"."idempotency_keys" (principal, key, fingerprint, state, lease_token, request_id, nonce,
 	// SELECT principal, key, fingerprint, state, lease_token, request_id, nonce,
-	// 	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body, now() FROM "billing"."idempotency_keys" WHERE principal = $1 AND key = $2
+	// 	created_at, locked_at, lease_expires_at, expires_at, uncertain, status, headers, body, pg_catalog.now() FROM "billing"."idempotency_keys" WHERE principal OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2
 }

@@ -240,7 +240,7 @@ func TestOneStatementForms(t *testing.T) {
 	claim := s.OneClaim(s.ClaimPrelude)
 	for _, want := range []string{"WITH cfg AS (" + s.ClaimPrelude + "),", "SELECT $1, $2, $3, 'in_progress', $4, $5, $7,",
 		" FROM cfg\nON CONFLICT (principal, key) DO NOTHING\nRETURNING 1)",
-		"SELECT one.inserted, " + pgsql.RecordCols + ", now()\nFROM (SELECT EXISTS (SELECT FROM ins) AS inserted) AS one LEFT JOIN \"s\".\"t\" ON principal = $1 AND key = $2"} {
+		"SELECT one.inserted, " + pgsql.RecordCols + ", pg_catalog.now()\nFROM (SELECT EXISTS (SELECT FROM ins) AS inserted) AS one LEFT JOIN \"s\".\"t\" ON principal OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"} {
 		if !strings.Contains(claim, want) {
 			t.Errorf("OneClaim lacks %q:\n%s", want, claim)
 		}

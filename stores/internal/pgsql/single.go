@@ -13,7 +13,8 @@ import (
 // produced, so the lock timeout, synchronous_commit and the text formats
 // hold for its lock waits, its commit and its output; the statement
 // timeout and search_path pinned with them apply from the next statement
-// on, which is why the statements name the table qualified.
+// on, which is why the statements name the table with its schema, and the
+// claim names its functions and operators with theirs too.
 
 // OneClaim returns the claim, Claim and ClaimRead, as one statement that
 // runs prelude (ClaimPrelude, or DurablePrelude for a durable claim) first
