@@ -227,7 +227,8 @@ type queries struct {
 // OneSelect): each runs its prelude inside it, in one round trip. The
 // claim and the takeovers come in two forms, indexed by
 // idemstore.ClaimRequest.Durable: behind pgsql's ClaimPrelude (its commit
-// does not wait for the WAL flush) and behind its DurablePrelude.
+// does not wait for the WAL flush) and behind its DurablePrelude, the
+// claim behind their InsertPrelude and DurableInsertPrelude.
 // Release runs behind the plain prelude, Keep behind the durable one. They
 // return pgsql.RecordCols (recordRow.destPG).
 type pgQueries struct {
@@ -259,9 +260,13 @@ func pgBuild(t tableName, lock time.Duration) pgQueries {
 	// form (pgTime) and pin the text format of bytea.
 	st := pgsql.New(t.pg(), pgsql.Options{LockTimeout: lock, StatementTimeout: 2 * lock, TextFormats: true, SendTimes: true})
 	pre := [2]string{st.ClaimPrelude, st.DurablePrelude}
+	// A search_path pinned inside a statement applies only after the
+	// statement was parsed; the claim's statements name their schemas and
+	// go without it.
+	claimPre := [2]string{st.InsertPrelude, st.DurableInsertPrelude}
 	var q pgQueries
 	for i, p := range pre {
-		q.claim[i] = st.OneClaim(p)
+		q.claim[i] = st.OneClaim(claimPre[i])
 		q.takeover[i] = pgsql.OneUpdate(p, st.Takeover)
 		q.replace[i] = pgsql.OneUpdate(p, st.Replace)
 		q.reuse[i] = pgsql.OneUpdate(p, st.Reuse)
