@@ -7,6 +7,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -194,26 +195,13 @@ func state(b []byte) idemstore.State {
 	return idemstore.State(b)
 }
 
-// The range of PostgreSQL's timestamptz in its binary form, microseconds
-// since 2000-01-01 UTC (MIN_TIMESTAMP and END_TIMESTAMP in its source):
-// ±infinity lie outside it, and pgx refuses them for a time.Time.
-const (
-	unixToY2K    = 946_684_800 // seconds
-	minTimestamp = -211_813_488_000_000_000
-	endTimestamp = 9_223_371_331_200_000_000
-)
-
-// timestamptz decodes a binary timestamptz into t as pgx's TimestamptzCodec
-// does by default (time.Unix, the local zone). It reports false, leaving t
-// alone, for a value of the wrong size or outside the range.
+// timestamptz decodes a binary timestamptz into t (pgsql.DecodeTimestamptz).
+// It reports false, leaving t alone, for a value of the wrong size or
+// outside the range.
 func timestamptz(b []byte, t *time.Time) bool {
-	if len(b) != 8 {
-		return false
+	v, ok := pgsql.DecodeTimestamptz(b)
+	if ok {
+		*t = v
 	}
-	us := int64(binary.BigEndian.Uint64(b))
-	if us < minTimestamp || us >= endTimestamp {
-		return false
-	}
-	*t = time.Unix(unixToY2K+us/1_000_000, us%1_000_000*1_000)
-	return true
+	return ok
 }

@@ -22,7 +22,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +34,7 @@ import (
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
+	"github.com/idemgo/idem/stores/internal/pgsql"
 )
 
 // Store is an idemstore.Store on a *sql.DB. It is safe for concurrent use by
@@ -1143,19 +1143,17 @@ func (v *timeValue) parse(s string) error {
 }
 
 // pgTime scans a time as PostgreSQL's statements return it
-// (pgsql.Options.SendTimes): timestamptz_send's eight bytes, big-endian
-// microseconds since 2000-01-01 UTC.
+// (pgsql.Options.SendTimes): timestamptz_send's eight bytes
+// (pgsql.DecodeTimestamptz).
 type pgTime timeValue
 
-// pgEpoch is 2000-01-01 UTC in Unix microseconds.
-const pgEpoch = 946_684_800_000_000
-
 func (v *pgTime) Scan(src any) error {
-	b, ok := src.([]byte)
-	if !ok || len(b) != 8 {
+	b, _ := src.([]byte)
+	t, ok := pgsql.DecodeTimestamptz(b)
+	if !ok {
 		return fmt.Errorf("idemsql: cannot scan %T (%v) into a PostgreSQL time", src, src)
 	}
-	v.t = time.UnixMicro(int64(binary.BigEndian.Uint64(b)) + pgEpoch)
+	v.t = t
 	return nil
 }
 
