@@ -39,3 +39,7 @@ func ScanRecord(rows pgx.Rows, now, generic bool) (idem.Record, time.Time, error
 	}
 	return s.rec, t, err
 }
+
+// StatementNames returns the names under which the store prepares its
+// statements on each connection, in the default exec mode.
+func StatementNames(s *Store) []string { return append([]string(nil), s.directNames[:]...) }

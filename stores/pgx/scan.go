@@ -79,8 +79,33 @@ func pgxDecodes(m *pgtype.Map) bool {
 	return true
 }
 
+// scanRaw is ScanRow for a row's raw values, with the connection's type
+// map m: decodeBinary where it decodes the row, else m's scan plans, as
+// pgx's Rows.Scan would run them.
+func (s *recordScanner) scanRaw(m *pgtype.Map, fds []pgconn.FieldDescription, vals [][]byte) error {
+	if pgxDecodes(m) {
+		if ok, err := s.decodeBinary(fds, vals); ok {
+			return err
+		}
+	}
+	return s.scanWith(func(dest ...any) error {
+		if len(fds) != len(dest) || len(vals) != len(dest) {
+			return fmt.Errorf("number of field descriptions must equal number of destinations, got %d and %d", len(fds), len(dest))
+		}
+		for i := range dest {
+			if err := m.Scan(fds[i].DataTypeOID, fds[i].Format, vals[i], dest[i]); err != nil {
+				return fmt.Errorf("can't scan into dest[%d] (col: %s): %w", i, fds[i].Name, err)
+			}
+		}
+		return nil
+	})
+}
+
 // scanGeneric scans through pgx's type map.
-func (s *recordScanner) scanGeneric(rows pgx.Rows) error {
+func (s *recordScanner) scanGeneric(rows pgx.Rows) error { return s.scanWith(rows.Scan) }
+
+// scanWith scans the record's columns with scan.
+func (s *recordScanner) scanWith(scan func(dest ...any) error) error {
 	rec := &s.rec
 	dest := append(s.dest[:0], &rec.Principal, &rec.Key, &rec.Fingerprint, &s.state, &rec.LeaseToken,
 		&rec.RequestID, &rec.Nonce, &rec.CreatedAt, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.ExpiresAt,
@@ -88,7 +113,7 @@ func (s *recordScanner) scanGeneric(rows pgx.Rows) error {
 	if s.now != nil {
 		dest = append(dest, s.now)
 	}
-	if err := rows.Scan(dest...); err != nil {
+	if err := scan(dest...); err != nil {
 		return err
 	}
 	rec.State = idemstore.State(s.state)

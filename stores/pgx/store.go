@@ -73,6 +73,13 @@ type Store struct {
 	channel string     // the notification channel (channelName)
 	hub     fanout.Hub // Subscribe's subscriptions and listener
 
+	// The statements sent through pgconn (direct.go).
+	direct      bool // the pool prepares statements: claims and settles go through pgconn
+	directSQL   [numDirect]string
+	directNames [numDirect]string
+	preparedKey string
+	tracer      pgx.BatchTracer // the pool's, told of every direct batch
+
 	reruns atomic.Int64 // claims run again (a row purged between the claim's statements, a lost takeover race)
 	ended  endedLeases  // leases whose transaction ended behind the store's back
 }
@@ -229,10 +236,13 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
+	s := &Store{pool: pool, table: t, txTimeout: c.txTimeout, maxAttempts: c.maxAttempts,
 		timeouts: c.timeouts, deadPeer: pgsql.DeadPeerFor(c.timeouts.statement), notify: c.notify, channel: channelName(t.Ident()),
 		sql: pgsql.New(t, pgsql.Options{LockTimeout: c.timeouts.lock, StatementTimeout: c.timeouts.statement,
-			TextFormats: textFormats(pool.Config().ConnConfig.DefaultQueryExecMode)})}, nil
+			TextFormats: textFormats(mode)})}
+	s.initDirect(mode)
+	return s, nil
 }
 
 // currentSchema returns the schema the pool's search_path selects.
@@ -427,7 +437,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 		if retryClaim(err) {
 			return true
 		}
-		if connLost(ctx, err) && connRetries < maxConnRetries {
+		if (connLost(ctx, err) || stale(err)) && connRetries < maxConnRetries {
 			connRetries++
 			return true
 		}
@@ -492,6 +502,9 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 // DurableInsertPrelude), the INSERT and the SELECT, one round trip. inserted reports whether the INSERT wrote the
 // row; found whether the SELECT returned one.
 func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
+	if s.direct {
+		return s.claimDirect(ctx, prelude == s.sql.DurableInsertPrelude, req)
+	}
 	b := newBatch()
 	b.queue(prelude)
 	b.queue(s.sql.Claim, req.Principal, req.Key, req.Fingerprint, req.Token, req.RequestID, micros(req.Retention), req.Nonce,
@@ -666,12 +679,12 @@ func (s *Store) Get(ctx context.Context, principal, key string) (idem.Record, er
 }
 
 // onConn runs fn, and runs it again (up to maxConnRetries times) when it
-// failed because its connection broke. Only for statements that are safe to
-// repeat.
+// failed because its connection broke or a prepared statement was gone
+// (stale). Only for statements that are safe to repeat.
 func (s *Store) onConn(ctx context.Context, fn func() error) error {
 	for retries := 0; ; retries++ {
 		err := fn()
-		if err == nil || retries >= maxConnRetries || !connLost(ctx, err) {
+		if err == nil || retries >= maxConnRetries || !connLost(ctx, err) && !stale(err) {
 			return err
 		}
 	}

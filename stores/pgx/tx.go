@@ -209,29 +209,33 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	if body == nil {
 		body = []byte{}
 	}
-	b := newBatch()
-	b.queue(t.store.sql.SettleCheck, t.marker)
-	b.queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
-		string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
-	notified := t.store.queueNotify(&b.Batch, t.lease.Principal, t.lease.Key)
-	b.queue("COMMIT")
-	br := t.conn.SendBatch(ctx, &b.Batch)
-	_, checkErr := br.Exec()
-	// The UPDATE's statement returns 1 or raises; there is no third
-	// answer, so a nil error means exactly one row was updated.
-	var updErr, commitErr error
+	var checkErr, updErr, commitErr, closeErr error
 	var commitTag pgconn.CommandTag
-	if checkErr == nil {
-		var one int
-		updErr = br.QueryRow().Scan(&one)
+	if t.store.direct && !t.store.hub.Publishing() {
+		checkErr, updErr, commitTag, commitErr = t.settleDirect(ctx, out, idemstore.EncodeHeader(hdr), body)
+	} else {
+		b := newBatch()
+		b.queue(t.store.sql.SettleCheck, t.marker)
+		b.queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
+			string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
+		notified := t.store.queueNotify(&b.Batch, t.lease.Principal, t.lease.Key)
+		b.queue("COMMIT")
+		br := t.conn.SendBatch(ctx, &b.Batch)
+		_, checkErr = br.Exec()
+		// The UPDATE's statement returns 1 or raises; there is no third
+		// answer, so a nil error means exactly one row was updated.
+		if checkErr == nil {
+			var one int
+			updErr = br.QueryRow().Scan(&one)
+		}
+		if checkErr == nil && updErr == nil && notified {
+			_, updErr = br.Exec()
+		}
+		if checkErr == nil && updErr == nil {
+			commitTag, commitErr = br.Exec()
+		}
+		closeErr = br.Close()
 	}
-	if checkErr == nil && updErr == nil && notified {
-		_, updErr = br.Exec()
-	}
-	if checkErr == nil && updErr == nil {
-		commitTag, commitErr = br.Exec()
-	}
-	closeErr := br.Close()
 
 	switch {
 	case checkErr != nil:

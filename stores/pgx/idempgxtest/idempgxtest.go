@@ -104,6 +104,12 @@ type Counter struct {
 // count as a turn).
 func (c *Counter) Count(cfg *pgxpool.Config) {
 	cfg.ConnConfig.Tracer = c
+	c.CountTurns(cfg)
+}
+
+// CountTurns is Count without the tracer: only Turns count, and the pool
+// runs as one without a tracer does (a benchmark's).
+func (c *Counter) CountTurns(cfg *pgxpool.Config) {
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	cfg.ConnConfig.DialFunc = c.Dial
 }
