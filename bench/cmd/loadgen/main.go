@@ -56,6 +56,7 @@ func main() {
 		rounds      = flag.Int("rounds", 1, "times the whole matrix is run (interleaved, for benchstat)")
 		benchOut    = flag.String("o", "", "also write every cell in Go benchmark format to this file, for benchstat")
 		cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run (server and clients) to this file")
+		memProfile  = flag.String("memprofile", "", "write the allocations of the whole run (server and clients) to this file")
 		targets     = flag.String("target", "", "name=URL,… of running servers to drive instead of the variants (POST URL must take the example's payment body)")
 	)
 	flag.Parse()
@@ -92,6 +93,19 @@ func main() {
 			log.Fatal(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+
+	if *memProfile != "" {
+		defer func() {
+			f, err := os.Create(*memProfile)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer f.Close()
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				log.Fatal(err)
+			}
+		}()
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
