@@ -47,8 +47,13 @@ const (
 )
 
 // prepared is the statements of Store.directSQL as one connection has
-// them, kept in its pgconn.PgConn.CustomData under Store.preparedKey.
-type prepared [numDirect]*pgconn.StatementDescription
+// them, kept in its pgconn.PgConn.CustomData under Store.preparedKey, and
+// the formats their results are asked in: text columns as text, which
+// the server sends as they are, everything else binary.
+type prepared struct {
+	sd      [numDirect]*pgconn.StatementDescription
+	formats [numDirect][]int16
+}
 
 // initDirect sets the statements the store prepares and their names.
 func (s *Store) initDirect(mode pgx.QueryExecMode) {
@@ -101,7 +106,7 @@ func (s *Store) prepared(ctx context.Context, pg *pgconn.PgConn) (*prepared, err
 				return nil, fmt.Errorf("prepare: got %T, want a statement description", r)
 			}
 			sd.Name, sd.SQL = s.directNames[i], s.directSQL[i]
-			p[i] = sd
+			p.sd[i], p.formats[i] = sd, resultFormats(sd.Fields)
 		}
 		if _, err := pl.GetResults(); err != nil {
 			return nil, err
@@ -176,13 +181,14 @@ type directBatch struct {
 	b      pgconn.Batch
 	buf    []byte // every parameter's bytes
 
-	n      int
-	stmts  [4]*pgconn.StatementDescription
-	params [4][][]byte
-	args   [4][]arg // kept for a tracer
-	vals   [16][]byte
-	nvals  int
-	err    error
+	n       int
+	stmts   [4]*pgconn.StatementDescription
+	formats [4][]int16 // of the results
+	params  [4][][]byte
+	args    [4][]arg // kept for a tracer
+	vals    [16][]byte
+	nvals   int
+	err     error
 }
 
 // directBatch returns an empty batch on conn, with room for size bytes of
@@ -191,13 +197,23 @@ func (s *Store) directBatch(conn *pgx.Conn, size int) *directBatch {
 	return &directBatch{conn: conn, tracer: s.tracer, buf: make([]byte, 0, size)}
 }
 
-var (
-	allBinary   = []int16{pgtype.BinaryFormatCode}
-	binaryParam = [8]int16{1, 1, 1, 1, 1, 1, 1, 1}
-)
+var binaryParam = [8]int16{1, 1, 1, 1, 1, 1, 1, 1}
 
-// queue adds sd bound to args to the batch.
-func (d *directBatch) queue(sd *pgconn.StatementDescription, args ...arg) {
+// resultFormats returns the result formats for fields: text for text
+// columns, binary for the others.
+func resultFormats(fields []pgconn.FieldDescription) []int16 {
+	f := make([]int16, len(fields))
+	for i, fd := range fields {
+		if fd.DataTypeOID != pgtype.TextOID && fd.DataTypeOID != pgtype.VarcharOID {
+			f[i] = pgtype.BinaryFormatCode
+		}
+	}
+	return f
+}
+
+// queue adds the statement p holds at i, bound to args, to the batch.
+func (d *directBatch) queue(p *prepared, i directStmt, args ...arg) {
+	sd := p.sd[i]
 	if d.err != nil {
 		return
 	}
@@ -214,7 +230,7 @@ func (d *directBatch) queue(sd *pgconn.StatementDescription, args ...arg) {
 		params[i] = d.buf[start:len(d.buf):len(d.buf)]
 	}
 	d.nvals += len(args)
-	d.stmts[d.n], d.params[d.n], d.args[d.n] = sd, params, args
+	d.stmts[d.n], d.formats[d.n], d.params[d.n], d.args[d.n] = sd, p.formats[i], params, args
 	d.n++
 }
 
@@ -232,7 +248,7 @@ func (d *directBatch) send(ctx context.Context, rowAt int, row func([]pgconn.Fie
 		if len(d.params[i]) > 0 {
 			formats = binaryParam[:len(d.params[i])]
 		}
-		d.b.ExecStatement(d.stmts[i], d.params[i], formats, allBinary)
+		d.b.ExecStatement(d.stmts[i], d.params[i], formats, d.formats[i])
 	}
 	// A tracer is told what pgx would have told it.
 	tracer := d.tracer
@@ -309,17 +325,17 @@ func (s *Store) claimDirect(ctx context.Context, durable bool, req idemstore.Cla
 	if err != nil {
 		return false, rec, now, false, err
 	}
-	prelude := p[stmtInsertPrelude]
+	prelude := stmtInsertPrelude
 	if durable {
-		prelude = p[stmtDurableInsertPrelude]
+		prelude = stmtDurableInsertPrelude
 	}
 	d := s.directBatch(conn, 2*len(req.Principal)+2*len(req.Key)+len(req.Fingerprint)+len(req.Token)+
 		len(req.RequestID)+len(req.Nonce)+16)
 	principal, key := textArg(req.Principal), textArg(req.Key)
-	d.queue(prelude)
-	d.queue(p[stmtClaim], principal, key, bytesArg(req.Fingerprint), textArg(req.Token), textArg(req.RequestID),
+	d.queue(p, prelude)
+	d.queue(p, stmtClaim, principal, key, bytesArg(req.Fingerprint), textArg(req.Token), textArg(req.RequestID),
 		intArg(micros(req.Retention)), textArg(req.Nonce), intArg(micros(req.Lease)))
-	d.queue(p[stmtClaimRead], principal, key)
+	d.queue(p, stmtClaimRead, principal, key)
 	sc := recordScanner{now: &now}
 	tags, _, err := d.send(ctx, 2, func(fds []pgconn.FieldDescription, vals [][]byte) error {
 		found = true
@@ -347,10 +363,10 @@ func (t *storeTx) settleDirect(ctx context.Context, out idemstore.Outcome, heade
 	}
 	d := s.directBatch(conn, len(t.marker)+len(t.lease.Principal)+len(t.lease.Key)+len(t.lease.Token)+
 		len(out.State)+8+len(headers)+len(body))
-	d.queue(p[stmtSettleCheck], textArg(t.marker))
-	d.queue(p[stmtSettle], textArg(t.lease.Principal), textArg(t.lease.Key), textArg(t.lease.Token),
+	d.queue(p, stmtSettleCheck, textArg(t.marker))
+	d.queue(p, stmtSettle, textArg(t.lease.Principal), textArg(t.lease.Key), textArg(t.lease.Token),
 		textArg(string(out.State)), intArg(int64(out.Response.Status)), bytesArg(headers), bytesArg(body))
-	d.queue(p[stmtCommit])
+	d.queue(p, stmtCommit)
 	tags, done, err := d.send(ctx, -1, nil)
 	if err != nil {
 		s.forget(conn.PgConn(), err)
