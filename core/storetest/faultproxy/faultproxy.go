@@ -10,7 +10,6 @@ package faultproxy
 
 import (
 	"bytes"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -25,9 +24,9 @@ const (
 	// Before cuts without forwarding the matching chunk: the server never
 	// sees the statement.
 	Before When = iota
-	// After forwards the matching chunk, then cuts before the server's
-	// answer reaches the client; the server has run the statement by the
-	// time the connection to it ends.
+	// After forwards the matching chunk and cuts when the server answers
+	// it, before the answer reaches the client: by the time the client
+	// sees the connection end, the server has run the statement.
 	After
 )
 
@@ -53,6 +52,9 @@ type trigger struct {
 type link struct {
 	client, server net.Conn
 	once           sync.Once
+	// cutting is set when a chunk was forwarded to be cut After: the
+	// server's next bytes are its answer, which ends the link instead.
+	cutting atomic.Bool
 }
 
 func (l *link) close() {
@@ -175,11 +177,7 @@ func (p *Proxy) accept() {
 		p.mu.Unlock()
 		p.wg.Add(2)
 		go p.upstream(l)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(l.client, l.server)
-			p.end(l)
-		}()
+		go p.downstream(l)
 	}
 }
 
@@ -202,22 +200,24 @@ func (p *Proxy) upstream(l *link) {
 				return
 			}
 			if t != nil {
-				// After: close the client side first, so no answer the
-				// server sends to this chunk can slip through, then forward
-				// the chunk and cut.
+				// After: forward the chunk and let the copy back end the
+				// link when the server answers it (downstream), so that
+				// the client sees the cut only once the statement has run:
+				// a client that resends on another connection cannot
+				// overtake it. No byte of the answer reaches the client.
 				close(t.fired)
 				if p.drop(l) {
 					p.cuts.Add(1)
 				}
-				_ = l.client.Close()
-				_, _ = l.server.Write(chunk)
+				l.cutting.Store(true)
+				if _, werr := l.server.Write(chunk); werr != nil {
+					l.close()
+					return
+				}
 				// Half-close: the server reads the chunk whole and
-				// answers it before it sees the end of the stream, so
-				// the statement in it has run when the link ends.
+				// answers it before it sees the end of the stream.
 				// Closing outright with an answer unread resets the
-				// connection, and the server could drop the chunk
-				// unread. The answer goes nowhere (the client side is
-				// closed): the copy back ends the link when it comes.
+				// connection, and the server could drop the chunk unread.
 				if tc, ok := l.server.(*net.TCPConn); ok && tc.CloseWrite() == nil {
 					_ = tc.SetReadDeadline(time.Now().Add(5 * time.Second))
 					return
@@ -232,6 +232,28 @@ func (p *Proxy) upstream(l *link) {
 		}
 		if err != nil {
 			p.end(l)
+			return
+		}
+	}
+}
+
+// downstream copies server → client until either side ends, or until the
+// server answers a chunk forwarded to be cut After.
+func (p *Proxy) downstream(l *link) {
+	defer p.wg.Done()
+	defer p.end(l)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := l.server.Read(buf)
+		if l.cutting.Load() {
+			return
+		}
+		if n > 0 {
+			if _, werr := l.client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
 			return
 		}
 	}
