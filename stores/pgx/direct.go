@@ -185,10 +185,11 @@ type directBatch struct {
 	stmts   [4]*pgconn.StatementDescription
 	formats [4][]int16 // of the results
 	params  [4][][]byte
-	args    [4][]arg // kept for a tracer
 	vals    [16][]byte
 	nvals   int
 	err     error
+
+	traced pgx.Batch // what a tracer is told: what pgx would have told it
 }
 
 // directBatch returns an empty batch on conn, with room for size bytes of
@@ -230,8 +231,15 @@ func (d *directBatch) queue(p *prepared, i directStmt, args ...arg) {
 		params[i] = d.buf[start:len(d.buf):len(d.buf)]
 	}
 	d.nvals += len(args)
-	d.stmts[d.n], d.formats[d.n], d.params[d.n], d.args[d.n] = sd, p.formats[i], params, args
+	d.stmts[d.n], d.formats[d.n], d.params[d.n] = sd, p.formats[i], params
 	d.n++
+	if d.tracer != nil {
+		vals := make([]any, len(args))
+		for j, a := range args {
+			vals[j] = a.value()
+		}
+		d.traced.Queue(sd.SQL, vals...)
+	}
 }
 
 // send sends the batch and reads its results in order. row, if not nil, is
@@ -250,21 +258,12 @@ func (d *directBatch) send(ctx context.Context, rowAt int, row func([]pgconn.Fie
 		}
 		d.b.ExecStatement(d.stmts[i], d.params[i], formats, d.formats[i])
 	}
-	// A tracer is told what pgx would have told it.
 	tracer := d.tracer
-	var traced pgx.Batch
 	if tracer != nil {
-		for i := 0; i < d.n; i++ {
-			vals := make([]any, len(d.args[i]))
-			for j, a := range d.args[i] {
-				vals[j] = a.value()
-			}
-			traced.Queue(d.stmts[i].SQL, vals...)
-		}
-		ctx = tracer.TraceBatchStart(ctx, d.conn, pgx.TraceBatchStartData{Batch: &traced})
+		ctx = tracer.TraceBatchStart(ctx, d.conn, pgx.TraceBatchStartData{Batch: &d.traced})
 	}
 	trace := func(i int, tag pgconn.CommandTag, err error) {
-		q := traced.QueuedQueries[i]
+		q := d.traced.QueuedQueries[i]
 		tracer.TraceBatchQuery(ctx, d.conn, pgx.TraceBatchQueryData{SQL: q.SQL, Args: q.Arguments, CommandTag: tag, Err: err})
 	}
 	mrr := d.conn.PgConn().ExecBatch(ctx, &d.b)
