@@ -273,3 +273,29 @@ func testTracerSeesTheStoresBatches(t *testing.T, mode pgx.QueryExecMode) {
 		t.Fatalf("failed settle's batch as traced: %+v, end %v", qs, end)
 	}
 }
+
+// TestStatementsPreparedInTheDefaultModeOnly: in pgx's default exec mode a
+// claim and a settle leave the store's statements prepared on the
+// connection under its names; in a mode where pgx prepares nothing by name
+// (QueryExecModeCacheDescribe) the store does not either.
+func TestStatementsPreparedInTheDefaultModeOnly(t *testing.T) {
+	ctx := testCtx(t)
+	for mode, want := range map[pgx.QueryExecMode]bool{
+		pgx.QueryExecModeCacheStatement: true,
+		pgx.QueryExecModeCacheDescribe:  false,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := idempgxtest.PoolConfig(t, 1)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			e := newEnv(t, idempgxtest.OpenPool(t, cfg))
+			mustClaimAndSettle(ctx, t, e, claimReq("alice", "k-"+randHex(4), "body", time.Minute))
+			names := idempgx.StatementNames(e.Store)
+			onConn(ctx, t, e.Pool, func(conn *pgx.Conn) {
+				n := preparedCount(ctx, t, conn, e.Store)
+				if want && n != len(names) || !want && n != 0 {
+					t.Fatalf("%d of the store's %d statements prepared on the connection", n, len(names))
+				}
+			})
+		})
+	}
+}
