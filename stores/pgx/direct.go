@@ -299,21 +299,9 @@ func (d *directBatch) send(ctx context.Context, rowAt int, row func([]pgconn.Fie
 	return tags, done, err
 }
 
-// stale reports whether err says a prepared statement is gone (26000),
-// no longer fits the table (0A000) or takes other parameters than it was
-// prepared with (08P01): the store's own, which forget drops, or pgx's,
-// which pgx drops from its cache on any error. Nothing ran; the statement
-// runs again once prepared again.
-func stale(err error) bool {
-	switch sqlState(err) {
-	case "26000", "0A000", "08P01":
-		return true
-	}
-	return false
-}
-
-// claimDirect is claimOnce through pgconn.
-func (s *Store) claimDirect(ctx context.Context, durable bool, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
+// claimDirect is claimOnce through pgconn, behind the prelude req.Durable
+// selects (the one Claim passes claimOnce).
+func (s *Store) claimDirect(ctx context.Context, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, rec, now, false, err
@@ -325,7 +313,7 @@ func (s *Store) claimDirect(ctx context.Context, durable bool, req idemstore.Cla
 		return false, rec, now, false, err
 	}
 	prelude := stmtInsertPrelude
-	if durable {
+	if req.Durable {
 		prelude = stmtDurableInsertPrelude
 	}
 	d := s.directBatch(conn, 2*len(req.Principal)+2*len(req.Key)+len(req.Fingerprint)+len(req.Token)+

@@ -142,3 +142,16 @@ func connLost(ctx context.Context, err error) bool {
 	}
 	return isTransient(err)
 }
+
+// stale reports whether err says a prepared statement is gone (26000),
+// no longer fits the table (0A000) or takes other parameters than it was
+// prepared with (08P01): the store's own, which forget drops, or pgx's,
+// which pgx drops from its cache on any error. Nothing ran; the statement
+// runs again once prepared again.
+func stale(err error) bool {
+	switch sqlState(err) {
+	case "26000", "0A000", "08P01":
+		return true
+	}
+	return false
+}

@@ -503,7 +503,7 @@ func (s *Store) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstor
 // row; found whether the SELECT returned one.
 func (s *Store) claimOnce(ctx context.Context, prelude string, req idemstore.ClaimRequest) (inserted bool, rec idem.Record, now time.Time, found bool, err error) {
 	if s.direct {
-		return s.claimDirect(ctx, prelude == s.sql.DurableInsertPrelude, req)
+		return s.claimDirect(ctx, req)
 	}
 	b := newBatch()
 	b.queue(prelude)
