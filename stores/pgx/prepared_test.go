@@ -65,9 +65,7 @@ func TestPreparedStatementsGoneInTheTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 1, nil))
 	req := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v, %v", res, err)
-	}
+	mustClaim(ctx, t, e, req)
 	txCtx, tx, err := e.Store.BeginTx(ctx, leaseOf(req))
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +109,7 @@ func TestSettleOnAConnectionThatNeverClaimed(t *testing.T) {
 	ctx := testCtx(t)
 	e := newEnv(t, newPool(t, 2, nil))
 	req := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v, %v", res, err)
-	}
+	mustClaim(ctx, t, e, req)
 	// Hold the connection that claimed, so that BeginTx gets the other.
 	claimer, err := e.Pool.Acquire(ctx)
 	if err != nil {
@@ -153,12 +149,16 @@ func preparedCount(ctx context.Context, t *testing.T, conn *pgx.Conn, s *idempgx
 	return n
 }
 
-func mustClaimAndSettle(ctx context.Context, t *testing.T, e *env, req idemstore.ClaimRequest) {
+func mustClaim(ctx context.Context, t *testing.T, e *env, req idemstore.ClaimRequest) {
 	t.Helper()
-	res, err := e.Store.Claim(ctx, req)
-	if err != nil || !res.Claimed {
+	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}
+}
+
+func mustClaimAndSettle(ctx context.Context, t *testing.T, e *env, req idemstore.ClaimRequest) {
+	t.Helper()
+	mustClaim(ctx, t, e, req)
 	if err := e.runAttempt(ctx, leaseOf(req), req.Key, `{}`); err != nil {
 		t.Fatalf("attempt: %v", err)
 	}
@@ -234,9 +234,7 @@ func testTracerSeesTheStoresBatches(t *testing.T, mode pgx.QueryExecMode) {
 	e := newEnv(t, idempgxtest.OpenPool(t, cfg))
 
 	req := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v, %v", res, err)
-	}
+	mustClaim(ctx, t, e, req)
 	qs, end := tr.last()
 	if end != nil || len(qs) != 3 || qs[1].CommandTag.String() != "INSERT 0 1" ||
 		len(qs[1].Args) != 8 || qs[1].Args[0] != "alice" || qs[1].Args[1] != req.Key ||
@@ -256,9 +254,7 @@ func testTracerSeesTheStoresBatches(t *testing.T, mode pgx.QueryExecMode) {
 	// A settle whose fence misses: the tracer is told of the check, then
 	// of the UPDATE's error, and the batch ends with it.
 	lost := claimReq("alice", "k-"+randHex(4), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, lost); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v, %v", res, err)
-	}
+	mustClaim(ctx, t, e, lost)
 	l := leaseOf(lost)
 	l.Token = "not-" + l.Token
 	_, tx, err := e.Store.BeginTx(ctx, l)
