@@ -42,9 +42,10 @@ type FaultTarget struct {
 	Takeover, Release []byte
 	// Begin is a byte pattern unique to the statement that begins the
 	// handler's transaction. With it set, RunFaults also cuts the
-	// connection as it goes out, before the server received it, and
-	// checks that BeginTx begins on another connection: the attempt then
-	// settles as usual, with one effect.
+	// connection as it goes out, before the server received it and after,
+	// and checks that the transaction begins on another connection, with
+	// the handler's first statement where it travels with BEGIN: the
+	// attempt then settles as usual, with one effect.
 	Begin []byte
 }
 
@@ -249,26 +250,38 @@ func proxied(t *testing.T, target FaultTarget) (*faultproxy.Proxy, Backend) {
 func testBeginResent(t *testing.T, target FaultTarget) {
 	proxy, b := proxied(t, target)
 	ctx := ctxT(t)
-	var err error
-	req := claimReq("alice", uniq("begin"), "body")
-	mustClaim(t, b.Store, req)
-	var txCtx context.Context
-	var tx idemstore.Tx
-	if !proxy.CutWhile(target.Begin, faultproxy.Before, time.Second, func() { txCtx, tx, err = b.Store.BeginTx(ctx, leaseOf(req)) }) {
-		t.Fatalf("the cut on %q never fired", target.Begin)
-	}
-	if err != nil {
-		t.Fatalf("BeginTx over a connection cut as BEGIN went out: %v", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := b.WriteEffect(txCtx, req.Key); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("ok")}); err != nil {
-		t.Fatalf("settle after BeginTx replaced its connection: %v", err)
-	}
-	if n := effects(t, b, req.Key); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
+	for _, cut := range []struct {
+		name string
+		when faultproxy.When
+	}{{"cut before the server got BEGIN", faultproxy.Before}, {"cut after the server answered BEGIN", faultproxy.After}} {
+		when := cut.name
+		req := claimReq("alice", uniq("begin"), "body")
+		mustClaim(t, b.Store, req)
+		var (
+			tx             idemstore.Tx
+			beginErr, wErr error
+		)
+		// BEGIN goes out in BeginTx or with the handler's first statement.
+		if !proxy.CutWhile(target.Begin, cut.when, time.Second, func() {
+			var txCtx context.Context
+			if txCtx, tx, beginErr = b.Store.BeginTx(ctx, leaseOf(req)); beginErr == nil {
+				wErr = b.WriteEffect(txCtx, req.Key)
+			}
+		}) {
+			t.Fatalf("%s: the cut on %q never fired", when, target.Begin)
+		}
+		if tx != nil {
+			defer func() { _ = tx.Rollback(ctx) }() // after Settle: nothing to send
+		}
+		if beginErr != nil || wErr != nil {
+			t.Fatalf("%s: a transaction begun over a connection cut as BEGIN went out: BeginTx %v, then the handler's write %v", when, beginErr, wErr)
+		}
+		if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("ok")}); err != nil {
+			t.Fatalf("%s: settle after BEGIN went out again on another connection: %v", when, err)
+		}
+		if n := effects(t, b, req.Key); n != 1 {
+			t.Fatalf("%s: %d effects, want 1", when, n)
+		}
 	}
 }
 
