@@ -142,9 +142,10 @@ func roundTrips(ctx context.Context, t *testing.T, variants []Variant) {
 			}
 			return cell
 		}
-		// On PostgreSQL a first request is the claim, BEGIN, the
-		// handler's INSERT, and the settle pipelined with COMMIT (idemgorm
-		// through pgx's database/sql driver too); a replay the claim alone.
+		// On PostgreSQL a first request is the claim, the handler's INSERT
+		// (behind BEGIN, on idempgx in the same batch), and the settle
+		// pipelined with COMMIT (idemgorm through pgx's database/sql driver
+		// too); a replay the claim alone.
 		first := measure("first request", http.StatusCreated, v.First, func() *http.Response { return post("k1", body, false) })
 		replay := measure("replay", http.StatusCreated, v.Replay, func() *http.Response {
 			resp := post("k1", body, false)

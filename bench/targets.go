@@ -102,7 +102,7 @@ func postgresVariants() []Variant {
 		{Name: "floor", Label: "hand-written floor (pgx)", Open: func(ctx context.Context, conns int, c *Counter) (http.Handler, func(), error) {
 			return openPool(ctx, conns, c, func(p *pgxpool.Pool) (http.Handler, error) { return &Floor{Pool: p}, nil })
 		}},
-		{Name: "pgx", Label: "idem + idempgx", First: 4, Replay: 1, Open: func(ctx context.Context, conns int, c *Counter) (http.Handler, func(), error) {
+		{Name: "pgx", Label: "idem + idempgx", First: 3, Replay: 1, Open: func(ctx context.Context, conns int, c *Counter) (http.Handler, func(), error) {
 			return openPool(ctx, conns, c, func(p *pgxpool.Pool) (http.Handler, error) { return NewPgxServer(ctx, p) })
 		}},
 		{Name: "gorm", Label: "idem + idemgorm (PostgreSQL)", First: 4, Replay: 1, Open: func(ctx context.Context, conns int, c *Counter) (http.Handler, func(), error) {

@@ -2,13 +2,13 @@
 -- stores/internal/pgsql/statements.go and stores/pgx/tx.go, with the
 -- default lock and statement timeouts and idem's default lease of 40 s;
 -- keep them in step): the claim's INSERT and SELECT pipelined behind the
--- statement that pins the session settings they depend on; BEGIN and the
--- statement that sets the WAL position Sync waits for and the lease marker,
--- pipelined (on a connection's first transaction it sets the keepalive
--- settings too, which this script, like the store's later transactions,
--- leaves out); the payment INSERT; the marker check with the pinned
+-- statement that pins the session settings they depend on; BEGIN, the
+-- statement that sets the WAL position Sync waits for and the lease marker
+-- (on a connection's first transaction it sets the keepalive settings too,
+-- which this script, like the store's later transactions, leaves out) and
+-- the payment INSERT, pipelined; the marker check with the pinned
 -- settings (synchronous_commit and the keepalive settings included), the
--- fenced settle and COMMIT pipelined: four round trips. Table from the pgx
+-- fenced settle and COMMIT pipelined: three round trips. Table from the pgx
 -- store's Migrate (idem_bench.pgx_keys). pgbench -M prepared sends the
 -- marker as a literal where idempgx binds it; callgrind.sh -variants counts
 -- the stores' own statements.
@@ -29,9 +29,9 @@ SELECT principal, key, fingerprint, state, lease_token, request_id, nonce, creat
 begin isolation level read committed read write;
 SELECT pg_catalog.set_config('idem.sync_lsn', pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text, true),
 	pg_catalog.set_config('idem.lease', '0123456789abcdef0123456789abcdef', true);
-\endpipeline
 INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
 VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
+\endpipeline
 \startpipeline
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
 	pg_catalog.set_config('lock_timeout', '2000ms', true),

@@ -133,7 +133,21 @@ var behaviourSteps = map[string]behaviourStep{
 		rows.Close()
 		return fmt.Sprintf("early close first=%d scan=%s err=%s", first, describeErr(scanErr), describeErr(rows.Err()))
 	},
-	"query row":    queryRowStep("SELECT count(*) FROM TBL"),
+	"query row": queryRowStep("SELECT count(*) FROM TBL"),
+	// Rows read to their end are closed by pgx, without Close: the
+	// connection is free for the next statement.
+	"query to its end, no close": func(ctx context.Context, tx dbtx, tbl string) string {
+		rows, err := tx.Query(ctx, "SELECT g FROM generate_series(1, 3) g")
+		if err != nil {
+			return "query " + describeErr(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		_, err = tx.Exec(ctx, "INSERT INTO "+tbl+" (n, s) VALUES ($1, 'after rows')", 90+n)
+		return fmt.Sprintf("rows %d err %s then exec %s", n, describeErr(rows.Err()), describeErr(err))
+	},
 	"query no row": queryRowStep("SELECT n FROM TBL WHERE n < 0"),
 	"batch":        batchStep("INSERT INTO TBL (n, s) VALUES (3, 'three')", "SELECT 1", "UPDATE TBL SET s = s || '!' WHERE n = 3"),
 	"copy from": func(ctx context.Context, tx dbtx, tbl string) string {

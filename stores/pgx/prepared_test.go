@@ -257,8 +257,14 @@ func testTracerSeesTheStoresBatches(t *testing.T, mode pgx.QueryExecMode) {
 	mustClaim(ctx, t, e, lost)
 	l := leaseOf(lost)
 	l.Token = "not-" + l.Token
-	_, tx, err := e.Store.BeginTx(ctx, l)
+	txCtx, tx, err := e.Store.BeginTx(ctx, l)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A statement through the handle begins the transaction, so that the
+	// settle's batch is the settle alone.
+	h, _ := idempgx.Tx(txCtx)
+	if _, err := h.Exec(ctx, "SELECT $1::int", 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Settle(ctx, okResponse(`{}`)); !errors.Is(err, idemstore.ErrLeaseLost) {

@@ -64,7 +64,7 @@ func pgxBackend(t testing.TB) storetest.Backend {
 		c := &idempgxtest.Counter{}
 		return newEnv(t, newPool(t, 1, c), idempgx.WithNotifications()).Backend(), c.Turns.Load
 	}
-	b.Trips = storetest.Trips{Claim: 1, Begin: 1, Settle: 1, Replay: 1, Conflict: 1, Takeover: 2, Release: 1, Keep: 1, Get: 1, DurableClaim: 1}
+	b.Trips = storetest.Trips{Claim: 1, Begin: 0, Settle: 1, Replay: 1, Conflict: 1, Takeover: 2, Release: 1, Keep: 1, Get: 1, DurableClaim: 1}
 	b.CountWrites = func(t testing.TB) (storetest.Backend, func() int64) {
 		e := newEnv(t, newPool(t, 4, nil))
 		return e.Backend(), rowWrites(t, e)

@@ -42,71 +42,51 @@ func Tx(ctx context.Context) (*Handle, bool) {
 	return h, true
 }
 
-// BeginTx implements idemstore.Store. It acquires a pool connection and begins
-// a READ COMMITTED transaction on it, BEGIN and the statement that sets
-// the transaction up pipelined (one round trip). The wait for the
-// connection ends with ctx (the engine bounds it by StoreTimeout); BEGIN
-// runs on a context detached from ctx's cancellation; both are bounded by
-// WithTxTimeout. A
-// connection found broken is replaced, at most twice. BEGIN also sets, for
-// this transaction only, a random marker Settle checks, and on a
-// connection where no settle committed them yet, for the session, the TCP
-// keepalive settings of DeadPeerTimeout. It returns a context carrying the
-// transaction for Tx.
+// BeginTx implements idemstore.Store. It acquires a pool connection for
+// the transaction and sends nothing: BEGIN (READ COMMITTED READ WRITE) and
+// the statement that sets the transaction up go out with the handler's
+// first statement, in one round trip (see Handle), or in front of the
+// settle of a handler that ran none. The setup sets, for the transaction
+// only, a random marker Settle checks and the WAL position Sync waits for,
+// and on a connection where no settle committed them yet, for the
+// session, the TCP keepalive settings of DeadPeerTimeout. The wait for the
+// connection ends with ctx (the engine bounds it by StoreTimeout) and is
+// bounded by WithTxTimeout. It returns a context carrying the transaction
+// for Tx.
 func (s *Store) BeginTx(ctx context.Context, l idemstore.Lease) (context.Context, idemstore.Tx, error) {
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
-	defer cancel()
-	marker := newMarker()
-	var (
-		conn *pgxpool.Conn
-		real pgx.Tx
-	)
 	// The wait for a connection honours ctx: the engine bounds it by
 	// StoreTimeout, so an exhausted pool answers 503 instead of queueing.
-	// Only the BEGIN itself runs without ctx's cancellation.
-	actx, acancel := context.WithTimeout(ctx, s.txTimeout)
-	defer acancel()
-	err := s.onConn(bctx, func() error {
-		c, err := s.pool.Acquire(actx)
-		if err != nil {
-			return err
-		}
-		// The dead-peer settings are the session's once a settle on the
-		// connection committed them (see pgsql.DeadPeer.Pins); until this
-		// transaction's settle commits, the connection is not known to
-		// have them any more: a transaction that ends otherwise may have
-		// been the one that set them, and is taken back with them.
-		data := c.Conn().PgConn().CustomData()
-		known := data[deadPeerKey] == s.deadPeer
-		delete(data, deadPeerKey)
-		setup := s.sql.BeginSetup
-		if !known {
-			setup = s.sql.BeginPeerSetup
-		}
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite})
-		b.Queue(setup, marker)
-		br := c.Conn().SendBatch(bctx, b)
-		_, err = br.Exec()
-		if err == nil {
-			_, err = br.Exec()
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			c.Release() // destroyed by the pool unless idle
-			return err
-		}
-		conn, real = c, br.Tx()
-		return nil
-	})
+	actx, cancel := context.WithTimeout(ctx, s.txTimeout)
+	defer cancel()
+	conn, err := s.pool.Acquire(actx)
 	if err != nil {
 		return ctx, nil, wrap("begin", err)
 	}
-	st := &storeTx{store: s, lease: l, marker: marker, conn: conn}
-	st.h = &Handle{real: real, txConn: conn.Conn(), owner: st}
+	st := &storeTx{store: s, lease: l, marker: newMarker(), conn: conn}
+	st.h = &Handle{pool: conn, txConn: conn.Conn(), setup: s.beginSetup(conn), owner: st}
 	return context.WithValue(ctx, txKey{}, st.h), st, nil
+}
+
+// txOptions begin the handler's transaction: READ COMMITTED, as the
+// claim's concurrency argument needs whatever the server's default, and
+// READ WRITE, whatever a handler left in default_transaction_read_only.
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}
+
+// beginSetup returns the statement that sets up a transaction on c behind
+// its BEGIN: pgsql's BeginSetup, or BeginPeerSetup where c is not known to
+// have the dead-peer settings. They are the session's once a settle on the
+// connection committed them (see pgsql.DeadPeer.Pins); until this
+// transaction's settle commits, the connection is not known to have them
+// any more: a transaction that ends otherwise may have been the one that
+// set them, and is taken back with them.
+func (s *Store) beginSetup(c *pgxpool.Conn) string {
+	data := c.Conn().PgConn().CustomData()
+	known := data[deadPeerKey] == s.deadPeer
+	delete(data, deadPeerKey)
+	if known {
+		return s.sql.BeginSetup
+	}
+	return s.sql.BeginPeerSetup
 }
 
 // newMarker returns the random value BeginTx puts into leaseSetting. It is
@@ -178,6 +158,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		return errors.New("idempgx: settle: transaction already finished")
 	}
 	f := t.h.close()
+	t.conn = t.h.pool
 	if out.State != idemstore.StateCompleted && out.State != idemstore.StateFailed {
 		if ended, _ := t.abandon(ctx, f); ended {
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
@@ -185,7 +166,7 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		return fmt.Errorf("idempgx: settle: invalid outcome state %q", out.State)
 	}
 	pg := t.conn.Conn().PgConn()
-	if f.ended || pg.IsBusy() || pg.IsClosed() || pg.TxStatus() != 'T' {
+	if f.begun && (f.ended || pg.IsBusy() || pg.IsClosed() || pg.TxStatus() != 'T') {
 		status := pg.TxStatus()
 		ended, err := t.abandon(ctx, f)
 		switch {
@@ -211,30 +192,10 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	}
 	var checkErr, updErr, commitErr, closeErr error
 	var commitTag pgconn.CommandTag
-	if t.store.direct && !t.store.hub.Publishing() {
+	if t.store.direct && !t.store.hub.Publishing() && f.begun {
 		checkErr, updErr, commitTag, commitErr = t.settleDirect(ctx, out, idemstore.EncodeHeader(hdr), body)
 	} else {
-		b := newBatch()
-		b.queue(t.store.sql.SettleCheck, t.marker)
-		b.queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
-			string(out.State), int32(out.Response.Status), idemstore.EncodeHeader(hdr), body)
-		notified := t.store.queueNotify(&b.Batch, t.lease.Principal, t.lease.Key)
-		b.queue("COMMIT")
-		br := t.conn.SendBatch(ctx, &b.Batch)
-		_, checkErr = br.Exec()
-		// The UPDATE's statement returns 1 or raises; there is no third
-		// answer, so a nil error means exactly one row was updated.
-		if checkErr == nil {
-			var one int
-			updErr = br.QueryRow().Scan(&one)
-		}
-		if checkErr == nil && updErr == nil && notified {
-			_, updErr = br.Exec()
-		}
-		if checkErr == nil && updErr == nil {
-			commitTag, commitErr = br.Exec()
-		}
-		closeErr = br.Close()
+		checkErr, updErr, commitTag, commitErr, closeErr = t.settleBatch(ctx, &f, out, idemstore.EncodeHeader(hdr), body)
 	}
 
 	switch {
@@ -289,6 +250,70 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 	return nil
 }
 
+// settleBatch sends the settle as a pgx.Batch: where the direct path does
+// not apply (exec modes other than the default, a store whose settles
+// notify) and for a handler that ran nothing through the handle, whose
+// transaction has not begun: BEGIN and its setup then go in front, in the
+// same batch, and run again, at most maxConnRetries times, when they met
+// a prepared statement gone stale. Callers hold t.mu.
+func (t *storeTx) settleBatch(ctx context.Context, f *handleState, out idemstore.Outcome, headers, body []byte) (checkErr, updErr error, commitTag pgconn.CommandTag, commitErr, closeErr error) {
+	pg := t.conn.Conn().PgConn()
+	for tries := 0; ; tries++ {
+		checkErr, updErr, commitErr, closeErr = nil, nil, nil, nil
+		begin := !f.begun
+		b := newBatch()
+		if begin {
+			b.BeginTx(txOptions)
+			b.queue(t.h.setup, t.marker)
+		}
+		b.queue(t.store.sql.SettleCheck, t.marker)
+		b.queue(t.store.sql.Settle, t.lease.Principal, t.lease.Key, t.lease.Token,
+			string(out.State), int32(out.Response.Status), headers, body)
+		notified := t.store.queueNotify(&b.Batch, t.lease.Principal, t.lease.Key)
+		b.queue("COMMIT")
+		br := t.conn.SendBatch(ctx, &b.Batch)
+		var setupErr error
+		if begin {
+			if _, setupErr = br.Exec(); setupErr == nil {
+				f.begun = t.h.started(br.Tx())
+				_, setupErr = br.Exec()
+			}
+			checkErr = setupErr
+		}
+		if checkErr == nil {
+			_, checkErr = br.Exec()
+		}
+		// The UPDATE's statement returns 1 or raises; there is no third
+		// answer, so a nil error means exactly one row was updated.
+		if checkErr == nil {
+			var one int
+			updErr = br.QueryRow().Scan(&one)
+		}
+		if checkErr == nil && updErr == nil && notified {
+			_, updErr = br.Exec()
+		}
+		if checkErr == nil && updErr == nil {
+			commitTag, commitErr = br.Exec()
+		}
+		closeErr = br.Close()
+		if !f.begun && (pg.IsClosed() || pg.TxStatus() != 'I') {
+			f.begun = t.h.started(br.Tx())
+		}
+		if !begin || tries >= maxConnRetries || !stale(setupErr) || pg.IsClosed() {
+			return checkErr, updErr, commitTag, commitErr, closeErr
+		}
+		if pg.TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.txTimeout)
+			err := pg.Exec(rctx, "ROLLBACK").Close()
+			cancel()
+			if err != nil {
+				return checkErr, updErr, commitTag, commitErr, closeErr
+			}
+		}
+		f.begun = false
+	}
+}
+
 // deadPeerKey is the key, in a connection's pgconn.PgConn.CustomData, of
 // the pgsql.DeadPeer settings its session is known to have.
 const deadPeerKey = "idempgx.deadPeer"
@@ -326,10 +351,14 @@ func (t *storeTx) syncQuery(ctx context.Context, query string, dest ...any) erro
 	h := t.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return pgx.ErrTxClosed
+	}
+	if err := h.begin(ctx); err != nil {
+		return err
+	}
 	pg := h.txConn.PgConn()
 	switch {
-	case h.closed:
-		return pgx.ErrTxClosed
 	case pg.IsBusy():
 		return errSyncBusy
 	case h.state.ended || pg.TxStatus() == 'I':
@@ -366,7 +395,9 @@ func (t *storeTx) Rollback(ctx context.Context) error {
 	if t.conn == nil {
 		return nil
 	}
-	ended, err := t.abandon(ctx, t.h.close())
+	f := t.h.close()
+	t.conn = t.h.pool
+	ended, err := t.abandon(ctx, f)
 	if ended {
 		return fmt.Errorf("idempgx: rollback: %w", errTxEnded)
 	}
@@ -406,9 +437,11 @@ func (t *storeTx) abandon(ctx context.Context, f handleState) (ended bool, err e
 		// closing the connection below aborts whatever it is in.
 		ended = ended || f.raw
 		err = errConnBusy
+	case status == 'I' && !f.begun:
+		// Nothing began: there is nothing to roll back.
 	case status == 'I':
-		// BeginTx began a transaction and nothing the handle let through
-		// ends one: it ended behind the handle.
+		// A transaction began and nothing the handle let through ends
+		// one: it ended behind the handle.
 		ended = true
 	case ended || !f.raw:
 		err = t.h.real.Rollback(rctx)
@@ -464,6 +497,7 @@ func (t *storeTx) sameTx(ctx context.Context, pg *pgconn.PgConn, prefix string) 
 // handleState is what the store needs to know about the handle once it has
 // closed it.
 type handleState struct {
+	begun        bool // BEGIN went out (or the connection broke under it)
 	refused      bool // a statement that would end the transaction was refused
 	ended        bool // the handle saw the transaction end behind it
 	raw          bool // rawConn handed out the raw connection
@@ -474,7 +508,11 @@ type handleState struct {
 // Handle is the handler's way into the transaction the store owns. It has
 // no Commit, Rollback or Conn, on purpose: the store commits the
 // transaction together with the stored outcome after the handler returns,
-// or rolls it back. To roll the handler's work back, return an error (or
+// or rolls it back. The transaction begins with the handler's first
+// statement: an Exec with arguments, a Query or a QueryRow goes out behind
+// BEGIN in one batch, and behaves as it would in a pgx.Tx begun
+// beforehand (a statement that fails, even before BEGIN ran, leaves the
+// transaction aborted; an argument pgx cannot encode aborts nothing). To roll the handler's work back, return an error (or
 // a 5xx response); for nested work, Begin opens a savepoint, a pgx.Tx
 // whose Commit releases it and whose Rollback rolls back to it.
 //
@@ -516,8 +554,10 @@ type handleState struct {
 // Its methods are serialised with each other and with the store's Settle
 // and Rollback.
 type Handle struct {
-	real   pgx.Tx
-	txConn *pgx.Conn // real's connection
+	real   pgx.Tx        // pgx's transaction, once begun
+	pool   *pgxpool.Conn // the transaction's connection
+	txConn *pgx.Conn     // pool's
+	setup  string        // what follows BEGIN on txConn (Store.beginSetup)
 	owner  *storeTx
 
 	mu         sync.Mutex
@@ -527,7 +567,8 @@ type Handle struct {
 	state      handleState
 }
 
-// close marks the handle finished and returns its state.
+// close marks the handle finished and returns its state. The handle's
+// connection no longer changes.
 func (h *Handle) close() handleState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -537,13 +578,13 @@ func (h *Handle) close() handleState {
 
 // enter checks, with h.mu held, that a statement may go out: the store has
 // not finished the transaction, and it has not ended behind the handle
-// (the connection is idle).
+// (it began, and the connection is idle).
 func (h *Handle) enter() error {
 	if h.closed {
 		return pgx.ErrTxClosed
 	}
 	h.used = true
-	if h.state.ended || h.txConn.PgConn().TxStatus() == 'I' {
+	if h.state.ended || h.state.begun && h.idle() {
 		h.state.ended = true
 		return errTxEnded
 	}
@@ -553,10 +594,177 @@ func (h *Handle) enter() error {
 // leave records, with h.mu held, whether the statement that just ran left
 // the connection idle: the transaction ended, and it reports so.
 func (h *Handle) leave() bool {
-	if !h.state.ended && h.txConn.PgConn().TxStatus() == 'I' {
+	if !h.state.ended && h.state.begun && h.idle() {
 		h.state.ended = true
 	}
 	return h.state.ended
+}
+
+// idle reports whether the connection is open and outside a transaction.
+// A closed connection's last status says nothing: what it had open, the
+// server rolls back.
+func (h *Handle) idle() bool {
+	pg := h.txConn.PgConn()
+	return !pg.IsClosed() && pg.TxStatus() == 'I'
+}
+
+// begin begins the transaction in a round trip of its own, with h.mu
+// held, unless it has begun: for the calls that cannot carry BEGIN with
+// them (CopyFrom, SendBatch, savepoints, Sync, a refusal, a statement with
+// pgx options or a QueryRewriter that may use the connection). It runs on
+// a context detached from ctx's cancellation, bounded by WithTxTimeout.
+func (h *Handle) begin(ctx context.Context) error {
+	if h.state.begun {
+		return nil
+	}
+	bctx, cancel := h.detached(ctx)
+	defer cancel()
+	br, err := h.first(bctx, "", nil, false)
+	if err == nil {
+		err = br.Close()
+	}
+	return err
+}
+
+// first sends BEGIN and the transaction's setup, and with stmt the
+// handler's first statement, sql with args, in one batch (one round trip),
+// with h.mu held, and returns the results with BEGIN's and the setup's
+// read: the statement's, if any, are next. What the server did decides
+// what follows a failure:
+//
+//   - the connection broke while ctx is live: nothing can have committed
+//     (no COMMIT was sent), so the batch goes again on another connection
+//     from the pool, at most maxConnRetries times;
+//   - BEGIN or the setup met a prepared statement gone stale (a handler's
+//     DEALLOCATE ALL on this connection in an earlier request): rolled
+//     back if BEGIN ran, and sent again, as often;
+//   - BEGIN ran (or the connection is gone): the transaction is the
+//     store's, aborted as the failed statement left it;
+//   - the server refused the batch before BEGIN ran (pgx prepares a
+//     batch's new statements first, so a statement that does not parse
+//     fails them all): the transaction is begun and aborted, as the
+//     failed statement would have left it, so that the handler's next
+//     statement cannot commit on its own;
+//   - nothing reached the server (an argument pgx cannot encode): nothing
+//     began, and nothing is aborted, as with a pgx.Tx.
+func (h *Handle) first(ctx context.Context, sql string, args []any, stmt bool) (pgx.BatchResults, error) {
+	for tries := 0; ; tries++ {
+		b := newBatch()
+		b.BeginTx(txOptions)
+		b.queue(h.setup, h.owner.marker)
+		if stmt {
+			b.queue(sql, args...)
+		}
+		br := h.txConn.SendBatch(ctx, &b.Batch)
+		_, err := br.Exec()
+		if err == nil {
+			if _, err = br.Exec(); err == nil {
+				h.real, h.state.begun = br.Tx(), true
+				return br, nil
+			}
+		}
+		_ = br.Close()
+		pg := h.txConn.PgConn()
+		switch {
+		case tries < maxConnRetries && pg.IsClosed() && connLost(ctx, err):
+			if rerr := h.reconnect(ctx); rerr != nil {
+				h.real, h.state.begun = br.Tx(), true
+				return nil, err
+			}
+		case tries < maxConnRetries && stale(err) && !pg.IsClosed():
+			if pg.TxStatus() != 'I' {
+				rctx, cancel := h.detached(ctx)
+				rerr := pg.Exec(rctx, "ROLLBACK").Close()
+				cancel()
+				if rerr != nil {
+					h.real, h.state.begun = br.Tx(), true
+					return nil, err
+				}
+			}
+		case pg.IsClosed() && !isServerError(err) && ctx.Err() == nil:
+			// pgx gave up on the batch and closed the connection before
+			// the server had all of it (an argument it cannot encode):
+			// nothing began, and the server rolls back what it got.
+			if h.reconnect(ctx) != nil {
+				h.real, h.state.begun = br.Tx(), true
+			}
+			return nil, err
+		case pg.IsClosed() || pg.TxStatus() != 'I':
+			h.real, h.state.begun = br.Tx(), true
+			return nil, err
+		case stmt && isServerError(err):
+			h.abort(ctx)
+			return nil, err
+		default:
+			return nil, err
+		}
+	}
+}
+
+// started records, once the handle is closed, that the settle began the
+// transaction tx; it returns true.
+func (h *Handle) started(tx pgx.Tx) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.real, h.state.begun = tx, true
+	return true
+}
+
+// reconnect replaces the handle's broken connection, before anything
+// began on it, with another from the pool, with h.mu held.
+func (h *Handle) reconnect(ctx context.Context) error {
+	s := h.owner.store
+	actx, cancel := context.WithTimeout(ctx, s.txTimeout)
+	defer cancel()
+	c, err := s.pool.Acquire(actx)
+	if err != nil {
+		return err
+	}
+	h.pool.Release() // closed: the pool destroys it
+	h.pool, h.txConn, h.setup = c, c.Conn(), s.beginSetup(c)
+	return nil
+}
+
+// isServerError reports whether err is the server's answer to a statement.
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
+}
+
+// carries reports whether a statement, sql with args as rewrite left
+// them, can go out behind BEGIN in one batch as it would on its own: pgx
+// sends an Exec without arguments, and a Query of no text, under the
+// simple protocol (which takes several statements in one text), and a
+// batch takes no pgx options (QueryExecMode, result formats) among the
+// arguments.
+func carries(exec bool, sql string, args []any) bool {
+	if len(args) == 0 {
+		return !exec && sql != ""
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
+}
+
+// beginFor begins the transaction, with h.mu held, before a statement
+// whose arguments hold a QueryRewriter other than pgx's named arguments:
+// it is given the connection, and what it runs there runs in the
+// transaction.
+func (h *Handle) beginFor(ctx context.Context, args []any) error {
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			continue
+		case pgx.NamedArgs, pgx.StrictNamedArgs:
+			return nil
+		case pgx.QueryRewriter:
+			return h.begin(ctx)
+		}
+		return nil
+	}
+	return nil
 }
 
 // detached returns a context for the store's own statements on the
@@ -575,8 +783,17 @@ func (h *Handle) refuse(ctx context.Context, what string) error {
 	return fmt.Errorf("idempgx: %w: %q refused: it would end the transaction; the transaction is now aborted", idemstore.ErrTxOwned, what)
 }
 
-// abort makes the server abort the open transaction, with h.mu held.
+// abort makes the server abort the open transaction, with h.mu held,
+// beginning it first if it has not begun; when that fails the connection
+// is closed, which leaves nothing to commit.
 func (h *Handle) abort(ctx context.Context) {
+	if err := h.begin(ctx); err != nil {
+		h.state.begun = true
+		actx, cancel := h.detached(ctx)
+		_ = h.txConn.Close(actx)
+		cancel()
+		return
+	}
 	if h.txConn.PgConn().TxStatus() != 'T' {
 		return // already aborted, or ended (which enter reports)
 	}
@@ -600,6 +817,9 @@ func (h *Handle) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := h.enter(); err != nil {
 		return nil, err
 	}
+	if err := h.begin(ctx); err != nil {
+		return nil, err
+	}
 	h.savepoints++
 	name := "idem_sp_" + strconv.Itoa(h.savepoints)
 	_, err := h.real.Exec(ctx, "savepoint "+name)
@@ -619,6 +839,9 @@ func (h *Handle) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnN
 	if err := h.enter(); err != nil {
 		return 0, err
 	}
+	if err := h.begin(ctx); err != nil {
+		return 0, err
+	}
 	n, err := h.real.CopyFrom(ctx, tableName, columnNames, rowSrc)
 	if h.leave() && err == nil {
 		err = errTxEnded
@@ -635,6 +858,9 @@ func (h *Handle) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.enter(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	if err := h.begin(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
 	texts := make([]string, 0, len(b.QueuedQueries))
@@ -677,6 +903,9 @@ func (h *Handle) savepointLargeObjects() pgx.LargeObjects {
 	if h.closed || h.state.ended {
 		return closedTx.LargeObjects()
 	}
+	if err := h.begin(context.Background()); err != nil {
+		return closedTx.LargeObjects()
+	}
 	h.used, h.state.loUsed = true, true
 	return h.real.LargeObjects()
 }
@@ -707,6 +936,9 @@ func (h *Handle) prepareFiltered(ctx context.Context, name, sql string) (*pgconn
 	if words, bad := txControl(sql); bad {
 		return nil, h.refuse(ctx, words)
 	}
+	if err := h.begin(ctx); err != nil {
+		return nil, err
+	}
 	sd, err := h.real.Prepare(ctx, name, sql)
 	if h.leave() && err == nil {
 		err = errTxEnded
@@ -722,6 +954,9 @@ func (h *Handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if err := h.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	if err := h.beginFor(ctx, args); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	sql, args, err := rewrite(ctx, h.txConn, sql, args, false)
 	if err != nil {
 		return pgconn.CommandTag{}, err
@@ -729,7 +964,19 @@ func (h *Handle) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if words, bad := txControl(sql); bad {
 		return pgconn.CommandTag{}, h.refuse(ctx, words)
 	}
-	tag, err := h.real.Exec(ctx, sql, args...)
+	var tag pgconn.CommandTag
+	if h.state.begun || !carries(true, sql, args) {
+		if err = h.begin(ctx); err == nil {
+			tag, err = h.real.Exec(ctx, sql, args...)
+		}
+	} else if br, ferr := h.first(ctx, sql, args, true); ferr != nil {
+		err = ferr
+	} else {
+		tag, err = br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
 	if h.leave() && err == nil {
 		err = errTxEnded
 	}
@@ -745,6 +992,9 @@ func (h *Handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if err := h.enter(); err != nil {
 		return errRows{err, h.txConn.TypeMap()}, err
 	}
+	if err := h.beginFor(ctx, args); err != nil {
+		return errRows{err, h.txConn.TypeMap()}, err
+	}
 	sql, args, err := rewrite(ctx, h.txConn, sql, args, true)
 	if err != nil {
 		return errRows{err, h.txConn.TypeMap()}, err
@@ -753,8 +1003,23 @@ func (h *Handle) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 		err := h.refuse(ctx, words)
 		return errRows{err, h.txConn.TypeMap()}, err
 	}
-	r, err := h.real.Query(ctx, sql, args...)
-	return rows{r}, err
+	if h.state.begun || !carries(false, sql, args) {
+		if err := h.begin(ctx); err != nil {
+			return errRows{err, h.txConn.TypeMap()}, err
+		}
+		r, err := h.real.Query(ctx, sql, args...)
+		return rows{r}, err
+	}
+	br, err := h.first(ctx, sql, args, true)
+	if err != nil {
+		return errRows{err, h.txConn.TypeMap()}, err
+	}
+	r, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return rows{r}, err
+	}
+	return &firstRows{rows: rows{r}, br: br}, nil
 }
 
 // QueryRow runs sql in the transaction, as pgx.Tx does, after refusing a
@@ -765,6 +1030,9 @@ func (h *Handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	if err := h.enter(); err != nil {
 		return errRow{err}
 	}
+	if err := h.beginFor(ctx, args); err != nil {
+		return errRow{err}
+	}
 	sql, args, err := rewrite(ctx, h.txConn, sql, args, true)
 	if err != nil {
 		return errRow{err}
@@ -772,7 +1040,17 @@ func (h *Handle) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	if words, bad := txControl(sql); bad {
 		return errRow{h.refuse(ctx, words)}
 	}
-	return h.real.QueryRow(ctx, sql, args...)
+	if h.state.begun || !carries(false, sql, args) {
+		if err := h.begin(ctx); err != nil {
+			return errRow{err}
+		}
+		return h.real.QueryRow(ctx, sql, args...)
+	}
+	br, err := h.first(ctx, sql, args, true)
+	if err != nil {
+		return errRow{err}
+	}
+	return firstRow{br.QueryRow(), br}
 }
 
 // rawConn returns the transaction's connection, unfiltered. No method of
@@ -790,7 +1068,7 @@ func (h *Handle) rawConn() *pgx.Conn {
 	h.used = true
 	if !h.state.raw {
 		h.state.raw = true
-		if h.txConn.PgConn().TxStatus() == 'T' {
+		if h.begin(context.Background()) == nil && h.txConn.PgConn().TxStatus() == 'T' {
 			ctx, cancel := h.detached(context.Background())
 			_, err := h.txConn.Exec(ctx, "SAVEPOINT "+rawSavepoint)
 			cancel()
@@ -969,6 +1247,43 @@ type rows struct{ pgx.Rows }
 
 // Conn returns nil: the connection is the store's (see savepoint.Conn).
 func (rows) Conn() *pgx.Conn { return nil }
+
+// firstRows are the rows of the handler's first statement, which went out
+// behind BEGIN in one batch: once they are closed, by Close or by Next
+// reaching their end as pgx's rows are, the batch is closed too, and the
+// connection is free for the next statement.
+type firstRows struct {
+	rows
+	br pgx.BatchResults
+}
+
+func (r *firstRows) Next() bool {
+	if r.rows.Next() {
+		return true
+	}
+	_ = r.br.Close()
+	return false
+}
+
+func (r *firstRows) Close() {
+	r.rows.Close()
+	_ = r.br.Close()
+}
+
+// firstRow is the row of the handler's first statement, which went out
+// behind BEGIN in one batch: Scan closes the batch.
+type firstRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r firstRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
 // batchResults are pgx's results of a batch sent through the handle, whose
 // queries' rows come without their connection.
