@@ -5,11 +5,13 @@ import (
 	"net/url"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/core/storetest"
+	"github.com/idemgo/idem/core/storetest/faultproxy"
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
@@ -69,4 +71,38 @@ func proxiedPool(t testing.TB, proxyAddr string, maxConns int32) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// TestBeginOnAFullPool: when the connection of a pool's only slot breaks
+// as BEGIN goes out with the handler's first statement, the handle gives
+// the broken connection back before it asks for another, so the
+// transaction begins on a new connection in the same slot.
+func TestBeginOnAFullPool(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	e := newEnv(t, newPool(t, 1, nil))
+	proxy, err := faultproxy.New(serverAddr(e.Pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	through := &env{&idempgxtest.Env{Pool: proxiedPool(t, proxy.Addr(), 1), Schema: e.Schema}}
+	through.Store = through.storeOn(t, through.Pool, e.Schema+".idempotency_keys")
+
+	req := claimReq("alice", "full-"+randHex(4), "body", time.Minute)
+	if res, err := through.Store.Claim(ctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	var runErr error
+	if !proxy.CutWhile([]byte("begin isolation level read committed"), faultproxy.Before, time.Second, func() {
+		runErr = through.runAttempt(ctx, leaseOf(req), req.Key, `{}`)
+	}) {
+		t.Fatal("the cut on BEGIN never fired")
+	}
+	if runErr != nil {
+		t.Fatalf("an attempt whose BEGIN lost the pool's only connection: %v", runErr)
+	}
+	if n := e.mustCount(t, req.Key); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
 }

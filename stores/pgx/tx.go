@@ -158,7 +158,9 @@ func (t *storeTx) Settle(ctx context.Context, out idemstore.Outcome) error {
 		return errors.New("idempgx: settle: transaction already finished")
 	}
 	f := t.h.close()
-	t.conn = t.h.pool
+	if t.conn = t.h.pool; t.conn == nil {
+		return wrap("settle", errConnClosed)
+	}
 	if out.State != idemstore.StateCompleted && out.State != idemstore.StateFailed {
 		if ended, _ := t.abandon(ctx, f); ended {
 			return fmt.Errorf("idempgx: settle: %w", errTxEnded)
@@ -396,7 +398,9 @@ func (t *storeTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	f := t.h.close()
-	t.conn = t.h.pool
+	if t.conn = t.h.pool; t.conn == nil {
+		return nil // the connection broke and was not replaced: nothing is open
+	}
 	ended, err := t.abandon(ctx, f)
 	if ended {
 		return fmt.Errorf("idempgx: rollback: %w", errTxEnded)
@@ -711,16 +715,21 @@ func (h *Handle) started(tx pgx.Tx) bool {
 }
 
 // reconnect replaces the handle's broken connection, before anything
-// began on it, with another from the pool, with h.mu held.
+// began on it, with another from the pool, with h.mu held. The broken one
+// goes back first (the pool destroys it), so that a full pool has room for
+// the replacement; if none comes, the handle is left without a pool
+// connection (pool nil, txConn the closed one), which the store's Settle
+// and Rollback read as a transaction that ended with nothing committed.
 func (h *Handle) reconnect(ctx context.Context) error {
 	s := h.owner.store
+	h.pool.Release()
+	h.pool = nil
 	actx, cancel := context.WithTimeout(ctx, s.txTimeout)
 	defer cancel()
 	c, err := s.pool.Acquire(actx)
 	if err != nil {
 		return err
 	}
-	h.pool.Release() // closed: the pool destroys it
 	h.pool, h.txConn, h.setup = c, c.Conn(), s.beginSetup(c)
 	return nil
 }
