@@ -304,16 +304,23 @@ func (t *storeTx) settleBatch(ctx context.Context, f *handleState, out idemstore
 		if !begin || tries >= maxConnRetries || !stale(setupErr) || pg.IsClosed() {
 			return checkErr, updErr, commitTag, commitErr, closeErr
 		}
-		if pg.TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.txTimeout)
-			err := pg.Exec(rctx, "ROLLBACK").Close()
-			cancel()
-			if err != nil {
-				return checkErr, updErr, commitTag, commitErr, closeErr
-			}
+		if t.store.rollbackOpen(ctx, pg) != nil {
+			return checkErr, updErr, commitTag, commitErr, closeErr
 		}
 		f.begun = false
 	}
+}
+
+// rollbackOpen rolls back what pg has open, if anything, before BEGIN and
+// the setup that met a stale statement are sent again: on a context
+// detached from ctx's cancellation, bounded by WithTxTimeout.
+func (s *Store) rollbackOpen(ctx context.Context, pg *pgconn.PgConn) error {
+	if pg.TxStatus() == 'I' {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.txTimeout)
+	defer cancel()
+	return pg.Exec(rctx, "ROLLBACK").Close()
 }
 
 // deadPeerKey is the key, in a connection's pgconn.PgConn.CustomData, of
@@ -516,8 +523,8 @@ type handleState struct {
 // statement: an Exec with arguments, a Query or a QueryRow goes out behind
 // BEGIN in one batch, and behaves as it would in a pgx.Tx begun
 // beforehand (a statement that fails, even before BEGIN ran, leaves the
-// transaction aborted; an argument pgx cannot encode aborts nothing). To roll the handler's work back, return an error (or
-// a 5xx response); for nested work, Begin opens a savepoint, a pgx.Tx
+// transaction aborted; an argument pgx cannot encode aborts nothing). To
+// roll the handler's work back, return an error (or a 5xx response); for nested work, Begin opens a savepoint, a pgx.Tx
 // whose Commit releases it and whose Rollback rolls back to it.
 //
 // Its methods are those of the DBTX interface sqlc generates for pgx/v5
@@ -676,14 +683,9 @@ func (h *Handle) first(ctx context.Context, sql string, args []any, stmt bool) (
 				return nil, err
 			}
 		case tries < maxConnRetries && stale(err) && !pg.IsClosed():
-			if pg.TxStatus() != 'I' {
-				rctx, cancel := h.detached(ctx)
-				rerr := pg.Exec(rctx, "ROLLBACK").Close()
-				cancel()
-				if rerr != nil {
-					h.real, h.state.begun = br.Tx(), true
-					return nil, err
-				}
+			if h.owner.store.rollbackOpen(ctx, pg) != nil {
+				h.real, h.state.begun = br.Tx(), true
+				return nil, err
 			}
 		case pg.IsClosed() && !isServerError(err) && ctx.Err() == nil:
 			// pgx gave up on the batch and closed the connection before
