@@ -19,8 +19,9 @@
 # A script runs under pgbench with one client, -M prepared. -variants runs
 # the stores themselves, through bench/cmd/loadgen over HTTP with one
 # client and one database connection: what the stores send, in their own
-# protocol (pgx's BEGIN is one simple-protocol query, which a pgbench
-# script cannot send). Each variant is counted twice: first requests
+# protocol and batches (idempgx's BEGIN rides in the batch of the handler's
+# first statement; idemgorm's settle is one simple-protocol query string).
+# Each variant is counted twice: first requests
 # (-retry 0, a new key each time) and replays (-retry 1: after its first
 # request the client repeats that key).
 #
