@@ -33,8 +33,7 @@ INSERT INTO idem_bench.payments_pgx (id, account, amount, currency, description)
 VALUES ('pgb-' || :k || '-' || :client_id, 'acct', 1000, 'EUR', 'coffee');
 \endpipeline
 \startpipeline
-SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-	pg_catalog.set_config('lock_timeout', '2000ms', true),
+SELECT pg_catalog.set_config('lock_timeout', '2000ms', true),
 	pg_catalog.set_config('statement_timeout', '4000ms', true),
 	pg_catalog.set_config('synchronous_commit',
 		CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'remote_apply'
@@ -50,10 +49,10 @@ WITH u AS (
 	UPDATE "idem_bench"."pgx_keys" SET state = 'completed', status = 201, uncertain = false,
 		headers = '\x01020c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e084c6f636174696f6e011e2f7061796d656e74732f7061795f30313233343536373839616263646566'::bytea,
 		body = '\x7b226964223a227061795f30313233343536373839616263646566222c22616d6f756e74223a313030302c2263757272656e6379223a22455552222c226465736372697074696f6e223a22636f66666565222c22737461747573223a22737563636565646564227d'::bytea
-	WHERE principal = 'acct' AND key = 'pgb-' || :k || '-' || :client_id AND lease_token = 'tok' AND state = 'in_progress'
+	WHERE principal OPERATOR(pg_catalog.=) 'acct' AND key OPERATOR(pg_catalog.=) ('pgb-' || :k || '-' || :client_id) AND lease_token OPERATOR(pg_catalog.=) 'tok' AND state OPERATOR(pg_catalog.=) 'in_progress'
 	RETURNING 1
 )
 SELECT CASE WHEN EXISTS (SELECT FROM u) THEN 1
-	ELSE ('idempgx lease lost: fenced update matched no row (backend ' || pg_backend_pid() || ')')::int END;
+	ELSE ('idempgx lease lost: fenced update matched no row (backend '::pg_catalog.text OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.||) ')')::pg_catalog.int4 END;
 COMMIT;
 \endpipeline
