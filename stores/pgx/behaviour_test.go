@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -297,16 +296,7 @@ func runPlain(ctx context.Context, t *testing.T, pool *pgxpool.Pool, tbl string,
 // runOurs runs the steps through idempgx's handle and settles.
 func runOurs(ctx context.Context, t *testing.T, e *env, tbl string, steps []string) (got []string, commit string) {
 	t.Helper()
-	req := claimReq("alice", "behaviour-"+randHex(6), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = stx.Rollback(ctx) }()
-	tx, _ := idempgx.Tx(txCtx)
+	_, txCtx, stx, tx := e.begin(t, ctx)
 	for _, s := range steps {
 		got = append(got, lookupStep(s)(txCtx, tx, tbl))
 	}

@@ -74,6 +74,23 @@ func okResponse(body string) idemstore.Outcome {
 	}}
 }
 
+// begin claims a fresh key and begins its transaction; the transaction is
+// rolled back in cleanup if the test leaves it open.
+func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *idempgx.Handle) {
+	t.Helper()
+	req := claimReq("alice", "tx-"+randHex(6), "body", time.Minute)
+	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stx.Rollback(context.Background()) })
+	htx, _ := idempgx.Tx(txCtx)
+	return req, txCtx, stx, htx
+}
+
 // runAttempt is one claimed request: begin, write the effect id, settle.
 func (e *env) runAttempt(ctx context.Context, l idemstore.Lease, id, body string) error {
 	txCtx, tx, err := e.Store.BeginTx(ctx, l)

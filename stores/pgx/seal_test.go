@@ -15,23 +15,6 @@ import (
 	"github.com/idemgo/idem/stores/pgx/idempgxtest"
 )
 
-// begin claims a fresh key and begins its transaction; the transaction is
-// rolled back in cleanup if the test leaves it open.
-func (e *env) begin(t *testing.T, ctx context.Context) (idemstore.ClaimRequest, context.Context, idemstore.Tx, *idempgx.Handle) {
-	t.Helper()
-	req := claimReq("alice", "seal-"+randHex(6), "body", time.Minute)
-	if res, err := e.Store.Claim(ctx, req); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
-	txCtx, stx, err := e.Store.BeginTx(ctx, leaseOf(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stx.Rollback(context.Background()) })
-	htx, _ := idempgx.Tx(txCtx)
-	return req, txCtx, stx, htx
-}
-
 // TestRefusedStatements: every way a transaction-control statement can go
 // through the handle (a QueryRewriter's text and a batch's BeginTx
 // included) is refused before it is sent, with ErrTxOwned, and the
