@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -162,5 +163,40 @@ func TestRowsLeftOpen(t *testing.T) {
 				t.Errorf("record after the failed settle: %s, %v; want in progress", rec.State, err)
 			}
 		})
+	}
+}
+
+// TestFirstStatementCancelled: a request whose context ends while its
+// first statement (or a later one) runs gets the context's error, and the
+// transaction is over as a pgx.Tx's would be: the handler's next
+// statement fails, the settle stores nothing, and nothing the cut
+// statement wrote is committed.
+func TestFirstStatementCancelled(t *testing.T) {
+	pool := newPool(t, 2, nil)
+	e := newEnv(t, pool)
+	ctx := testCtx(t)
+	slow := "WITH x AS (INSERT INTO " + e.EffectsTable() + " (id) VALUES ($1) RETURNING 1) SELECT pg_sleep($2) FROM x"
+	for _, first := range []bool{true, false} {
+		req, txCtx, tx, htx := e.begin(t, ctx)
+		if !first {
+			if _, err := htx.Exec(txCtx, "SELECT $1::int", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cctx, cancel := context.WithTimeout(txCtx, 200*time.Millisecond)
+		_, err := htx.Exec(cctx, slow, req.Key, 3.0)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("first=%v: a statement cut by its context: %v, want context.DeadlineExceeded", first, err)
+		}
+		if _, err := htx.Exec(txCtx, "SELECT $1::int", 2); err == nil {
+			t.Errorf("first=%v: the statement after the cut one succeeded", first)
+		}
+		if err := tx.Settle(ctx, okResponse("ok")); err == nil {
+			t.Errorf("first=%v: the settle after a cut statement succeeded", first)
+		}
+		if n := e.mustCount(t, req.Key); n != 0 {
+			t.Errorf("first=%v: %d effects of the cut statement committed", first, n)
+		}
 	}
 }
