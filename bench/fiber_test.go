@@ -13,7 +13,7 @@ import (
 
 	idemfiber "github.com/idemgo/idem/adapters/fiber"
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/adaptertest"
 )
 
 // The Fiber side by side: the same handler and the same auth middleware
@@ -49,13 +49,10 @@ func fiberApp(b *testing.B, variant string) *fiber.App {
 	case "fiber-idempotency":
 		app.Use(idempotency.New(idempotency.Config{KeyHeader: "Idempotency-Key"}))
 	case "idemfiber-memstore":
-		// One principal makes every request: memstore's default bounds
-		// (256 MiB, a tenth of it per principal) would answer 503 after
-		// some 64,000 first requests, within one -benchtime 1s. The
+		// One principal makes every request (adaptertest.BenchStore). The
 		// handler uses no transaction, which AllowTxUnused says is meant:
 		// the engine would log a warning per request.
-		eng, err := idem.New(idem.Config{Store: memstore.MustNew(memstore.WithMaxRecords(50_000_000), memstore.WithMaxBytes(32<<30),
-			memstore.WithPrincipalShare(1)), FingerprintKey: FingerprintKey, AllowTxUnused: true})
+		eng, err := idem.New(idem.Config{Store: adaptertest.BenchStore(), FingerprintKey: FingerprintKey, AllowTxUnused: true})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 	"github.com/idemgo/idem/core/storetest"
@@ -352,8 +353,7 @@ func TestDoLeaseLostAndReconcile(t *testing.T) {
 // AllowTxUnused says is meant (the engine would log a warning per call),
 // and the store's bounds leave room for every first call of a run.
 func BenchmarkDo(b *testing.B) {
-	store := memstore.MustNew(memstore.WithMaxRecords(50_000_000), memstore.WithMaxBytes(32<<30), memstore.WithPrincipalShare(1))
-	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: store, AllowTxUnused: true})
+	e, _ := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: adaptertest.BenchStore(), AllowTxUnused: true})
 	input := []byte(`{"amount":1000,"currency":"EUR","description":"coffee"}`)
 	fn := func(ctx context.Context) (idem.Response, error) {
 		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil

@@ -10,7 +10,7 @@ import (
 	idemgrpc "github.com/idemgo/idem/adapters/grpc"
 	"github.com/idemgo/idem/adapters/grpc/internal/testpb"
 	idem "github.com/idemgo/idem/core"
-	"github.com/idemgo/idem/core/memstore"
+	"github.com/idemgo/idem/core/adaptertest"
 	"github.com/idemgo/idem/core/storetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -29,8 +29,7 @@ func (echoServer) Act(_ context.Context, r *testpb.ActRequest) (*testpb.ActReply
 
 func benchInterceptor(b *testing.B) grpc.UnaryServerInterceptor {
 	b.Helper()
-	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: memstore.MustNew(memstore.WithMaxRecords(50_000_000)),
-		Logger: slog.New(slog.DiscardHandler)})
+	eng, err := idem.New(idem.Config{FingerprintKey: storetest.FingerprintKey, Store: adaptertest.BenchStore(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
