@@ -377,9 +377,32 @@ func hostileCases(dialect string) []hostileCase {
 				return nil
 			}
 		}
+		// The handler's own work at COMMIT (a deferred constraint trigger
+		// whose function names a table without its schema) runs under the
+		// handler's search_path, as in a transaction of its own: the
+		// settle's statements, which come before the COMMIT, name their
+		// schemas instead of pinning the path.
+		deferred := func(ctx context.Context, b Backend) error {
+			schema, _ := ctx.Value(hijackKey{}).(string)
+			for _, stmt := range []string{
+				"CREATE TABLE %[1]s.audit (id text)",
+				"CREATE TABLE %[1]s.audited (id text)",
+				"CREATE FUNCTION %[1]s.audit() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN INSERT INTO audit VALUES (NEW.id); RETURN NULL; END'",
+				"CREATE CONSTRAINT TRIGGER audit AFTER INSERT ON %[1]s.audited DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %[1]s.audit()",
+				"SET LOCAL search_path = %[1]s, pg_catalog",
+				"INSERT INTO %[1]s.audited VALUES ('x')",
+			} {
+				if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
+					return fmt.Errorf("Exec(%q): %w", stmt, err)
+				}
+			}
+			return nil
+		}
 		cases = append(cases,
 			hostileCase{name: "HijackedSearchPath", needs: "sql", wantStatus: 201, hijack: true,
 				handler: writeThen(201, hijack("SET LOCAL search_path = %s, pg_catalog"))},
+			hostileCase{name: "DeferredTriggerUnderTheHandlersSearchPath", needs: "sql", wantStatus: 201, hijack: true,
+				handler: writeThen(201, deferred)},
 			hostileCase{name: "ReplaceTxAroundUnderHijackedSearchPath", needs: "replacearound", ended: true, wantStatus: 500,
 				wantType: idem.ProblemTxEnded, hijack: true,
 				handler: writeThen(201, func(ctx context.Context, b Backend) error {

@@ -276,7 +276,10 @@ func pgBuild(t tableName, lock time.Duration) pgQueries {
 	q.get = pgsql.OneSelect(st.Prelude, st.Get)
 	q.listStale = pgsql.OneSelect(st.Prelude, st.ListStale)
 	q.selectNow = pgsql.OneSelect(st.Prelude, st.ClaimRead)
-	q.settlePrelude, q.settle = st.DurablePrelude, st.Settle
+	// The settle names its schemas, so its prelude leaves the search_path
+	// to the handler: deferred work at COMMIT (a constraint trigger) runs
+	// under it.
+	q.settlePrelude, q.settle = st.DurableInsertPrelude, st.Settle
 	// The one-round-trip settle returns an integer only: no text format
 	// changes what it reads or returns, so it pins none.
 	q.localPins, q.settleOne = st.LocalPins, st.OneSettle("SELECT "+pgsql.DurableCommit)

@@ -261,7 +261,7 @@ func TestOneStatementForms(t *testing.T) {
 		"\n\tWHERE ", "\n\tFROM cfg\n\tWHERE ", 1); settle != want {
 		t.Errorf("one-statement form of\n%s\nis\n%s", s.Settle, settle)
 	}
-	if want := "SET LOCAL search_path = pg_catalog, pg_temp;\nSET LOCAL lock_timeout = '1000ms';\nSET LOCAL statement_timeout = '1000ms'"; s.LocalPins != want {
+	if want := "SET LOCAL lock_timeout = '1000ms';\nSET LOCAL statement_timeout = '1000ms'"; s.LocalPins != want {
 		t.Errorf("LocalPins = %q, want %q", s.LocalPins, want)
 	}
 	for name, f := range map[string]func(){

@@ -41,15 +41,17 @@ type Statements struct {
 	// statements and Keep: the prelude with DurableCommit.
 	Prelude, ClaimPrelude, DurablePrelude string
 	// InsertPrelude and DurableInsertPrelude are ClaimPrelude and
-	// DurablePrelude without the search_path pin, for the claim's own
-	// statements (Claim and ClaimRead, which name their schemas) only.
+	// DurablePrelude without the search_path pin, for the statements that
+	// name their schemas: the claim's own (Claim and ClaimRead), and
+	// (DurableInsertPrelude) the settle where its pins are a statement of
+	// their own.
 	InsertPrelude, DurableInsertPrelude string
-	// LocalPins are the prelude's name resolution and timeouts (without
-	// the text formats) as SET LOCAL statements, for a simple-protocol
-	// query string that runs in the transaction they pin: there a
-	// utility statement costs the server less than a function call it
-	// parses and plans anew each time. Each applies from the next
-	// statement on.
+	// LocalPins are the prelude's timeouts (without the text formats, and
+	// without the search_path, which the settle's statements do not depend
+	// on) as SET LOCAL statements, for the settle's simple-protocol query
+	// string, which runs in the transaction they pin: there a utility
+	// statement costs the server less than a function call it parses and
+	// plans anew each time. Each applies from the next statement on.
 	LocalPins string
 
 	// Claim: INSERT … ON CONFLICT DO NOTHING ($1 principal, $2 key,
@@ -240,8 +242,7 @@ func New(t Table, o Options) Statements {
 	pins := pinnedSettings(o)
 	T := t.Ident()
 	s.Prelude = "SELECT " + pins
-	s.LocalPins = fmt.Sprintf(`SET LOCAL search_path = pg_catalog, pg_temp;
-SET LOCAL lock_timeout = '%dms';
+	s.LocalPins = fmt.Sprintf(`SET LOCAL lock_timeout = '%dms';
 SET LOCAL statement_timeout = '%dms'`, millis(o.LockTimeout), millis(o.StatementTimeout))
 	// The statements whose guarantee is durability commit durably whatever
 	// the session says: Keep (a kept record that a crash took back would
