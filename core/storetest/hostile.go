@@ -368,11 +368,15 @@ func hostileCases(dialect string) []hostileCase {
 		// operators and functions, whether the handler sets the path for
 		// its transaction or, before replacing it behind the store, for
 		// the session.
-		hijack := func(stmt string) func(ctx context.Context, b Backend) error {
+		// hijack runs stmts through the handle, each formatted with the
+		// hijack schema's name.
+		hijack := func(stmts ...string) func(ctx context.Context, b Backend) error {
 			return func(ctx context.Context, b Backend) error {
 				schema, _ := ctx.Value(hijackKey{}).(string)
-				if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
-					return fmt.Errorf("Exec(%q): %w", stmt, err)
+				for _, stmt := range stmts {
+					if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
+						return fmt.Errorf("Exec(%q): %w", stmt, err)
+					}
 				}
 				return nil
 			}
@@ -382,22 +386,14 @@ func hostileCases(dialect string) []hostileCase {
 		// handler's search_path, as in a transaction of its own: the
 		// settle's statements, which come before the COMMIT, name their
 		// schemas instead of pinning the path.
-		deferred := func(ctx context.Context, b Backend) error {
-			schema, _ := ctx.Value(hijackKey{}).(string)
-			for _, stmt := range []string{
-				"CREATE TABLE %[1]s.audit (id text)",
-				"CREATE TABLE %[1]s.audited (id text)",
-				"CREATE FUNCTION %[1]s.audit() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN INSERT INTO audit VALUES (NEW.id); RETURN NULL; END'",
-				"CREATE CONSTRAINT TRIGGER audit AFTER INSERT ON %[1]s.audited DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %[1]s.audit()",
-				"SET LOCAL search_path = %[1]s, pg_catalog",
-				"INSERT INTO %[1]s.audited VALUES ('x')",
-			} {
-				if err := b.Exec(ctx, fmt.Sprintf(stmt, schema)); err != nil {
-					return fmt.Errorf("Exec(%q): %w", stmt, err)
-				}
-			}
-			return nil
-		}
+		deferred := hijack(
+			"CREATE TABLE %[1]s.audit (id text)",
+			"CREATE TABLE %[1]s.audited (id text)",
+			"CREATE FUNCTION %[1]s.audit() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN INSERT INTO audit VALUES (NEW.id); RETURN NULL; END'",
+			"CREATE CONSTRAINT TRIGGER audit AFTER INSERT ON %[1]s.audited DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %[1]s.audit()",
+			"SET LOCAL search_path = %[1]s, pg_catalog",
+			"INSERT INTO %[1]s.audited VALUES ('x')",
+		)
 		cases = append(cases,
 			hostileCase{name: "HijackedSearchPath", needs: "sql", wantStatus: 201, hijack: true,
 				handler: writeThen(201, hijack("SET LOCAL search_path = %s, pg_catalog"))},
