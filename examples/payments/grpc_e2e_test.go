@@ -101,27 +101,37 @@ func testGRPCAPI(t *testing.T, store string) {
 	}
 
 	// Two calls racing on one key: one runs, the other is Aborted with a
-	// RetryInfo.
+	// RetryInfo. On SQLite the claim of a new key waits for the single
+	// writer, so there the later call may instead wait and get the replay;
+	// either way the payment is made once.
 	race := "k-race-" + randHex(4)
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
+	paid := make([]*paymentsv1.Payment, 2)
+	headers := make([]metadata.MD, 2)
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = c.CreatePayment(grpcCtx(account, race), req) })
+		wg.Go(func() { paid[i], errs[i] = c.CreatePayment(grpcCtx(account, race), req, grpc.Header(&headers[i])) })
 	}
 	wg.Wait()
-	aborted := 0
-	for _, err := range errs {
-		if status.Code(err) == codes.Aborted {
+	var aborted, replayed int
+	for i, err := range errs {
+		switch {
+		case status.Code(err) == codes.Aborted:
 			if d, ok := idemgrpc.RetryDelay(err); !ok || d < time.Second {
 				t.Fatalf("Aborted without a RetryInfo: %v", err)
 			}
 			aborted++
-		} else if err != nil {
+		case err != nil:
 			t.Fatalf("racing call: %v", err)
+		case len(headers[i].Get(idemgrpc.ReplayedKey)) == 1:
+			replayed++
 		}
 	}
-	if aborted != 1 {
-		t.Fatalf("racing calls: %v, want one Aborted", errs)
+	switch {
+	case aborted == 1:
+	case store == "sqlite" && replayed == 1 && paid[0].Id == paid[1].Id:
+	default:
+		t.Fatalf("racing calls: %v (%d replayed), want one Aborted", errs, replayed)
 	}
 
 	list, err := c.ListPayments(grpcCtx(account, ""), &paymentsv1.ListPaymentsRequest{})
