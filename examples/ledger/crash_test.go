@@ -81,7 +81,10 @@ func startConsumer(t *testing.T, bin string, args []string, logs *strings.Builde
 func TestLedgerCrashSoak(t *testing.T) {
 	events, kills, budget := 2000, 20, 60*time.Second
 	if d, err := time.ParseDuration(os.Getenv("IDEM_SOAK")); err == nil && d > 0 {
-		events, kills, budget = 20000, 1<<30, d
+		// 50 events a second of the budget, between 2,000 and 20,000:
+		// the producer publishes one at a time and must be done well
+		// within a short budget too.
+		events, kills, budget = int(min(20000, max(2000, 50*d.Seconds()))), 1<<30, d
 	}
 	const dupShare, invalidShare = 0.25, 0.01
 
