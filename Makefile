@@ -50,6 +50,12 @@ lint: $(BIN)/staticcheck
 		(cd $$m && $(GO) vet ./... && $(BIN)/staticcheck ./...); \
 	done
 
+## tidy: go mod tidy in every module (GOWORK=off, as make lint checks it).
+tidy:
+	@set -e; for m in $$(git ls-files '*go.mod' | xargs -n1 dirname | sort -u); do \
+		echo "== tidy $$m"; (cd $$m && GOWORK=off $(GO) mod tidy); \
+	done
+
 ## fuzz: run every fuzz target (scripts/fuzz.sh finds them) for FUZZTIME each.
 fuzz:
 	@GO=$(GO) FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
