@@ -40,9 +40,12 @@ const (
 // follows it (the WAL writer flushes up to the last asynchronous commit and
 // the last completed page), so on a server where nothing else commits,
 // waiting for it would last until the background writer's periodic record
-// of running transactions, up to 15 s later. A handler that removed or
-// changed SyncSetting makes WaitFlushed wait for the insert position at
-// the call, which is past the claim too.
+// of running transactions, up to 15 s later. BEGIN's position can be past
+// another session's WAL as well, written between the claim's commit and
+// BEGIN by a transaction still open; then the wait lasts until something
+// on the server commits, or that record, and ends with ctx. A handler that
+// removed or changed SyncSetting makes WaitFlushed wait for the insert
+// position at the call, which is past the claim too.
 func WaitFlushed(ctx context.Context, query QueryRow) error {
 	var target LSN
 	for wait := time.Duration(0); ; wait = min(max(2*wait, syncFirstWait), syncMaxWait) {
