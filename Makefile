@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 STATICCHECK_VERSION := v0.8.2
 
-# make fuzz runs each fuzz target for FUZZTIME (default 30s: 9 targets, about 5 minutes).
+# make fuzz runs each fuzz target for FUZZTIME (default 30s each, about 5 minutes in all).
 FUZZTIME ?= 30s
 # make soak runs the long crash and contention soaks for SOAKTIME (default 10m).
 SOAKTIME ?= 10m

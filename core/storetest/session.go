@@ -7,27 +7,30 @@ import (
 	"time"
 )
 
+// leftStatementTimeout is the statement timeout a left-behind session
+// carries: much shorter than the store's, with room for the handler's own
+// statements in these cases (the BEGIN batch that carries them, which pgx
+// prepares under the session's settings) on a loaded machine.
+const leftStatementTimeout = 500 * time.Millisecond
+
 // sessionLeftBehind are the session settings a handler may leave on a
 // pooled connection, which no statement of the store may depend on: a
 // search_path, first, that puts a schema of look-alikes (hijackSchema, %s)
 // before pg_catalog, other time and output formats, and lock and statement
-// timeouts much shorter than the store's. The statement timeout still
-// leaves the handler's own statements in these cases (the BEGIN batch
-// that carries them, which pgx prepares under the session's settings) room
-// on a loaded machine: at 150 ms one timed out in CI.
+// timeouts much shorter than the store's.
 var sessionLeftBehind = map[string][]string{
 	"postgres": {
 		"SET search_path TO %s, pg_catalog", "SET TIME ZONE 'Pacific/Kiritimati'", "SET DateStyle = 'SQL, DMY'",
 		"SET IntervalStyle = 'iso_8601'", "SET bytea_output = 'escape'",
-		"SET lock_timeout = '10ms'", "SET statement_timeout = '500ms'",
+		"SET lock_timeout = '10ms'", fmt.Sprintf("SET statement_timeout = '%dms'", leftStatementTimeout.Milliseconds()),
 	},
 }
 
 // testSessionLeftBehind runs the claim, replay, fence, stale listing and
 // purge cases on a Backend whose every session starts with
 // sessionLeftBehind, as on a clean one; with HoldRecord, a Release then
-// waits behind a record held 1 s, twice the session's statement timeout,
-// as the store's own timeouts allow, not the session's.
+// waits behind a record held twice the session's statement timeout, as
+// the store's own timeouts allow, not the session's.
 func testSessionLeftBehind(t *testing.T, b Backend) {
 	settings := sessionLeftBehind[b.Dialect]
 	if b.Session == nil || settings == nil {
@@ -60,7 +63,7 @@ func testSessionLeftBehind(t *testing.T, b Backend) {
 		held := claimReq("alice", uniq("held"), "body")
 		mustClaim(t, lb.Store, held)
 		release := b.HoldRecord(t, "alice", held.Key)
-		const holdFor = time.Second
+		const holdFor = 2 * leftStatementTimeout
 		released := make(chan struct{})
 		time.AfterFunc(holdFor, func() { release(); close(released) })
 		start := time.Now()
