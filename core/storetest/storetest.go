@@ -79,6 +79,7 @@ func suite() []suiteCase {
 		{"ConcurrentTakeoverExactlyOnce", testConcurrentTakeover},
 		{"StaleHolderSettleIsFenced", testStaleHolderFenced},
 		{"ReleaseKeepsNonceAndIsFenced", testReleaseFenced},
+		{"ForeignEndDoesNotWait", testForeignEndDoesNotWait},
 		{"KeepMarksUncertainAndEndsTheLease", testKeep},
 		{"LeaseDeadlineIsTheRecordsOwn", testLeaseDeadline},
 		{"ExpiredRecordIsAbsent", testExpiredRecordAbsent},
@@ -505,6 +506,45 @@ func testStaleHolderFenced(t *testing.T, b Backend) {
 	rec := get(t, b, "alice", old.Key)
 	if rec.State != idemstore.StateCompleted || !bytes.Equal(rec.Response.Body, okResponse("new").Body) {
 		t.Fatalf("final record = %+v, want the new holder's completed response", rec)
+	}
+}
+
+// testForeignEndDoesNotWait: a Release or Keep whose lease holds nothing
+// answers ErrLeaseLost at once, even while another attempt's transaction
+// holds the key and has written (on SQLite, holds the write lock), and
+// leaves that attempt alone. The engine ends every claim whose answer it
+// lost this way, a waiter's whose client went away among them: a claim that
+// never committed must not wait for the handler of the one that did.
+func testForeignEndDoesNotWait(t *testing.T, b Backend) {
+	ctx := ctxT(t)
+	req := claimReq("alice", uniq("held"), "body")
+	mustClaim(t, b.Store, req)
+	txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := b.WriteEffect(txCtx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []struct {
+		name string
+		fn   func(context.Context, idemstore.Lease) error
+	}{{"Release", b.Store.Release}, {"Keep", b.Store.Keep}} {
+		foreign := leaseOf(req)
+		foreign.Token = token()
+		start := time.Now()
+		err := end.fn(ctx, foreign)
+		if took := time.Since(start); !errors.Is(err, idemstore.ErrLeaseLost) || took > time.Second {
+			t.Fatalf("%s of a foreign lease while the holder's transaction is open = %v after %v, want ErrLeaseLost at once",
+				end.name, err, took)
+		}
+	}
+	if err := tx.Settle(ctx, idemstore.Outcome{State: idemstore.StateCompleted, Response: okResponse("held")}); err != nil {
+		t.Fatalf("the holder's settle after the foreign ends: %v", err)
+	}
+	if rec := get(t, b, "alice", req.Key); rec.State != idemstore.StateCompleted || rec.Uncertain {
+		t.Fatalf("after the foreign ends and the settle the record is %s (uncertain %v), want completed", rec.State, rec.Uncertain)
 	}
 }
 

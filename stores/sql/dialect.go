@@ -216,6 +216,7 @@ type queries struct {
 	settle      string
 	release     string
 	keep        string
+	held        string // SQLite: whether a lease still holds its row, read before Release or Keep takes the write turn
 	get         string
 	purge       string
 	pickMy      string // MySQL: the expired batch PurgeExpired deletes by primary key
@@ -435,6 +436,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 	// Keep ends the lease now, so the record is stale at once, and marks it
 	// uncertain, so that only a claim that asks Reconcile takes it over.
 	q.keep = my + "UPDATE " + T + " SET uncertain = TRUE, lease_expires_at = " + now + held
+	q.held = "SELECT 1 FROM " + T + held + " LIMIT 1"
 	settle := "UPDATE " + T + " SET state = ?, status = ?, headers = ?, body = ?, uncertain = FALSE" + held
 	q.settle = my + settle
 
@@ -458,7 +460,7 @@ func buildQueries(d dialect, t tableName, maria, mariaRt bool, lock time.Duratio
 		" ORDER BY lease_expires_at, principal, " + K + " LIMIT ?"
 
 	for _, p := range []*string{&q.insertLite, &q.upsertMy, &q.upsertMyRet, &q.selectNow,
-		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.release, &q.keep,
+		&q.takeExpired, &q.takeStale, &q.takeFreed, &q.settle, &q.release, &q.keep, &q.held,
 		&q.get, &q.purge, &q.pickMy, &q.listStale} {
 		*p = d.bind(*p)
 	}

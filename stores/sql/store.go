@@ -888,8 +888,23 @@ func (s *Store) Keep(ctx context.Context, lease idemstore.Lease) error {
 	return s.endLease(ctx, "keep", q, lease)
 }
 
-// endLease runs Release's or Keep's fenced UPDATE.
+// endLease runs Release's or Keep's fenced UPDATE. On SQLite it first
+// reads whether the lease still holds its row, and a lease that holds
+// nothing ends there, without waiting for the write turn: another
+// attempt's transaction can hold that turn for as long as its handler
+// runs, and the engine ends every claim whose answer it lost (a waiter's
+// whose client went away among them) with a Release or a Keep. The read is
+// final: the claim has returned, and no other claim writes this token.
 func (s *Store) endLease(ctx context.Context, op, query string, lease idemstore.Lease) error {
+	if s.gate != nil {
+		held, err := s.holds(ctx, lease)
+		if err != nil {
+			return s.wrap(op, err)
+		}
+		if !held {
+			return idemstore.ErrLeaseLost
+		}
+	}
 	var n int64
 	if err := s.writeTurn(ctx, func() (err error) {
 		n, err = s.exec(ctx, query, lease.Principal, lease.Key, lease.Token)
@@ -901,6 +916,22 @@ func (s *Store) endLease(ctx context.Context, op, query string, lease idemstore.
 		return idemstore.ErrLeaseLost
 	}
 	return nil
+}
+
+// holds reports whether lease still holds its in-progress row.
+func (s *Store) holds(ctx context.Context, lease idemstore.Lease) (bool, error) {
+	pool, err := s.pool()
+	if err != nil {
+		return false, err
+	}
+	var one int
+	switch err := pool.QueryRowContext(ctx, s.q.held, lease.Principal, lease.Key, lease.Token).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
 }
 
 // Get implements idemstore.Store. It returns idemstore.ErrNotFound when no record
