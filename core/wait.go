@@ -128,7 +128,14 @@ func (s *starting) wait(ctx context.Context, a *Attempt, c *Call, key string, an
 		var wake <-chan struct{}
 		wake, poller = e.waits.arm(kw, poller, polls)
 		claimedAt := time.Now()
-		if ans = s.claim(ctx, a, c, key); !ans.inFlight() {
+		next := s.claim(ctx, a, c, key)
+		if err := context.Cause(ctx); err != nil && next.err != nil {
+			// Gone during the claim, which failed with it: the wait ends
+			// as if the client had gone before it, not as a store error.
+			s.ev.Wait, s.waitErr = WaitCancelled, err
+			return ans
+		}
+		if ans = next; !ans.inFlight() {
 			if !ans.res.Claimed {
 				// The holder is done, as this claim learnt (a poll, or a
 				// wake-up by another instance's notification): the key's

@@ -2,12 +2,15 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	idem "github.com/idemgo/idem/core"
+	"github.com/idemgo/idem/core/idemstore"
 	"github.com/idemgo/idem/core/memstore"
 )
 
@@ -113,4 +116,70 @@ func TestWaitCallReplays(t *testing.T) {
 	if !logged.contains("outcome=replayed") || !logged.contains(" wait=replayed waited=") {
 		t.Fatal("the waited call's log line does not say it waited")
 	}
+}
+
+// cancellingStore cancels the waiter's context during its second claim
+// (the first it makes while it waits) and fails that claim with the
+// cancellation, as a driver interrupted by a client that went away does.
+type cancellingStore struct {
+	idemstore.Store
+	cancel context.CancelCauseFunc
+	claims atomic.Int64
+}
+
+type waiterKey struct{}
+
+func (s *cancellingStore) Claim(ctx context.Context, req idemstore.ClaimRequest) (idemstore.ClaimResult, error) {
+	if ctx.Value(waiterKey{}) != nil && s.claims.Add(1) == 2 {
+		s.cancel(errClientGone)
+		return idemstore.ClaimResult{}, fmt.Errorf("teststore: claim: %w", context.Cause(ctx))
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+var errClientGone = errors.New("the client went away")
+
+// TestWaitClientGoneDuringClaim: a waiter whose client goes away while it
+// claims the key again, failing that claim, ends its wait as cancelled, with the 409
+// of the key in flight, not as a store error.
+func TestWaitClientGoneDuringClaim(t *testing.T) {
+	t.Parallel()
+	obs, events := recordEvents()
+	store := &cancellingStore{Store: memstore.MustNew()}
+	e := newCallEngine(t, idem.Config{Store: store, Observer: obs, WaitInFlight: 5 * time.Second})
+	t.Cleanup(func() { _ = e.Close() })
+	held, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = e.Do(context.Background(), call("k", `{}`), func(context.Context) (idem.Response, error) {
+			close(held)
+			<-release
+			return idem.Response{Status: 201}, nil
+		})
+	}()
+	<-held
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), waiterKey{}, true))
+	defer cancel(nil)
+	store.cancel = cancel
+	start := time.Now()
+	_, err := e.Do(ctx, call("k", `{}`), func(context.Context) (idem.Response, error) {
+		t.Error("the waiter ran")
+		return idem.Response{}, nil
+	})
+	took := time.Since(start)
+	close(release)
+	<-done
+	if p, _ := idem.ProblemOf(err); p != idem.ProblemKeyInUse || took > 2*time.Second {
+		t.Fatalf("waiter gone during its claim: %v after %v, want %s at once", err, took, idem.ProblemKeyInUse)
+	}
+	if !errors.Is(err, errClientGone) {
+		t.Fatalf("waiter gone during its claim: %v, want it to wrap the cause", err)
+	}
+	for _, ev := range events() {
+		if ev.Outcome == idem.OutcomeInProgressConflict && ev.Wait == idem.WaitCancelled {
+			return
+		}
+	}
+	t.Fatalf("events %+v, want the conflict with Wait %q", events(), idem.WaitCancelled)
 }
