@@ -263,3 +263,47 @@ func testSyncer(t *testing.T, b Backend) {
 		t.Fatalf("%d business writes after a synced settle, want 1", n)
 	}
 }
+
+// testSyncBehindOpenWriter: with Backend.Syncer and Backend.HoldRecord,
+// Sync returns soon, well within the bound below, when another session
+// wrote after the claim committed and keeps its transaction open, and
+// nothing else on the server commits: WAL that no commit follows is not
+// flushed by the server on its own for seconds, and a Sync that waited for
+// it would fail the attempt's first DownstreamKey. The case proves this
+// only when run on a server where nothing else happens (as the PostgreSQL
+// stores run it on pgsqltest.QuietServer); on a busy one the others'
+// commits flush the WAL anyway.
+func testSyncBehindOpenWriter(t *testing.T, b Backend) {
+	if !b.Syncer || b.HoldRecord == nil {
+		t.Skip("not applicable: the backend declares no Syncer, or cannot hold a record from outside (Backend.Syncer, Backend.HoldRecord)")
+	}
+	const bound = 3 * time.Second
+	ctx := ctxT(t)
+	other := claimReq("alice", uniq("writer"), "body")
+	other.Durable = true
+	mustClaim(t, b.Store, other)
+	for i := range 3 {
+		req := claimReq("alice", uniq("sync-behind"), "body")
+		mustClaim(t, b.Store, req) // its commit does not wait for the flush
+		release := b.HoldRecord(t, other.Principal, other.Key)
+		txCtx, tx, err := b.Store.BeginTx(ctx, leaseOf(req))
+		if err != nil {
+			release()
+			t.Fatal(err)
+		}
+		if err := b.WriteEffect(txCtx, req.Key); err != nil {
+			release()
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, bound)
+		start := time.Now()
+		err = tx.(idemstore.Syncer).Sync(sctx)
+		took := time.Since(start)
+		cancel()
+		_ = tx.Rollback(ctx)
+		release()
+		if err != nil {
+			t.Fatalf("round %d: Sync behind another session's open write: %v after %v, want it within %v", i, err, took, bound)
+		}
+	}
+}

@@ -103,6 +103,7 @@ func suite() []suiteCase {
 		{"TxContext", testTxContext},
 		{"ConnectionLost", testConnectionLost},
 		{"Syncer", testSyncer},
+		{"SyncBehindAnOpenWriter", testSyncBehindOpenWriter},
 		{"RoundTrips", testRoundTrips},
 		{"ReplayWritesNothing", testReplayWritesNothing},
 		{"Pool", testPool},

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
@@ -348,11 +349,29 @@ const deadPeerKey = "idempgx.deadPeer"
 // cancelled statement would abort the handler's transaction, so Sync may
 // return up to one statement after ctx ends.
 //
+// When the flush stalls short of that position (another session wrote
+// after the claim and keeps its transaction open, and nothing on the server
+// commits), Sync commits a transaction of its own, with
+// synchronous_commit on, through the pool, when the pool has an idle
+// connection or room for a new one at that moment: it does not wait for a
+// connection another request holds.
+//
 // It fails, without waiting, when the transaction is finished or aborted,
 // ended behind the handle (an error wrapping idemstore.ErrTxEnded), or its
 // connection is busy with rows the handler left open.
 func (t *storeTx) Sync(ctx context.Context) error {
-	return wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery))
+	return wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery, t.store.nudge))
+}
+
+// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within a
+// second, when the pool has an idle connection or room for a new one.
+func (s *Store) nudge(ctx context.Context) {
+	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, _ = s.pool.Exec(ctx, pgsql.NudgeSQL)
 }
 
 // syncQuery is Sync's pgsql.QueryRow: it runs one of Sync's statements

@@ -465,12 +465,29 @@ type pgTx struct{ *storeTx }
 
 // Sync implements idemstore.Syncer: it returns once the WAL is flushed past
 // the claim of the transaction's attempt, so the claim survives a database
-// crash (pgsql.WaitFlushed). It runs on the transaction's own connection,
-// never on another from the pool, and writes nothing. A handler's
-// transaction that failed already cannot run it, and a failure of its
-// statements aborts the transaction as a handler's would.
+// crash (pgsql.WaitFlushed). It runs on the transaction's own connection
+// and writes nothing. A handler's transaction that failed already cannot
+// run it, and a failure of its statements aborts the transaction as a
+// handler's would.
+//
+// When the flush stalls short of the claim (another session wrote after it
+// and keeps its transaction open, and nothing on the server commits), Sync
+// commits a transaction of its own, with synchronous_commit on, through
+// the pool, when the pool has an idle connection or room for a new one at
+// that moment: it does not wait for a connection another request holds.
 func (t pgTx) Sync(ctx context.Context) error {
-	return t.store.wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery))
+	return t.store.wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery, t.store.nudge))
+}
+
+// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within a
+// second, when the pool has an idle connection or room for a new one.
+func (s *Store) nudge(ctx context.Context) {
+	if st := s.db.Stats(); st.Idle == 0 && st.MaxOpenConnections > 0 && st.OpenConnections >= st.MaxOpenConnections {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, _ = s.db.ExecContext(ctx, pgsql.NudgeSQL)
 }
 
 // syncQuery is Sync's pgsql.QueryRow: it runs one of Sync's statements on

@@ -479,6 +479,13 @@ const (
 	SyncPollSQL = `SELECT pg_catalog.pg_current_wal_flush_lsn()::pg_catalog.text`
 )
 
+// NudgeSQL is the statement of a Nudge, run alone on a connection that is
+// in no transaction: a transaction of its own that takes a transaction id,
+// so that its commit writes a record, and commits with synchronous_commit
+// on, so that the commit flushes the WAL up to that record, past whatever
+// was written before it.
+const NudgeSQL = `SELECT pg_catalog.set_config('synchronous_commit', 'on', true), pg_catalog.txid_current()`
+
 // LeaseLostMarker is in the error the settle statement raises when its fence
 // misses. It is not a valid integer, which is how it raises.
 const LeaseLostMarker = "idempgx lease lost"

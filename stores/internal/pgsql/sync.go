@@ -15,11 +15,18 @@ import (
 // returns its errors as they are.
 type QueryRow func(ctx context.Context, query string, dest ...any) error
 
-// The backoff between WaitFlushed's polls: doubled from the first up to
-// the last.
+// Nudge runs NudgeSQL on a connection of the store's pool that is free at
+// once, never waiting for one, and ignores its failure. WaitFlushed calls
+// it while the flush stalls short of its target.
+type Nudge func(ctx context.Context)
+
+// The backoff between WaitFlushed's polls, doubled from the first up to
+// the last, and how long the flush may stall before it nudges, and between
+// its nudges.
 const (
 	syncFirstWait = time.Millisecond
 	syncMaxWait   = 20 * time.Millisecond
+	syncNudgeWait = 400 * time.Millisecond
 )
 
 // WaitFlushed is a store's Sync (idemstore.Syncer): it returns once the
@@ -42,12 +49,17 @@ const (
 // waiting for it would last until the background writer's periodic record
 // of running transactions, up to 15 s later. BEGIN's position can be past
 // another session's WAL as well, written between the claim's commit and
-// BEGIN by a transaction still open; then the wait lasts until something
-// on the server commits, or that record, and ends with ctx. A handler that
-// removed or changed SyncSetting makes WaitFlushed wait for the insert
-// position at the call, which is past the claim too.
-func WaitFlushed(ctx context.Context, query QueryRow) error {
+// BEGIN by a transaction still open. So when the flush has stalled short
+// of the target for 400 ms, WaitFlushed calls nudge (when it is not nil),
+// and again every 400 ms while it stalls: a commit of its own on a free
+// connection, which flushes past the target. With no connection free the
+// wait goes on until something on the server commits, or that record, and
+// ends with ctx. A handler that removed or changed SyncSetting makes
+// WaitFlushed wait for the insert position at the call, which is past the
+// claim too.
+func WaitFlushed(ctx context.Context, query QueryRow, nudge Nudge) error {
 	var target LSN
+	nudgeAt := time.Now().Add(syncNudgeWait)
 	for wait := time.Duration(0); ; wait = min(max(2*wait, syncFirstWait), syncMaxWait) {
 		if wait > 0 {
 			timer := time.NewTimer(wait)
@@ -76,6 +88,10 @@ func WaitFlushed(ctx context.Context, query QueryRow) error {
 		}
 		if f >= target {
 			return nil
+		}
+		if now := time.Now(); nudge != nil && !now.Before(nudgeAt) {
+			nudge(ctx)
+			nudgeAt = time.Now().Add(syncNudgeWait)
 		}
 	}
 }

@@ -240,8 +240,9 @@ func (e *Effects) PoisonTx(ctx context.Context) error {
 }
 
 // Fill sets b's fields that the business table and the handle provide:
-// WriteEffect, CountEffects, PoisonTx, SingleWriter, Dialect, Exec and
-// EndTxAround.
+// WriteEffect, CountEffects, PoisonTx, SingleWriter, Dialect, Exec,
+// EndTxAround, and Syncer (on PostgreSQL the store's transaction is an
+// idemstore.Syncer).
 func (e *Effects) Fill(b *storetest.Backend) {
 	b.WriteEffect, b.CountEffects, b.PoisonTx = e.WriteEffect, e.CountEffects, e.PoisonTx
 	// SQLite has one writer: the suite must not hold a write open while
@@ -254,6 +255,7 @@ func (e *Effects) Fill(b *storetest.Backend) {
 		b.Rounds = 100
 	}
 	b.Dialect, b.Exec = e.Dialect, e.Exec
+	b.Syncer = e.Dialect == "postgres"
 	switch e.Dialect {
 	case "mysql":
 		b.EndTxAround = e.deadlock
