@@ -15,9 +15,10 @@ import (
 // returns its errors as they are.
 type QueryRow func(ctx context.Context, query string, dest ...any) error
 
-// Nudge runs NudgeSQL on a connection of the store's pool that is free at
-// once, never waiting for one, and ignores its failure. WaitFlushed calls
-// it while the flush stalls short of its target.
+// Nudge runs NudgeSQL through the store's pool when the pool has an idle
+// connection or room for a new one, so that it does not wait for a
+// connection another request holds, and ignores its failure. WaitFlushed
+// calls it while the flush stalls short of its target.
 type Nudge func(ctx context.Context)
 
 // The backoff between WaitFlushed's polls, doubled from the first up to
