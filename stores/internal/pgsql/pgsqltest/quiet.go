@@ -57,13 +57,34 @@ func startQuiet(t testing.TB) (string, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("initdb: %w\n%s", err, out)
 	}
+	// The port is free when freePort returns, but something else may take
+	// it before the server binds it: then the server exits, and it starts
+	// again on another port.
+	var lastErr error
+	for range 3 {
+		dsn, exited, err := serve(t, bin, dir, data, cred)
+		if err == nil {
+			return dsn, nil
+		}
+		lastErr = err
+		if !exited {
+			break
+		}
+	}
+	return "", lastErr
+}
+
+// serve starts the server on data, on a free port, and creates its
+// database test. exited is true when the server exited before it accepted
+// connections.
+func serve(t testing.TB, bin, dir, data string, cred *syscall.Credential) (dsn string, exited bool, err error) {
 	port, err := freePort()
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	logFile, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer logFile.Close()
 	server := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
@@ -71,19 +92,19 @@ func startQuiet(t testing.TB) (string, error) {
 	server.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	server.Stdout, server.Stderr = logFile, logFile
 	if err := server.Start(); err != nil {
-		return "", fmt.Errorf("postgres: %w", err)
+		return "", false, fmt.Errorf("postgres: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- server.Wait() }()
-	t.Cleanup(func() {
+	done := make(chan error, 1)
+	go func() { done <- server.Wait() }()
+	stop := func() {
 		_ = server.Process.Signal(syscall.SIGQUIT) // immediate shutdown
 		select {
-		case <-exited:
+		case <-done:
 		case <-time.After(10 * time.Second):
 			_ = server.Process.Kill()
-			<-exited
+			<-done
 		}
-	})
+	}
 	// psql, the client installed with the server, creates the database:
 	// the first time it succeeds the server accepts connections.
 	deadline := time.Now().Add(30 * time.Second)
@@ -95,18 +116,20 @@ func startQuiet(t testing.TB) (string, error) {
 			break
 		}
 		select {
-		case werr := <-exited:
+		case werr := <-done:
 			log, _ := os.ReadFile(logFile.Name())
-			return "", fmt.Errorf("the server exited (%v):\n%s", werr, log)
+			return "", true, fmt.Errorf("the server exited (%v):\n%s", werr, log)
 		default:
 		}
 		if time.Now().After(deadline) {
+			stop()
 			log, _ := os.ReadFile(logFile.Name())
-			return "", fmt.Errorf("the server did not accept connections within 30s: %s\n%s", out, log)
+			return "", false, fmt.Errorf("the server did not accept connections within 30s: %s\n%s", out, log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port), nil
+	t.Cleanup(stop)
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port), false, nil
 }
 
 // binDir returns the bin folder of the newest PostgreSQL under
