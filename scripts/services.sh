@@ -55,6 +55,9 @@ ensure_postgres() {
 		wait_port 5432 PostgreSQL 30 || die "PostgreSQL did not come up on 127.0.0.1:5432"
 	fi
 	command -v psql >/dev/null || apt_install postgresql-client
+	# The PostgreSQL stores' tests also start servers of their own
+	# (stores/internal/pgsql/pgsqltest), from the server's binaries.
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_install postgresql
 	local db
 	for db in test root postgres; do
 		if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1 from pg_database where datname='$db'" | grep -q 1; then
