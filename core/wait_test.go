@@ -140,8 +140,8 @@ func (s *cancellingStore) Claim(ctx context.Context, req idemstore.ClaimRequest)
 var errClientGone = errors.New("the client went away")
 
 // TestWaitClientGoneDuringClaim: a waiter whose client goes away while it
-// claims the key again, failing that claim, ends its wait as cancelled, with the 409
-// of the key in flight, not as a store error.
+// claims the key again, failing that claim, ends its wait as cancelled,
+// with the 409 of the key in flight, not as a store error.
 func TestWaitClientGoneDuringClaim(t *testing.T) {
 	t.Parallel()
 	obs, events := recordEvents()
