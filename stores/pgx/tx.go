@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	idem "github.com/idemgo/idem/core"
 	"github.com/idemgo/idem/core/idemstore"
@@ -363,13 +362,14 @@ func (t *storeTx) Sync(ctx context.Context) error {
 	return wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery, t.store.nudge))
 }
 
-// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within a
-// second, when the pool has an idle connection or room for a new one.
+// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within
+// pgsql.NudgeTimeout, when the pool has an idle connection or room for a
+// new one.
 func (s *Store) nudge(ctx context.Context) {
 	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(ctx, pgsql.NudgeTimeout)
 	defer cancel()
 	_, _ = s.pool.Exec(ctx, pgsql.NudgeSQL)
 }

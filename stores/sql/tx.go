@@ -479,13 +479,14 @@ func (t pgTx) Sync(ctx context.Context) error {
 	return t.store.wrap("sync", pgsql.WaitFlushed(ctx, t.syncQuery, t.store.nudge))
 }
 
-// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within a
-// second, when the pool has an idle connection or room for a new one.
+// nudge is Sync's pgsql.Nudge: pgsql.NudgeSQL through the pool, within
+// pgsql.NudgeTimeout, when the pool has an idle connection or room for a
+// new one.
 func (s *Store) nudge(ctx context.Context) {
 	if st := s.db.Stats(); st.Idle == 0 && st.MaxOpenConnections > 0 && st.OpenConnections >= st.MaxOpenConnections {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(ctx, pgsql.NudgeTimeout)
 	defer cancel()
 	_, _ = s.db.ExecContext(ctx, pgsql.NudgeSQL)
 }

@@ -15,11 +15,14 @@ import (
 // returns its errors as they are.
 type QueryRow func(ctx context.Context, query string, dest ...any) error
 
-// Nudge runs NudgeSQL through the store's pool when the pool has an idle
-// connection or room for a new one, so that it does not wait for a
-// connection another request holds, and ignores its failure. WaitFlushed
-// calls it while the flush stalls short of its target.
+// Nudge runs NudgeSQL through the store's pool, within NudgeTimeout, when
+// the pool has an idle connection or room for a new one, so that it does
+// not wait for a connection another request holds, and ignores its
+// failure. WaitFlushed calls it while the flush stalls short of its target.
 type Nudge func(ctx context.Context)
+
+// NudgeTimeout bounds one Nudge: its wait for the pool and its statement.
+const NudgeTimeout = time.Second
 
 // The backoff between WaitFlushed's polls, doubled from the first up to
 // the last, and how long the flush may stall before it nudges, and between
