@@ -62,7 +62,10 @@ func TestSentinelFailover(t *testing.T) {
 	sentinel := startSentinel(t, primary)
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "idem", SentinelAddrs: []string{sentinel}})
 	t.Cleanup(func() { _ = c.Close() })
-	env := idemredistest.NewEnv(t, c, idemredis.WithWaitReplicas(1, 500*time.Millisecond))
+	// WAIT's timeout is generous: this test is about the failover, and a
+	// replica's acknowledgement can take longer than half a second on a
+	// loaded machine; TestWaitReplicas proves WAIT's bound.
+	env := idemredistest.NewEnv(t, c, idemredis.WithWaitReplicas(1, 2*time.Second))
 	s := env.Store
 
 	held := claimReq("alice", "held-"+idemredistest.RandHex(4), "body", time.Hour)
